@@ -1,0 +1,124 @@
+"""Frozen per-service configuration.
+
+Every field of a service config is a CLI flag (``--max-running-requests``) and an environment
+variable (``BANYAN_MAX_RUNNING_REQUESTS``); the flag wins over the variable, the variable over the
+default. Each config validates itself in ``__post_init__``; derived values are properties.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+
+ENV_PREFIX = "BANYAN_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class CommonConfig:
+    model: str = field(default="", metadata={"help": "HF model directory (empty: the embedded demo model)"})
+    log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+
+    def __post_init__(self) -> None:
+        _check(self.log_level in ("debug", "info", "warning", "error"), f"bad log level {self.log_level!r}")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig(CommonConfig):
+    host: str = field(default="0.0.0.0", metadata={"help": "gRPC listen host"})
+    grpc_port: int = field(default=50051, metadata={"help": "gRPC listen port (0 = pick a free port)"})
+    scheduler_endpoint: str = field(default="tcp://127.0.0.1:5557", metadata={"help": "scheduler ZMQ endpoint"})
+    replica_id: str = field(default="", metadata={"help": "replica identity (empty: host-pid)"})
+    port_file: str = field(default="", metadata={"help": "write the bound gRPC port to this file"})
+    grace_seconds: float = field(default=5.0, metadata={"help": "shutdown grace for in-flight RPCs"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(0 <= self.grpc_port < 65536, f"grpc_port out of range: {self.grpc_port}")
+
+    @property
+    def identity(self) -> str:
+        return self.replica_id or f"{os.uname().nodename}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig(CommonConfig):
+    tokenizer_endpoint: str = field(default="tcp://0.0.0.0:5557", metadata={"help": "bind: tokenizers connect here"})
+    worker_endpoint: str = field(default="tcp://0.0.0.0:5558", metadata={"help": "bind: worker rank 0 connects here"})
+    max_running_requests: int = field(default=256, metadata={"help": "requests decoding at once"})
+    max_prefill_tokens: int = field(default=8192, metadata={"help": "new prompt tokens per step"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.max_running_requests >= 1, "max_running_requests must be >= 1")
+        _check(self.max_prefill_tokens >= 16, "max_prefill_tokens must be >= 16")
+
+
+@dataclass(frozen=True)
+class WorkerConfig(CommonConfig):
+    scheduler_endpoint: str = field(default="tcp://127.0.0.1:5558", metadata={"help": "scheduler's worker endpoint"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16"})
+    max_total_tokens: int = field(default=0, metadata={"help": "KV pool size in tokens (0: from memory)"})
+    context_length: int = field(default=0, metadata={"help": "override the model's context length (0: config)"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampler for requests without one"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"bad dtype {self.dtype!r}")
+        _check(self.max_total_tokens >= 0, "max_total_tokens must be >= 0")
+        _check(self.context_length >= 0, "context_length must be >= 0")
+
+
+def _parse(tp: typing.Any, raw: str) -> typing.Any:
+    if tp is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return tp(raw)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--flag`` per field of ``cls``; defaults come from ``BANYAN_*`` env vars."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        tp = hints[f.name]
+        env = ENV_PREFIX + f.name.upper()
+        default = _parse(tp, os.environ[env]) if env in os.environ else f.default
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f"{f.metadata.get('help', '')} [env {env}, default {default!r}]"
+        if tp is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
+        else:
+            parser.add_argument(flag, type=tp, default=default, help=help_)
+
+
+def from_namespace(cls: type, ns: argparse.Namespace, **overrides: typing.Any):
+    """Build a frozen config from parsed args (fields missing from ``ns`` keep their default)."""
+    kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def to_argv(cfg: typing.Any) -> list[str]:
+    """The inverse of ``add_arguments``: flags that rebuild ``cfg`` in a child process."""
+    argv: list[str] = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(v, bool):
+            argv.append(flag if v else "--no-" + f.name.replace("_", "-"))
+        else:
+            argv += [flag, str(v)]
+    return argv

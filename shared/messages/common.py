@@ -1,0 +1,32 @@
+"""Structs used on more than one channel, and helpers for raw int32 array fields."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Validated sampling parameters (validation happens once, in the tokenizer)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop_token_ids: list[int] = []  # includes the model's EOS ids unless ignore_eos
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+def i32(values) -> bytes:
+    """Pack ints as a little-endian int32 raw buffer (one array frame inside a struct)."""
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+def from_i32(buf: bytes) -> np.ndarray:
+    return np.frombuffer(buf, dtype="<i4")

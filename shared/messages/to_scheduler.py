@@ -1,0 +1,59 @@
+"""Messages the scheduler receives: from tokenizer replicas and from worker rank 0."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.messages.common import SamplingParams
+
+
+class TokenizerHello(msgspec.Struct, tag="hello", frozen=True):
+    """A tokenizer replica connected; the scheduler answers with ``ModelInfo``."""
+
+    replica: str
+
+
+class GenerateReq(msgspec.Struct, tag="gen", frozen=True):
+    """A tokenized, validated request. Token ids only: text never reaches the scheduler."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    traceparent: str = ""
+
+
+class AbortReq(msgspec.Struct, tag="abort", frozen=True):
+    """Stop a request (client cancel, deadline, or a stop string matched in the tokenizer)."""
+
+    rid: str
+    reason: str = "abort"  # "abort" | "stop"
+
+
+class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
+    """Worker rank 0 loaded the model and sized its KV pool."""
+
+    model: str
+    architecture: str
+    vocab_size: int
+    context_length: int
+    pool_size: int  # usable KV slots (tokens)
+    device: str
+    dtype: str
+
+
+class StepOutput(msgspec.Struct, tag="out", frozen=True):
+    """Sampled ids for one ``ForwardBatch``, in batch order; -1 where no token was sampled."""
+
+    step: int
+    next_ids: bytes  # int32 (B,)
+    forward_ms: float = 0.0
+
+
+class WorkerError(msgspec.Struct, tag="werr", frozen=True):
+    """The worker failed to execute a batch; the scheduler fails the requests in it."""
+
+    step: int
+    message: str
+
+
+ToScheduler = TokenizerHello | GenerateReq | AbortReq | WorkerReady | StepOutput | WorkerError

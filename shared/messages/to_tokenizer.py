@@ -1,0 +1,40 @@
+"""Messages a tokenizer replica receives from the scheduler."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ModelInfo(msgspec.Struct, tag="info", frozen=True):
+    """Sent in answer to ``TokenizerHello`` once the worker is ready."""
+
+    model: str
+    architecture: str
+    vocab_size: int
+    context_length: int
+    pool_size: int
+    max_running_requests: int
+    device: str
+    dtype: str
+
+
+class TokenOut(msgspec.Struct, frozen=True, omit_defaults=True):
+    """New tokens of one request since the last output; ``finish`` set on the last one."""
+
+    rid: str
+    token_ids: list[int] = []
+    finish: str = ""  # "" | "stop" | "length" | "abort" | "error"
+    error: str = ""  # message when finish == "error"
+    error_code: str = ""  # "invalid_argument" | "already_exists" | "internal" | "unavailable"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class TokenOutBatch(msgspec.Struct, tag="outs", frozen=True):
+    """All outputs for one replica from one scheduler step."""
+
+    outs: list[TokenOut]
+
+
+ToTokenizer = ModelInfo | TokenOutBatch

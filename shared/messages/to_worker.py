@@ -1,0 +1,46 @@
+"""Messages worker rank 0 receives from the scheduler: new requests once, then per-step diffs."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.messages.common import SamplingParams
+
+
+class WorkerSetup(msgspec.Struct, tag="setup", frozen=True):
+    """Sizes the worker's request table mirror (rows of ``req_to_token``)."""
+
+    max_running_requests: int
+
+
+class NewReq(msgspec.Struct, frozen=True):
+    """Sent once when a request first enters a batch."""
+
+    rid: str
+    row: int  # its row in req_to_token
+    params: SamplingParams
+    prefix_slots: bytes = b""  # int32: KV slots of the cached prefix (matched in the scheduler)
+
+
+class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
+    """One model step. Per scheduled request: its row, how many tokens are already in its KV, how
+    many new tokens to compute now, and whether to sample after them. The new tokens' ids and
+    their freshly allocated KV slots are concatenated in batch order. O(new tokens), never
+    O(context)."""
+
+    step: int
+    new_reqs: list[NewReq]
+    released_rows: list[int]  # rows of requests that left since the last batch
+    rows: bytes  # int32 (B,)
+    prefix_lens: bytes  # int32 (B,)
+    extend_lens: bytes  # int32 (B,)
+    sample: bytes  # int32 (B,) 1 = sample a next token for this request
+    input_ids: bytes  # int32 (sum extend,)
+    out_slots: bytes  # int32 (sum extend,)
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+ToWorker = WorkerSetup | ForwardBatch | Shutdown

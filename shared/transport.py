@@ -1,0 +1,118 @@
+"""Typed queues over ZeroMQ sockets. Each queue encodes what it sends with the codec of the peer's
+channel and decodes what it receives with its own; a frame that fails to decode is dropped and
+logged, never executed. Endpoints are internal (ipc:// on one host, a private network in compose).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Generic, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from shared.logging import get_logger
+from shared.messages.codec import Codec, WireError
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+log = get_logger("transport")
+
+
+def _prepare(endpoint: str) -> None:
+    if endpoint.startswith("ipc://"):
+        d = os.path.dirname(endpoint[len("ipc://"):])
+        if d:
+            os.makedirs(d, exist_ok=True)
+
+
+def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, identity: str = "") -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    if identity:
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    _prepare(endpoint)
+    if bind:
+        sock.bind(endpoint)
+    else:
+        sock.connect(endpoint)
+    return sock
+
+
+class RouterQueue(Generic[In, Out]):
+    """Bound ROUTER (scheduler side): many identified peers connect with DEALER sockets."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, recv: Codec[In], send: Codec[Out]) -> None:
+        self.sock = _socket(ctx, zmq.ROUTER, endpoint, bind=True)
+        self._recv, self._send = recv, send
+
+    def recv_nowait(self) -> tuple[bytes, In] | None:
+        """One (peer identity, message), or None when nothing is pending."""
+        while True:
+            try:
+                ident, frame = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            except ValueError:  # wrong frame count
+                log.warning("bad_frame", reason="frame count")
+                continue
+            try:
+                return ident.bytes, self._recv.decode(frame.buffer)
+            except WireError as e:
+                log.warning("bad_frame", peer=ident.bytes.decode(errors="replace"), reason=str(e))
+
+    def send(self, ident: bytes, msg: Out) -> None:
+        self.sock.send_multipart([ident, self._send.encode(msg)], copy=False)
+
+
+class DealerQueue(Generic[In, Out]):
+    """A DEALER socket (blocking API): worker rank 0 ↔ scheduler, either side may bind."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, recv: Codec[In], send: Codec[Out],
+                 bind: bool = False, identity: str = "") -> None:
+        self.sock = _socket(ctx, zmq.DEALER, endpoint, bind=bind, identity=identity)
+        self._recv, self._send = recv, send
+
+    def recv(self, timeout_ms: int | None = None) -> In | None:
+        """Next valid message; None on timeout."""
+        while True:
+            if timeout_ms is not None and not self.sock.poll(timeout_ms):
+                return None
+            frame = self.sock.recv(copy=False)
+            try:
+                return self._recv.decode(frame.buffer)
+            except WireError as e:
+                log.warning("bad_frame", reason=str(e))
+
+    def recv_nowait(self) -> In | None:
+        return self.recv(timeout_ms=0)
+
+    def send(self, msg: Out) -> None:
+        self.sock.send(self._send.encode(msg), copy=False)
+
+
+class AsyncDealerQueue(Generic[In, Out]):
+    """A connected DEALER socket for asyncio code (tokenizer replicas)."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, recv: Codec[In], send: Codec[Out],
+                 identity: str) -> None:
+        self.sock = _socket(ctx, zmq.DEALER, endpoint, bind=False, identity=identity)
+        self._recv, self._send = recv, send
+
+    async def recv(self) -> In:
+        while True:
+            frame = await self.sock.recv(copy=False)
+            try:
+                return self._recv.decode(frame.buffer)
+            except WireError as e:
+                log.warning("bad_frame", reason=str(e))
+
+    def send(self, msg: Any) -> None:
+        self.sock.send(self._send.encode(msg), flags=zmq.NOBLOCK, copy=False)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
