@@ -1,0 +1,1 @@
+"""Attention backends over one paged KV layout (slot-indexed K/V per layer)."""
