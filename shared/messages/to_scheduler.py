@@ -29,6 +29,12 @@ class AbortReq(msgspec.Struct, tag="abort", frozen=True):
     reason: str = "abort"  # "abort" | "stop"
 
 
+class LoadReq(msgspec.Struct, tag="load", frozen=True):
+    """Ask for the scheduler's current load; answered with ``Load`` carrying the same token."""
+
+    token: str
+
+
 class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
     """Worker rank 0 loaded the model and sized its KV pool."""
 
@@ -37,6 +43,7 @@ class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
     vocab_size: int
     context_length: int
     pool_size: int  # usable KV slots (tokens)
+    eos_token_ids: list[int]
     device: str
     dtype: str
 
@@ -56,4 +63,4 @@ class WorkerError(msgspec.Struct, tag="werr", frozen=True):
     message: str
 
 
-ToScheduler = TokenizerHello | GenerateReq | AbortReq | WorkerReady | StepOutput | WorkerError
+ToScheduler = TokenizerHello | GenerateReq | AbortReq | LoadReq | WorkerReady | StepOutput | WorkerError

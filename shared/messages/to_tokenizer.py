@@ -14,6 +14,7 @@ class ModelInfo(msgspec.Struct, tag="info", frozen=True):
     context_length: int
     pool_size: int
     max_running_requests: int
+    eos_token_ids: list[int]
     device: str
     dtype: str
 
@@ -37,4 +38,17 @@ class TokenOutBatch(msgspec.Struct, tag="outs", frozen=True):
     outs: list[TokenOut]
 
 
-ToTokenizer = ModelInfo | TokenOutBatch
+class Load(msgspec.Struct, tag="load", frozen=True):
+    """The scheduler's load, in answer to ``LoadReq``."""
+
+    token: str
+    num_running: int
+    num_waiting: int
+    kv_free: int
+    kv_used: int
+    kv_pool: int
+    steps: int
+    computed_tokens: int  # prompt + output tokens whose KV was computed by the model so far
+
+
+ToTokenizer = ModelInfo | TokenOutBatch | Load

@@ -64,6 +64,11 @@ class GenerationServiceStub:
                 request_serializer=banyan_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
                 response_deserializer=banyan_dot_v1_dot_generation__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.GetLoad = channel.unary_unary(
+                '/banyan.v1.GenerationService/GetLoad',
+                request_serializer=banyan_dot_v1_dot_generation__pb2.GetLoadRequest.SerializeToString,
+                response_deserializer=banyan_dot_v1_dot_generation__pb2.GetLoadResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -110,6 +115,13 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLoad(self, request, context):
+        """Reports the engine's current load: requests running and waiting, KV cache use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +149,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=banyan_dot_v1_dot_generation__pb2.AbortRequest.FromString,
                     response_serializer=banyan_dot_v1_dot_generation__pb2.AbortResponse.SerializeToString,
+            ),
+            'GetLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoad,
+                    request_deserializer=banyan_dot_v1_dot_generation__pb2.GetLoadRequest.FromString,
+                    response_serializer=banyan_dot_v1_dot_generation__pb2.GetLoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -279,6 +296,33 @@ class GenerationService:
             '/banyan.v1.GenerationService/Abort',
             banyan_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
             banyan_dot_v1_dot_generation__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/banyan.v1.GenerationService/GetLoad',
+            banyan_dot_v1_dot_generation__pb2.GetLoadRequest.SerializeToString,
+            banyan_dot_v1_dot_generation__pb2.GetLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,107 @@
+"""``banyan serve``: start the scheduler, worker rank 0 and N tokenizer replicas on one host,
+supervise them, and stop them in order (tokenizers drain first) on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+
+from shared.config import SchedulerConfig, TokenizerConfig, WorkerConfig, to_argv
+from shared.logging import get_logger
+from shared.model_path import resolve_model
+
+log = get_logger("launcher")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    tokenizer: TokenizerConfig
+    scheduler: SchedulerConfig
+    worker: WorkerConfig
+    num_tokenizers: int = 1
+    ready_file: str = ""
+    startup_timeout: float = 600.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Launcher:
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.stopping = False
+
+    def _spawn(self, name: str, module: str, cfg) -> None:
+        p = subprocess.Popen([sys.executable, "-m", module, *to_argv(cfg)], start_new_session=True)
+        self.procs.append((name, p))
+        log.info("started", process=name, pid=p.pid)
+
+    def run(self) -> int:
+        cfg = self.cfg
+        model_dir, _ = resolve_model(cfg.worker.model)  # builds the demo model once, before the services
+        run_dir = tempfile.mkdtemp(prefix="banyan-")
+        tok_ep, wrk_ep = f"ipc://{run_dir}/scheduler.ipc", f"ipc://{run_dir}/worker.ipc"
+        port = cfg.tokenizer.grpc_port or free_port()
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self._spawn("scheduler", "services.scheduler",
+                    replace(cfg.scheduler, model=model_dir, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep))
+        self._spawn("worker", "services.worker", replace(cfg.worker, model=model_dir, scheduler_endpoint=wrk_ep))
+        port_files = []
+        for i in range(cfg.num_tokenizers):
+            pf = os.path.join(run_dir, f"tokenizer-{i}.port")
+            port_files.append(pf)
+            tcfg = replace(cfg.tokenizer, model=model_dir, scheduler_endpoint=tok_ep, grpc_port=port,
+                           port_file=pf, replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
+            self._spawn(f"tokenizer-{i}", "services.tokenizer", tcfg)
+        deadline = time.monotonic() + cfg.startup_timeout
+        ready = False
+        while not self.stopping:
+            dead = [(n, p.returncode) for n, p in self.procs if p.poll() is not None]
+            if dead:
+                log.error("process_exited", process=dead[0][0], returncode=dead[0][1])
+                self.shutdown()
+                return 1
+            if not ready and all(os.path.exists(pf) for pf in port_files):
+                ready = True
+                log.info("serving", grpc_port=port, tokenizers=cfg.num_tokenizers)
+                print(f"Banyan is serving on port {port}", file=sys.stderr, flush=True)
+                if cfg.ready_file:
+                    with open(cfg.ready_file, "w") as f:
+                        f.write(str(port))
+            if not ready and time.monotonic() > deadline:
+                log.error("startup_timeout", seconds=cfg.startup_timeout)
+                self.shutdown()
+                return 1
+            time.sleep(0.1)
+        self.shutdown()
+        return 0
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.stopping = True
+
+    def shutdown(self) -> None:
+        """Tokenizers first (they drain their streams), then the scheduler, then the worker."""
+        for group in (("tokenizer",), ("scheduler",), ("worker",)):
+            procs = [p for n, p in self.procs if n.startswith(group)]
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=self.cfg.tokenizer.grace_seconds + 5)
+                except subprocess.TimeoutExpired:
+                    log.warning("killing", pid=p.pid)
+                    p.kill()
+                    p.wait()
+        log.info("stopped")

@@ -1,0 +1,79 @@
+"""Tokenizer replica: gRPC server (health, reflection) + link to the scheduler, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from shared.config import TokenizerConfig
+from shared.logging import get_logger
+from shared.model_path import resolve_model
+from shared.proto.banyan.v1 import generation_pb2 as pb
+from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+from services.tokenizer.interceptor import ErrorInterceptor
+from services.tokenizer.scheduler_client import SchedulerClient
+from services.tokenizer.servicer import GenerationServicer
+from services.tokenizer.text import TextProcessor
+
+log = get_logger("tokenizer")
+SERVICE = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
+MAX_MESSAGE = 64 << 20
+
+
+async def run(cfg: TokenizerConfig) -> None:
+    model_dir, _ = resolve_model(cfg.model)
+    text = TextProcessor(model_dir)
+    client = SchedulerClient(cfg.scheduler_endpoint, cfg.identity)
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()],
+                             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                                      ("grpc.max_send_message_length", MAX_MESSAGE)])
+    pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(text, client), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+    await server.start()
+    await client.start()
+    log.info("tokenizer_listening", grpc_port=port, replica=cfg.identity)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def mark_ready() -> None:
+        await client.ready.wait()
+        for name in ("", SERVICE):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if cfg.port_file:  # written once serving, so launchers can wait on it
+            with open(cfg.port_file + ".tmp", "w") as f:
+                f.write(str(port))
+            os.replace(cfg.port_file + ".tmp", cfg.port_file)
+        log.info("tokenizer_serving", grpc_port=port)
+
+    ready_task = asyncio.create_task(mark_ready())
+    await stop.wait()
+    log.info("tokenizer_stopping")
+    ready_task.cancel()
+    client.closing = True
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(cfg.grace_seconds)
+    await client.close()
+    log.info("tokenizer_stopped")
+
+
+def main_async(cfg: TokenizerConfig) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(run(cfg))
+    except ImportError:
+        asyncio.run(run(cfg))

@@ -1,0 +1,44 @@
+"""The tokenizer side of text: loading the HF tokenizer, chat templates, tokenize, decode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from shared.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+class TextProcessor:
+    def __init__(self, model_dir: str) -> None:
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model_dir)
+        self.has_chat_template = bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
+        if not self.has_chat_template:
+            raise InvalidArgument("this model has no chat template: send text or token_ids")
+        try:
+            return self.tokenizer.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=add_generation_prompt, tokenize=False)
+        except Exception as e:  # template errors (jinja raise_exception, bad roles) are the caller's input
+            raise InvalidArgument(f"chat template failed: {e}") from e
+
+    def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        # The rendered template carries its own special tokens (BOS, role headers).
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def tokens(self, ids: list[int]) -> list[str]:
+        return list(self.tokenizer.convert_ids_to_tokens(ids))

@@ -1,0 +1,39 @@
+"""Errors with a public meaning. Each maps to one gRPC status code (and later an HTTP status)."""
+
+from __future__ import annotations
+
+
+class BanyanError(Exception):
+    """Base of errors reported to clients. ``code`` names a ``grpc.StatusCode`` member."""
+
+    code = "INTERNAL"
+
+
+class InvalidArgument(BanyanError):
+    code = "INVALID_ARGUMENT"
+
+
+class AlreadyExists(BanyanError):
+    code = "ALREADY_EXISTS"
+
+
+class Unavailable(BanyanError):
+    code = "UNAVAILABLE"
+
+
+class ResourceExhausted(BanyanError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Internal(BanyanError):
+    code = "INTERNAL"
+
+
+# error_code strings carried by TokenOut → exception class
+BY_WIRE_CODE: dict[str, type[BanyanError]] = {
+    "invalid_argument": InvalidArgument,
+    "already_exists": AlreadyExists,
+    "unavailable": Unavailable,
+    "resource_exhausted": ResourceExhausted,
+    "internal": Internal,
+}
