@@ -8,6 +8,7 @@ process where it happens, so one request can be followed through every service's
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -39,6 +40,7 @@ def setup_logging(service: str, level: str = "info") -> None:
 
 def _add_service(_logger, _name, event_dict):
     event_dict.setdefault("service", _service)
+    event_dict.setdefault("pid", os.getpid())
     return event_dict
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from shared.config import WorkerConfig
-from shared.logging import get_logger
+from shared.logging import get_logger, stage
 from shared.messages.common import SamplingParams, from_i32
 from shared.messages.to_worker import ForwardBatch
 from services.worker.attention.base import AttentionBatch
@@ -56,6 +56,7 @@ class ModelRunner:
         self.req_to_token = torch.zeros((0, self.context_length), dtype=torch.int32, device=self.device)
         self.params: dict[int, SamplingParams] = {}  # by row
         self.gens: dict[int, torch.Generator | None] = {}
+        self.rids: dict[int, str] = {}  # by row, for the stage log
         log.info("model_loaded", model=os.path.basename(model_dir.rstrip("/")), arch=self.spec.architecture,
                  device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), pool_size=self.pool_size,
                  context_length=self.context_length)
@@ -79,7 +80,10 @@ class ModelRunner:
         for row in b.released_rows:
             self.params.pop(row, None)
             self.gens.pop(row, None)
+            stage("worker_released", self.rids.pop(row, ""), row=row)
         for nr in b.new_reqs:
+            self.rids[nr.row] = nr.rid
+            stage("worker_admitted", nr.rid, row=nr.row, step=b.step)
             self.params[nr.row] = nr.params
             self.gens[nr.row] = (torch.Generator(device=dev).manual_seed(nr.params.seed)
                                  if nr.params.seed is not None else None)

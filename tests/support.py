@@ -1,0 +1,106 @@
+"""Test support: tiny HF model directories (seeded random weights) and a live server process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=1024)
+
+
+def make_tiny_model(arch: str, out: Path, tokenizer_dir: str, seed: int = 0) -> Path:
+    """Save a tiny random-weight model of ``arch`` (llama | qwen2 | qwen3) with the given tokenizer."""
+    import torch
+    import transformers
+
+    vocab = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    vocab_size = len(vocab["model"]["vocab"]) + len(vocab.get("added_tokens", []))
+    cfg_src = json.loads((Path(tokenizer_dir) / "config.json").read_text())
+    common = dict(TINY, vocab_size=vocab_size, bos_token_id=cfg_src.get("bos_token_id"),
+                  eos_token_id=cfg_src.get("eos_token_id"), initializer_range=0.08, torch_dtype="float32")
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0,
+                                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                         high_freq_factor=4.0, original_max_position_embeddings=256))
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1000000.0)
+    elif arch == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True, rope_theta=1000000.0)
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(tokenizer_dir) / name).exists():
+            shutil.copy(Path(tokenizer_dir) / name, out / name)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``banyan serve`` in a subprocess, its stderr (JSON log lines) captured to a file."""
+
+    def __init__(self, model: str | None, log_path: Path, *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        ready = log_path.with_suffix(".ready")
+        ready.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "banyan.cli", "serve", "--grpc-port", str(self.port), "--host", "127.0.0.1",
+               "--ready-file", str(ready), *args]
+        if model:
+            cmd += ["--model", model]
+        self._log = open(log_path, "wb")
+        e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=e)
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server failed to start:\n{self.log_text()[-4000:]}")
+            time.sleep(0.1)
+        self.target = f"127.0.0.1:{self.port}"
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.target)
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def log_records(self) -> list[dict]:
+        out = []
+        for line in self.log_text().splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+        return out
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
