@@ -1,0 +1,211 @@
+"""Model building blocks with tensor parallelism built in (rotary embedding: rotary.py).
+
+Every parameter carries a ``weight_loader(param, loaded, shard_id=None)`` that copies this rank's
+part of a checkpoint tensor into it; fused parameters (q/k/v, gate/up) also carry ``shard_ids``,
+the shards that must all be loaded. Parameters are created with ``torch.empty`` under the
+caller's default device and dtype, and are filled only by their loaders.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+ShardId = str | int | None
+WeightLoader = Callable[[nn.Parameter, torch.Tensor, ShardId], None]
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """This process's place in its tensor-parallel group (``group`` None: the default group)."""
+
+    rank: int = 0
+    size: int = 1
+    group: dist.ProcessGroup | None = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``x`` along the last dim, in rank order."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+def divide(n: int, d: int) -> int:
+    if n % d:
+        raise ValueError(f"{n} is not divisible by the tensor-parallel size {d}")
+    return n // d
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads are split across ranks, or replicated when there are fewer heads than ranks."""
+    if num_kv_heads >= tp_size:
+        return divide(num_kv_heads, tp_size)
+    if tp_size % num_kv_heads:
+        raise ValueError(f"{num_kv_heads} KV heads cannot be replicated evenly over {tp_size} ranks")
+    return 1
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"checkpoint shard has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+def load_replicated(param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
+    _copy(param.data, loaded)
+
+
+def _param(*shape: int, loader: WeightLoader = load_replicated) -> nn.Parameter:
+    param = nn.Parameter(torch.empty(shape), requires_grad=False)
+    param.weight_loader = loader
+    return param
+
+
+@dataclass(frozen=True)
+class _Shard:
+    offset: int  # first row in this rank's fused parameter
+    size: int  # rows
+    start: int  # first row in the checkpoint tensor
+
+
+class _ColumnSharded(nn.Module):
+    """y = x W^T + b where W (and b) hold this rank's rows of one or more checkpoint tensors."""
+
+    def __init__(self, in_features: int, shards: dict[ShardId, _Shard], bias: bool) -> None:
+        super().__init__()
+        self._shards = shards
+        out_features = sum(s.size for s in shards.values())
+        self.weight = _param(out_features, in_features, loader=self.weight_loader)
+        self.bias = _param(out_features, loader=self.weight_loader) if bias else None
+        if list(shards) != [None]:
+            for p in self.parameters():
+                p.shard_ids = tuple(shards)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
+        s = self._shards[shard_id]
+        _copy(param.data.narrow(0, s.offset, s.size), loaded.narrow(0, s.start, s.size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in) -> (T, out_local)
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(_ColumnSharded):
+    """Output features split across ranks; the output stays sharded."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
+        n = divide(out_features, tp.size)
+        super().__init__(in_features, {None: _Shard(0, n, tp.rank * n)}, bias)
+
+
+class MergedColumnParallelLinear(_ColumnSharded):
+    """Several column-parallel projections fused into one matmul (shard ids 0, 1, ...)."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup) -> None:
+        shards: dict[ShardId, _Shard] = {}
+        offset = 0
+        for i, size in enumerate(out_sizes):
+            n = divide(size, tp.size)
+            shards[i] = _Shard(offset, n, tp.rank * n)
+            offset += n
+        super().__init__(in_features, shards, bias)
+
+
+class QKVParallelLinear(_ColumnSharded):
+    """Fused q/k/v projection (shard ids "q", "k", "v"); output (T, (Hq + 2 Hkv) D) of local heads."""
+
+    def __init__(
+        self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, tp: TPGroup
+    ) -> None:
+        num_heads_local = divide(num_heads, tp.size)
+        num_kv_local = kv_heads_per_rank(num_kv_heads, tp.size)
+        kv_shard = tp.rank * num_kv_heads // tp.size if num_kv_heads < tp.size else tp.rank  # replicas share one
+        q, kv = num_heads_local * head_dim, num_kv_local * head_dim
+        shards: dict[ShardId, _Shard] = {
+            "q": _Shard(0, q, tp.rank * q),
+            "k": _Shard(q, kv, kv_shard * kv),
+            "v": _Shard(q + kv, kv, kv_shard * kv),
+        }
+        super().__init__(hidden, shards, bias)
+        self.num_heads, self.num_kv_heads = num_heads_local, num_kv_local  # this rank's heads
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split across ranks; partial outputs are all-reduced, then the bias added."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.in_per_rank = divide(in_features, tp.size)
+        self.weight = _param(out_features, self.in_per_rank, loader=self.weight_loader)
+        self.bias = _param(out_features) if bias else None
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
+        _copy(param.data, loaded.narrow(1, self.tp.rank * self.in_per_rank, self.in_per_rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in_local) -> (T, out)
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Vocabulary rows split across ranks (padded to equal shards); lookups are all-reduced."""
+
+    def __init__(self, vocab_size: int, hidden: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        per_rank = math.ceil(vocab_size / tp.size)
+        self.start = min(tp.rank * per_rank, vocab_size)
+        self.end = min(self.start + per_rank, vocab_size)
+        self.weight = _param(per_rank, hidden, loader=self.weight_loader)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
+        n = self.end - self.start
+        param.data[n:].zero_()  # padding rows
+        _copy(param.data[:n], loaded[self.start : self.end])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        mine = (ids >= self.start) & (ids < self.end)  # (T,)
+        out = F.embedding(torch.where(mine, ids - self.start, 0), self.weight)
+        return self.tp.all_reduce(out.masked_fill_(~mine[:, None], 0))
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Output projection sharded like the embedding (so it can share its weight)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, V) float32
+        logits = self.tp.all_gather(F.linear(hidden, self.weight))  # (N, V padded)
+        return logits[:, : self.vocab_size].float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., dim), normalized in fp32
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T, I)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

@@ -1,0 +1,119 @@
+"""Reads an HF model directory: its ``ModelSpec`` and its safetensors weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from services.worker.models import CausalLM, model_class, supported_architectures
+from services.worker.models.layers import TPGroup, kv_heads_per_rank
+from services.worker.models.llama import DecoderConfig
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the rest of the worker needs to know about a model, before and after loading it."""
+
+    architecture: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab_size: int
+    context_length: int  # max_position_embeddings
+    eos_token_ids: tuple[int, ...]  # config.json, then generation_config.json
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelSpec:
+        return _resolve(Path(model_dir))[2]
+
+    def kv_heads_per_rank(self, tp_size: int) -> int:
+        """KV heads each rank's pool holds."""
+        return kv_heads_per_rank(self.num_kv_heads, tp_size)
+
+
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device | str, tp: TPGroup | None = None
+) -> tuple[CausalLM, ModelSpec]:
+    """Build the model for this rank (uninitialized) and fill every parameter from the checkpoint."""
+    model_dir = Path(model_dir)
+    cls, config, spec = _resolve(model_dir)
+    with torch.device(device), _default_dtype(dtype):
+        model = cls(config, tp or TPGroup())
+    loaded = model.load_weights(iter_safetensors(model_dir))
+    expected = {(name, s) for name, p in model.named_parameters() for s in getattr(p, "shard_ids", (None,))}
+    if missing := expected - loaded:
+        names = sorted(name if s is None else f"{name} (shard {s})" for name, s in missing)
+        raise ValueError(f"{model_dir}: the checkpoint lacks {len(names)} weights: {', '.join(names)}")
+    return model, spec
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) of every tensor; with an index json, only the files it maps."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(_read_json(index)["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    for file in files:
+        with safe_open(model_dir / file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                yield name, f.get_tensor(name)
+
+
+def _resolve(model_dir: Path) -> tuple[type[CausalLM], DecoderConfig, ModelSpec]:
+    config_path = model_dir / "config.json"
+    hf = _read_json(config_path)
+    architectures = hf.get("architectures") or []
+    if not architectures:
+        raise ValueError(f"{config_path} names no architecture; supported: {', '.join(supported_architectures())}")
+    cls = model_class(architectures[0])
+    try:
+        config = cls.parse_config(hf)
+    except KeyError as e:
+        raise ValueError(f"{config_path} lacks {e}") from None
+    spec = ModelSpec(
+        architecture=architectures[0],
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        hidden=config.hidden_size,
+        vocab_size=config.vocab_size,
+        context_length=config.max_positions,
+        eos_token_ids=_eos_token_ids(hf, model_dir / "generation_config.json"),
+    )
+    return cls, config, spec
+
+
+def _eos_token_ids(hf: dict[str, Any], generation_config: Path) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (hf, _read_json(generation_config) if generation_config.exists() else {}):
+        eos = source.get("eos_token_id")
+        ids += [eos] if isinstance(eos, int) else eos or []
+    return tuple(dict.fromkeys(ids))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    with path.open() as f:
+        return json.load(f)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
