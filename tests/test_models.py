@@ -99,7 +99,7 @@ def run_schedule(
     """Feed request r's tokens in chunk sizes chunks[r], one chunk per request per step while it
     has any left (so prefill chunks and decode steps mix); returns each request's (len, V) logits."""
     model, spec = load_model(model_dir, torch.float32, "cpu", tp)
-    pool = KVPool(256, spec.num_layers, spec.kv_heads_per_rank(tp.size), spec.head_dim, torch.float32, "cpu")
+    pool = KVPool(spec.num_layers, 256, spec.kv_heads_per_rank(tp.size), spec.head_dim, torch.float32, "cpu")
     attn, table = TorchAttention(pool), KVTable(pool.num_slots)
     logits: list[list[torch.Tensor]] = [[] for _ in seqs]
     for step in range(max(map(len, chunks))):
@@ -186,7 +186,7 @@ def sample_n(sampler: Sampler, logits: torch.Tensor, params: SamplingParams, n: 
 
 def test_greedy_is_argmax() -> None:
     logits = torch.randn(5, 100, generator=torch.Generator().manual_seed(0))
-    sampler = Sampler("cpu")
+    sampler = Sampler()
     for params in (SamplingParams(temperature=0.0), SamplingParams(top_k=1), SamplingParams(top_p=1e-6)):
         assert torch.equal(sampler.sample(logits, [params] * 5, [None] * 5), logits.argmax(-1))
 
@@ -195,7 +195,7 @@ def test_seeded_sampling_is_reproducible_across_batches() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 50, generator=g)
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=7)
-    sampler = Sampler("cpu", seed=3)
+    sampler = Sampler(seed=3)
 
     def draws(seed: int, batch_size: int) -> list[int]:
         gen = torch.Generator().manual_seed(seed)
@@ -209,7 +209,7 @@ def test_seeded_sampling_is_reproducible_across_batches() -> None:
 
 def test_filters_restrict_the_support() -> None:
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    sampler = Sampler("cpu")
+    sampler = Sampler()
     assert set(sample_n(sampler, logits, SamplingParams(min_p=0.5), 2000).tolist()) == {0, 1}
     assert set(sample_n(sampler, logits, SamplingParams(top_k=3), 2000).tolist()) == {0, 1, 2}
     assert set(sample_n(sampler, logits, SamplingParams(top_p=0.7), 2000).tolist()) == {0, 1}

@@ -14,8 +14,8 @@ class KVPool:
 
     def __init__(
         self,
-        num_slots: int,
         num_layers: int,
+        num_slots: int,
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype,

@@ -8,11 +8,13 @@ from shared.messages.common import SamplingParams
 
 
 class Sampler:
-    """Samples one token per row. Seeded requests draw from their own generator, so their
-    tokens do not depend on what else is in the batch; the others share ``seed``'s generator."""
+    """Samples one token per row. Rows draw from their request's generator (seeded requests: their
+    tokens do not depend on what else is in the batch) or, given None, from one generator seeded
+    with ``seed``; rows sharing a generator draw together."""
 
-    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
-        self._shared = torch.Generator(device=device).manual_seed(seed)
+    def __init__(self, seed: int = 0) -> None:
+        self._seed = seed
+        self._shared: torch.Generator | None = None  # created on the device of the first logits
 
     def sample(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
@@ -29,13 +31,15 @@ class Sampler:
 
     def _draw(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
         """One multinomial draw per row of unnormalized probs (S, V) -> (S,)."""
-        picks = torch.empty(len(generators), dtype=torch.int64, device=probs.device)
-        shared = [i for i, g in enumerate(generators) if g is None]
-        if shared:
-            picks[shared] = torch.multinomial(probs[shared], 1, generator=self._shared).squeeze(1)
+        if self._shared is None:
+            self._shared = torch.Generator(device=probs.device).manual_seed(self._seed)
+        groups: dict[int, tuple[torch.Generator, list[int]]] = {}
         for i, g in enumerate(generators):
-            if g is not None:
-                picks[i] = torch.multinomial(probs[i], 1, generator=g)[0]
+            g = g if g is not None else self._shared
+            groups.setdefault(id(g), (g, []))[1].append(i)
+        picks = torch.empty(len(generators), dtype=torch.int64, device=probs.device)
+        for g, rows in groups.values():
+            picks[rows] = torch.multinomial(probs[rows], 1, generator=g).squeeze(1)
         return picks
 
 
