@@ -48,20 +48,20 @@ class Launcher:
 
     def run(self) -> int:
         cfg = self.cfg
-        model_dir, _ = resolve_model(cfg.worker.model)  # builds the demo model once, before the services
+        resolve_model(cfg.worker.model)  # builds the demo model once, before the services start
         run_dir = tempfile.mkdtemp(prefix="banyan-")
         tok_ep, wrk_ep = f"ipc://{run_dir}/scheduler.ipc", f"ipc://{run_dir}/worker.ipc"
         port = cfg.tokenizer.grpc_port or free_port()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._spawn("scheduler", "services.scheduler",
-                    replace(cfg.scheduler, model=model_dir, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep))
-        self._spawn("worker", "services.worker", replace(cfg.worker, model=model_dir, scheduler_endpoint=wrk_ep))
+                    replace(cfg.scheduler, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep))
+        self._spawn("worker", "services.worker", replace(cfg.worker, scheduler_endpoint=wrk_ep))
         port_files = []
         for i in range(cfg.num_tokenizers):
             pf = os.path.join(run_dir, f"tokenizer-{i}.port")
             port_files.append(pf)
-            tcfg = replace(cfg.tokenizer, model=model_dir, scheduler_endpoint=tok_ep, grpc_port=port,
+            tcfg = replace(cfg.tokenizer, scheduler_endpoint=tok_ep, grpc_port=port,
                            port_file=pf, replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
             self._spawn(f"tokenizer-{i}", "services.tokenizer", tcfg)
         deadline = time.monotonic() + cfg.startup_timeout

@@ -28,7 +28,7 @@ def make_tiny_model(arch: str, out: Path, tokenizer_dir: str, seed: int = 0) -> 
     vocab_size = len(vocab["model"]["vocab"]) + len(vocab.get("added_tokens", []))
     cfg_src = json.loads((Path(tokenizer_dir) / "config.json").read_text())
     common = dict(TINY, vocab_size=vocab_size, bos_token_id=cfg_src.get("bos_token_id"),
-                  eos_token_id=cfg_src.get("eos_token_id"), initializer_range=0.08, torch_dtype="float32")
+                  eos_token_id=cfg_src.get("eos_token_id"), initializer_range=0.08, dtype="float32")
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0,
                                        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
@@ -40,7 +40,7 @@ def make_tiny_model(arch: str, out: Path, tokenizer_dir: str, seed: int = 0) -> 
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (Path(tokenizer_dir) / name).exists():
@@ -77,8 +77,11 @@ class Server:
             time.sleep(0.1)
         self.target = f"127.0.0.1:{self.port}"
 
-    def channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(self.target)
+    def channel(self, own_connection: bool = False) -> grpc.Channel:
+        """A channel; ``own_connection`` opens a new TCP connection instead of sharing the
+        process-wide subchannel pool (the kernel spreads new connections over the replicas)."""
+        opts = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
+        return grpc.insecure_channel(self.target, options=opts)
 
     def log_text(self) -> str:
         self._log.flush()

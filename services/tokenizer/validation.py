@@ -38,6 +38,12 @@ def _finite(name: str, v: float) -> None:
     _require(math.isfinite(v), f"sampling_params.{name} must be a finite number, got {v}")
 
 
+def _check_vocab(field: str, ids: list[int], vocab_size: int) -> None:
+    bad = next((t for t in ids if t >= vocab_size), None)
+    if bad is not None:
+        raise InvalidArgument(f"{field}: {bad} is out of the vocabulary [0, {vocab_size})")
+
+
 def chat_messages(chat: pb.ChatInput) -> list[Message]:
     _require(len(chat.messages) > 0, "chat.messages must not be empty")
     for i, m in enumerate(chat.messages):
@@ -52,8 +58,7 @@ def input_ids(req: pb.GenerateRequest, text: TextProcessor, info: ModelInfo) -> 
         ids = text.encode(req.text)
     elif kind == "token_ids":
         ids = list(req.token_ids.ids)
-        bad = [t for t in ids if t >= info.vocab_size]
-        _require(not bad, f"token_ids.ids: {bad[0]} is out of the vocabulary [0, {info.vocab_size})")
+        _check_vocab("token_ids.ids", ids, info.vocab_size)
     elif kind == "chat":
         add = req.chat.add_generation_prompt if req.chat.HasField("add_generation_prompt") else True
         ids = text.encode_chat(chat_messages(req.chat), add)
@@ -94,8 +99,7 @@ def sampling(sp: pb.SamplingParams, prompt_len: int, info: ModelInfo) -> tuple[S
         _require(0 < len(s) <= MAX_STOP_CHARS, f"sampling_params.stop strings must have 1..{MAX_STOP_CHARS} characters")
     stop_ids = list(sp.stop_token_ids)
     _require(len(stop_ids) <= MAX_STOP_TOKEN_IDS, f"sampling_params.stop_token_ids: at most {MAX_STOP_TOKEN_IDS}")
-    bad = [t for t in stop_ids if t >= info.vocab_size]
-    _require(not bad, f"sampling_params.stop_token_ids: {bad[0]} is out of the vocabulary [0, {info.vocab_size})")
+    _check_vocab("sampling_params.stop_token_ids", stop_ids, info.vocab_size)
     if not sp.ignore_eos:
         stop_ids += [t for t in info.eos_token_ids if t not in stop_ids]
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, min_p=min_p,

@@ -46,13 +46,12 @@ class ModelRunner:
         torch.manual_seed(cfg.seed)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, self.tp)
         self.context_length = cfg.context_length or self.spec.context_length
-        kv_heads = max(1, self.spec.num_kv_heads // self.tp.size)
+        kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads)
         self.kv = KVPool(self.spec.num_layers, self.pool_size + 1, kv_heads, self.spec.head_dim,
                          self.dtype, self.device)
         self.attn = TorchAttention(self.kv)
-        self.sampler = Sampler()
-        self.default_gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.sampler = Sampler(seed=cfg.seed)
         self.req_to_token = torch.zeros((0, self.context_length), dtype=torch.int32, device=self.device)
         self.params: dict[int, SamplingParams] = {}  # by row
         self.gens: dict[int, torch.Generator | None] = {}
@@ -112,7 +111,7 @@ class ModelRunner:
         last = (starts + extend - 1)[torch.from_numpy(sample_np).to(dev)]
         logits = self.model.compute_logits(hidden[last])  # (N, V)
         sel_rows = rows_np[sample_np].tolist()
-        gens = [self.gens[r] or self.default_gen for r in sel_rows]
+        gens = [self.gens[r] for r in sel_rows]
         next_ids = self.sampler.sample(logits, [self.params[r] for r in sel_rows], gens)
         out[sample_np] = next_ids.cpu().numpy()
         return out

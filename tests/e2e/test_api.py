@@ -202,7 +202,7 @@ def test_tokenize_detokenize_roundtrip(stub):
 
 def test_concurrent_streams_through_both_replicas(server):
     def one(i):
-        with server.channel() as ch:  # new connections: the kernel spreads them over the replicas
+        with server.channel(own_connection=True) as ch:  # the kernel spreads connections over replicas
             s = pb_grpc.GenerationServiceStub(ch)
             return joined(gen(s, text=f"story number {i}", max_tokens=12, ignore_eos=True, temperature=0.0))[1]
 
