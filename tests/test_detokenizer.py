@@ -50,7 +50,7 @@ def _encode(tok, text: str) -> list[int]:
 def _chunks(data, ids: list[int]) -> list[list[int]]:
     out, i = [], 0
     while i < len(ids):
-        n = data.draw(st.integers(1, 5), label="chunk")
+        n = data.draw(st.integers(1, 8), label="chunk")
         out.append(ids[i : i + n])
         i += n
     return out
