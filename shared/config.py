@@ -57,12 +57,19 @@ class SchedulerConfig(CommonConfig):
     tokenizer_endpoint: str = field(default="tcp://0.0.0.0:5557", metadata={"help": "bind: tokenizers connect here"})
     worker_endpoint: str = field(default="tcp://0.0.0.0:5558", metadata={"help": "bind: worker rank 0 connects here"})
     max_running_requests: int = field(default=256, metadata={"help": "requests decoding at once"})
-    max_prefill_tokens: int = field(default=8192, metadata={"help": "new prompt tokens per step"})
+    max_prefill_tokens: int = field(default=16384, metadata={"help": "prompt tokens computed per step (all requests)"})
+    chunked_prefill_size: int = field(default=8192, metadata={"help": "prompt tokens per request per step"})
+    schedule_policy: str = field(default="lpm", metadata={"help": "fcfs | lpm | dfs-weight"})
+    page_size: int = field(default=1, metadata={"help": "KV page size in tokens (prefix-cache granularity)"})
+    disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.max_running_requests >= 1, "max_running_requests must be >= 1")
         _check(self.max_prefill_tokens >= 16, "max_prefill_tokens must be >= 16")
+        _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
+        _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight"), f"bad schedule_policy {self.schedule_policy!r}")
+        _check(self.page_size >= 1, "page_size must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,15 @@
-"""Builds one ``ForwardBatch`` per step: every decoding request gets one token, then prompt
-chunks are added under the prefill token budget (chunked prefill: a long prompt spans steps).
+"""Builds one ``ForwardBatch`` per step.
 
-Admission reserves each request's worst case (prompt + max_new_tokens) so decoding never runs
-out of KV slots.
+1. Decode: every running request with one token left to compute gets one slot. When the pool
+   (free + evictable cache) cannot supply them, the cheapest requests are retracted: their KV
+   goes into the prefix cache, they return to the head of the queue and resume later.
+2. Prefill: requests already mid-prefill continue (chunked prefill), then waiting requests are
+   admitted in policy order under the step's token budget (``max_prefill_tokens``) and the
+   per-request chunk size (``chunked_prefill_size``). Admission is optimistic: it reserves the
+   whole prompt plus ``new_token_ratio`` × the expected decode length of every running request;
+   the ratio decays while decoding goes well and resets when a retraction happens.
+3. In-batch dedup: a waiting request whose uncached prefix is being computed by another request
+   right now waits a step, then finds it in the cache (this is how n > 1 branches share a prompt).
 """
 
 from __future__ import annotations
@@ -10,11 +17,18 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from shared.logging import stage
+from shared.logging import get_logger, stage
 from shared.messages.common import i32
 from shared.messages.to_worker import ForwardBatch, NewReq
-from services.scheduler.memory import RowAllocator, SlotAllocator
+from services.scheduler.cache import RadixCache
+from services.scheduler.kv import KVManager, OutOfSlots
+from services.scheduler.policy import Policy
 from services.scheduler.request import Req, Status
+
+log = get_logger("scheduler")
+DEDUP_MIN_TOKENS = 32
+DECODE_CLIP = 4096  # expected-decode estimate is capped per request
+INIT_RATIO, MIN_RATIO, RATIO_DECAY = 0.7, 0.1, 0.001
 
 
 @dataclass
@@ -25,71 +39,142 @@ class Scheduled:
     reqs: list[Req]
     sample: list[bool]
     num_tokens: int
+    prefill_tokens: int
     msg: ForwardBatch
 
 
-class Batcher:
-    def __init__(self, slots: SlotAllocator, rows: RowAllocator, max_running: int, max_prefill_tokens: int) -> None:
-        self.slots, self.rows = slots, rows
-        self.max_running = max_running
-        self.max_prefill_tokens = max_prefill_tokens
-        self.step = 0
-        self.released_rows: list[int] = []  # rows freed since the last batch (a diff for the worker)
+@dataclass(frozen=True)
+class Limits:
+    max_running: int
+    max_prefill_tokens: int
+    chunked_prefill_size: int
 
-    def reserved(self, running: list[Req]) -> int:
-        """Slots the running requests may still take."""
-        return sum(r.max_total_tokens - r.num_computed for r in running)
+
+class Batcher:
+    def __init__(self, kv: KVManager, policy: Policy, limits: Limits) -> None:
+        self.kv, self.policy, self.limits = kv, policy, limits
+        self.step = 0
+        self.new_token_ratio = INIT_RATIO
+        self.retractions = 0
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
-        reqs: list[Req] = []
-        extend: list[int] = []
-        new_reqs: list[NewReq] = []
-        # Decode: one token for every request whose whole sequence but the last token is in KV.
+        plan = _Plan()
+        decoding = [r for r in running if r.to_compute == 1]
+        self._make_room_for_decode(decoding, running, waiting)
+        for r in decoding:
+            if r.status is Status.RUNNING:
+                plan.add(r, self.kv, 1)
+        self.new_token_ratio = max(MIN_RATIO, self.new_token_ratio - RATIO_DECAY)
+        budget, cap = self.limits.max_prefill_tokens, self.limits.chunked_prefill_size
+        scratch = RadixCache(lambda _: None)  # prompts being computed this step (in-batch dedup)
         for r in running:
-            if r.prefill_done:
-                reqs.append(r)
-                extend.append(1)
-        budget = self.max_prefill_tokens
-        # Prefill: first the chunked requests already running, then admit from the queue (FCFS).
-        for r in running:
-            if budget > 0 and not r.prefill_done:
-                n = min(len(r.seq) - r.num_computed, budget)
-                reqs.append(r)
-                extend.append(n)
-                budget -= n
-        free_after_reserve = self.slots.num_free - self.reserved(running)
-        while waiting and budget > 0 and len(running) < self.max_running and self.rows.num_free:
-            r = waiting[0]
-            if r.max_total_tokens > free_after_reserve:
-                break  # FCFS: the head waits for memory; later requests do not overtake it
-            waiting.popleft()
-            free_after_reserve -= r.max_total_tokens
-            r.status, r.row = Status.RUNNING, self.rows.alloc()
-            running.append(r)
-            new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots)))
-            stage("scheduled", r.rid, queue_ms=round(r.wait_ms(), 3), prompt_tokens=len(r.prompt))
-            n = min(len(r.seq) - r.num_computed, budget)
-            reqs.append(r)
-            extend.append(n)
-            budget -= n
-        if not reqs:
+            if r.to_compute > 1:
+                scratch.insert(r.ns, r.prefix_key(), range(r.seq_len))
+                if budget > 0:
+                    budget -= plan.add(r, self.kv, min(r.to_compute, cap, budget))
+        new_reqs = self._admit(running, waiting, scratch, budget, plan)
+        if not plan.reqs:
             return None
-        return self._emit(reqs, extend, new_reqs)
+        return self._emit(plan, new_reqs)
 
-    def _emit(self, reqs: list[Req], extend: list[int], new_reqs: list[NewReq]) -> Scheduled:
-        prefix, sample, ids, out_slots = [], [], [], []
-        for r, n in zip(reqs, extend):
-            start = r.num_computed
-            prefix.append(start)
-            ids.extend(r.seq[start:start + n])
-            new = self.slots.alloc(n)
-            r.slots.extend(new)
-            out_slots.extend(new)
-            sample.append(r.num_computed == len(r.seq))
+    # ---- decode memory ---------------------------------------------------------------------
+    def _make_room_for_decode(self, decoding: list[Req], running: list[Req], waiting: deque[Req]) -> None:
+        kv = self.kv
+
+        def need() -> int:
+            return sum(kv.slots.tokens_needed(r.slots[-1], 1) for r in decoding if r.status is Status.RUNNING)
+
+        victims = sorted(decoding, key=lambda r: (len(r.output), -len(r.prompt)))
+        while need() > kv.available() and victims:
+            r = victims.pop(0)
+            self._retract(r, running, waiting)
+
+    def _retract(self, r: Req, running: list[Req], waiting: deque[Req]) -> None:
+        self.kv.release(r)
+        running.remove(r)
+        r.status, r.retractions = Status.WAITING, r.retractions + 1
+        waiting.appendleft(r)
+        self.retractions += 1
+        self.new_token_ratio = INIT_RATIO
+        stage("retracted", r.rid, index=r.index, output_tokens=len(r.output), kv_available=self.kv.available())
+
+    # ---- admission -------------------------------------------------------------------------
+    def _reserved(self, running: list[Req]) -> float:
+        """Slots running requests are expected to take: the rest of their prompts and part of
+        their decode."""
+        prompt = sum(r.to_compute - 1 for r in running if r.to_compute > 1)
+        return prompt + sum(min(r.remaining_new_tokens, DECODE_CLIP) for r in running) * self.new_token_ratio
+
+    def _admit(self, running: list[Req], waiting: deque[Req], scratch: RadixCache, budget: int,
+               plan: _Plan) -> list[NewReq]:
+        lim, kv = self.limits, self.kv
+        new_reqs: list[NewReq] = []
+        if not waiting or budget <= 0:
+            return new_reqs
+        headroom = kv.available() - self._reserved(running)
+        for r in self.policy.order(waiting, kv):
+            if budget <= 0 or len(running) >= lim.max_running or kv.rows.num_free == 0:
+                break
+            hit = kv.peek_prefix(r)
+            key = r.prefix_key()
+            shared, _ = scratch.peek(r.ns, key)
+            if shared - hit > 0 and shared - hit >= min(DEDUP_MIN_TOKENS, len(key) - hit):
+                continue  # its prefix is being computed right now: take it from the cache next step
+            cost = r.seq_len - hit + min(r.remaining_new_tokens, DECODE_CLIP) * self.new_token_ratio
+            if cost > headroom:
+                break  # keep the order: later requests do not overtake a head that does not fit
+            before = kv.available()
+            waiting.remove(r)
+            kv.admit(r)
+            headroom -= cost + (before - kv.available())  # locking its prefix pins evictable slots
+            r.status = Status.RUNNING
+            running.append(r)
+            scratch.insert(r.ns, key, range(len(key)))
+            new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots)))
+            stage("scheduled", r.rid, index=r.index, queue_ms=round(r.wait_ms(), 3), prompt_tokens=len(r.prompt),
+                  cached_tokens=len(r.slots), retractions=r.retractions)
+            budget -= plan.add(r, kv, min(r.to_compute, lim.chunked_prefill_size, budget))
+        return new_reqs
+
+    def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:
         self.step += 1
         msg = ForwardBatch(
-            step=self.step, new_reqs=new_reqs, released_rows=self.released_rows,
-            rows=i32([r.row for r in reqs]), prefix_lens=i32(prefix), extend_lens=i32(extend),
-            sample=i32(sample), input_ids=i32(ids), out_slots=i32(out_slots))
-        self.released_rows = []
-        return Scheduled(self.step, reqs, sample, len(ids), msg)
+            step=self.step, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
+            rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
+            sample=i32(plan.sample), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
+        return Scheduled(self.step, plan.reqs, plan.sample, len(plan.ids), plan.prefill_tokens, msg)
+
+
+class _Plan:
+    """The batch being built; slots are allocated as requests are added."""
+
+    def __init__(self) -> None:
+        self.reqs: list[Req] = []
+        self.prefix: list[int] = []
+        self.extend: list[int] = []
+        self.sample: list[bool] = []
+        self.ids: list[int] = []
+        self.slots: list[int] = []
+        self.prefill_tokens = 0
+
+    def add(self, r: Req, kv: KVManager, n: int) -> int:
+        """Schedule up to ``n`` of ``r``'s uncomputed tokens (fewer if the pool is short)."""
+        n = min(n, kv.available())
+        while n > 0:
+            try:
+                new = kv.extend(r, n)
+                break
+            except OutOfSlots:
+                n -= kv.page_size  # a partly filled page can make the estimate short
+        if n <= 0:
+            return 0
+        start = r.num_computed - n
+        self.reqs.append(r)
+        self.prefix.append(start)
+        self.extend.append(n)
+        self.ids.extend(r.tokens(start, start + n))
+        self.slots.extend(new)
+        self.sample.append(r.num_computed == r.seq_len)
+        if n > 1 or not r.output:
+            self.prefill_tokens += n
+        return n

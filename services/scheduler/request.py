@@ -1,10 +1,11 @@
-"""The scheduler's view of one request: token ids, KV slots, progress. No tensors."""
+"""The scheduler's view of one request branch: token ids, KV slots, progress. No tensors."""
 
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.messages.common import SamplingParams
 
@@ -21,21 +22,26 @@ class Req:
     replica: bytes  # identity of the tokenizer replica that owns the stream
     prompt: list[int]
     params: SamplingParams
+    index: int = 0  # branch of a parallel-sampling (n > 1) request
+    ns: str = ""  # cache namespace: requests in different namespaces never share KV
     traceparent: str = ""
     output: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     row: int = -1  # req_to_token row while running
     slots: list[int] = field(default_factory=list)  # KV slots of positions 0..len(slots)-1
-    cached_tokens: int = 0
+    owned: set[int] = field(default_factory=set)  # slots this request owns (the rest are cached)
+    lock_node: Any = None  # deepest prefix-cache node it holds a lock on
+    cached_tokens: int = 0  # prompt tokens whose KV came from the cache
     finish: str = ""  # set when finished: stop | length | abort | error
     aborted: str = ""  # pending abort reason, applied at the next step boundary
+    retractions: int = 0
     arrival: float = field(default_factory=time.monotonic)
     unsent: int = 0  # output tokens not yet sent to the tokenizer
 
     @property
     def seq(self) -> list[int]:
         """All tokens whose KV the request needs: prompt + generated (the last is not yet in KV)."""
-        return self.prompt + self.output
+        return self.prompt + self.output if self.output else self.prompt
 
     @property
     def num_computed(self) -> int:
@@ -43,13 +49,31 @@ class Req:
         return len(self.slots)
 
     @property
-    def prefill_done(self) -> bool:
-        return len(self.slots) >= len(self.prompt)
+    def seq_len(self) -> int:
+        return len(self.prompt) + len(self.output)
 
     @property
-    def max_total_tokens(self) -> int:
-        """Upper bound on the KV slots this request can ever hold."""
-        return len(self.prompt) + self.params.max_new_tokens
+    def to_compute(self) -> int:
+        """Tokens not yet in KV. 1 while decoding (the last sampled token); more while prefilling
+        (a new prompt, or a retracted request resuming)."""
+        return self.seq_len - len(self.slots)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """``seq[start:end]`` without building ``seq`` (O(end - start))."""
+        p = len(self.prompt)
+        if end <= p:
+            return self.prompt[start:end]
+        if start >= p:
+            return self.output[start - p:end - p]
+        return self.prompt[start:] + self.output[:end - p]
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.params.max_new_tokens - len(self.output)
+
+    def prefix_key(self) -> list[int]:
+        """Tokens whose KV may come from the cache: all but the last, whose logits are needed."""
+        return self.seq[:-1]
 
     def wait_ms(self) -> float:
         return (time.monotonic() - self.arrival) * 1e3

@@ -1,5 +1,5 @@
-"""The scheduler process: owns every request's metadata and the KV slot bookkeeping, runs
-continuous batching, and talks to tokenizer replicas (ROUTER) and worker rank 0 (DEALER)."""
+"""The scheduler process: owns every request's metadata and the KV bookkeeping, runs continuous
+batching, and talks to tokenizer replicas (ROUTER) and worker rank 0 (DEALER)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import signal
 import time
 from collections import deque
 
+import msgspec
 import zmq
 
 from shared.config import SchedulerConfig
@@ -18,11 +19,18 @@ from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOu
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
 from shared.messages.to_worker import Shutdown, ToWorker, WorkerSetup
 from shared.transport import DealerQueue, RouterQueue
-from services.scheduler.batcher import Batcher, Scheduled
-from services.scheduler.memory import RowAllocator, SlotAllocator
+from services.scheduler.batcher import Batcher, Limits, Scheduled
+from services.scheduler.kv import KVManager
+from services.scheduler.policy import POLICIES
 from services.scheduler.request import Req, Status
 
 log = get_logger("scheduler")
+
+
+class Counters(msgspec.Struct):
+    prefill_computed: int = 0
+    prefill_cached: int = 0
+    decode: int = 0
 
 
 class Scheduler:
@@ -37,13 +45,14 @@ class Scheduler:
         self.poller.register(self.worker.sock, zmq.POLLIN)
         self.info: ModelInfo | None = None
         self.hellos: list[bytes] = []  # replicas waiting for ModelInfo
-        self.reqs: dict[str, Req] = {}
+        self.groups: dict[str, list[Req]] = {}  # rid → its branches (n > 1)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.outbox: dict[bytes, list[TokenOut]] = {}
-        self.computed_tokens = 0
+        self.aborts: list[Req] = []
+        self.counters = Counters()
         self.stopping = False
-        self.slots: SlotAllocator
+        self.kv: KVManager
         self.batcher: Batcher
 
     # ---- main loop -------------------------------------------------------------------------
@@ -57,10 +66,11 @@ class Scheduler:
             self._poll(0 if busy else 100)
             if self.info is None:
                 continue
+            self._apply_aborts()
             sched = self.batcher.build(self.running, self.waiting)
             if sched is None:
                 if not busy:
-                    self.check_integrity()
+                    self.kv.check_integrity(self.running)
                 continue
             self.worker.send(sched.msg)
             out = self._await_step(sched.step)
@@ -79,19 +89,21 @@ class Scheduler:
         """Handle every pending message from tokenizers and the worker."""
         events = dict(self.poller.poll(timeout_ms))
         if self.tok.sock in events:
-            while (item := self.tok.recv_nowait()) is not None:
-                self._on_tokenizer(*item)
+            self._drain_tokenizers()
         if self.worker.sock in events:
             while (msg := self.worker.recv_nowait()) is not None:
                 self._on_worker(msg)
+
+    def _drain_tokenizers(self) -> None:
+        while (item := self.tok.recv_nowait()) is not None:
+            self._on_tokenizer(*item)
 
     def _await_step(self, step: int) -> StepOutput | WorkerError:
         """Wait for the worker's answer to ``step`` while serving tokenizer messages."""
         while True:
             events = dict(self.poller.poll(1000))
             if self.tok.sock in events:
-                while (item := self.tok.recv_nowait()) is not None:
-                    self._on_tokenizer(*item)
+                self._drain_tokenizers()
             if self.worker.sock not in events:
                 continue
             msg = self.worker.recv_nowait()
@@ -105,12 +117,10 @@ class Scheduler:
         if isinstance(msg, GenerateReq):
             self._on_generate(ident, msg)
         elif isinstance(msg, AbortReq):
-            r = self.reqs.get(msg.rid)
-            if r is not None and r.replica == ident:
-                r.aborted = msg.reason
-                if r.status is Status.WAITING:
-                    self.waiting.remove(r)
-                    self._finish(r, msg.reason)
+            for r in self.groups.get(msg.rid, ()):
+                if r.replica == ident and msg.index in (-1, r.index) and r.status is not Status.FINISHED:
+                    r.aborted = msg.reason
+                    self.aborts.append(r)
         elif isinstance(msg, TokenizerHello):
             log.info("tokenizer_connected", replica=msg.replica)
             if self.info is not None:
@@ -121,27 +131,35 @@ class Scheduler:
             self.tok.send(ident, self._load(msg.token))
 
     def _on_generate(self, ident: bytes, msg: GenerateReq) -> None:
-        stage("queued", msg.rid, prompt_tokens=len(msg.input_ids), traceparent=msg.traceparent)
+        stage("queued", msg.rid, prompt_tokens=len(msg.input_ids), n=msg.n, traceparent=msg.traceparent)
         err = self._reject_reason(msg)
         if err:
             code, text = err
-            self._emit(ident, TokenOut(rid=msg.rid, finish="error", error=text, error_code=code))
+            for i in range(max(1, msg.n)):
+                self._emit(ident, TokenOut(rid=msg.rid, index=i, finish="error", error=text, error_code=code))
             self._flush()
             return
-        r = Req(rid=msg.rid, replica=ident, prompt=list(msg.input_ids), params=msg.params,
-                traceparent=msg.traceparent)
-        self.reqs[r.rid] = r
-        self.waiting.append(r)
+        branches = []
+        for i in range(msg.n):
+            params = msg.params
+            if i and params.seed is not None:
+                params = msgspec.structs.replace(params, seed=params.seed + i)
+            branches.append(Req(rid=msg.rid, replica=ident, prompt=list(msg.input_ids), params=params, index=i,
+                                ns=msg.cache_ns, traceparent=msg.traceparent))
+        self.groups[msg.rid] = branches
+        self.waiting.extend(branches)
 
     def _reject_reason(self, msg: GenerateReq) -> tuple[str, str] | None:
         if self.info is None:
             return "unavailable", "the model is not loaded yet"
-        if msg.rid in self.reqs:
+        if msg.rid in self.groups:
             return "already_exists", f"request_id {msg.rid!r} is already in flight"
         need = len(msg.input_ids) + msg.params.max_new_tokens
-        if need > self.info.pool_size:
+        if need > self.kv.pool_size:
             return "invalid_argument", (f"prompt ({len(msg.input_ids)}) + max_tokens "
-                                        f"({msg.params.max_new_tokens}) exceeds the KV pool ({self.info.pool_size} tokens)")
+                                        f"({msg.params.max_new_tokens}) exceeds the KV pool ({self.kv.pool_size} tokens)")
+        if msg.n < 1 or msg.n > self.cfg.max_running_requests:
+            return "invalid_argument", f"n must be in [1, {self.cfg.max_running_requests}]"
         if any(t < 0 or t >= self.info.vocab_size for t in msg.input_ids):
             return "invalid_argument", f"token ids must be in [0, {self.info.vocab_size})"
         return None
@@ -153,13 +171,14 @@ class Scheduler:
             log.warning("unexpected_worker_message", kind=type(msg).__name__)
 
     def _on_ready(self, w: WorkerReady) -> None:
-        self.slots = SlotAllocator(w.pool_size)
-        self.batcher = Batcher(self.slots, RowAllocator(self.cfg.max_running_requests),
-                               self.cfg.max_running_requests, self.cfg.max_prefill_tokens)
-        self.worker.send(WorkerSetup(max_running_requests=self.cfg.max_running_requests))
+        cfg = self.cfg
+        self.kv = KVManager(w.pool_size, cfg.max_running_requests, cfg.page_size, not cfg.disable_radix_cache)
+        self.batcher = Batcher(self.kv, POLICIES[cfg.schedule_policy](),
+                               Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size))
+        self.worker.send(WorkerSetup(max_running_requests=cfg.max_running_requests))
         self.info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
-                              context_length=w.context_length, pool_size=w.pool_size,
-                              max_running_requests=self.cfg.max_running_requests,
+                              context_length=w.context_length, pool_size=self.kv.pool_size,
+                              max_running_requests=cfg.max_running_requests,
                               eos_token_ids=w.eos_token_ids, device=w.device, dtype=w.dtype)
         log.info("worker_ready", **{k: getattr(w, k) for k in w.__struct_fields__})
         for ident in self.hellos:
@@ -168,42 +187,52 @@ class Scheduler:
 
     # ---- outputs ---------------------------------------------------------------------------
     def _process(self, sched: Scheduled, out: StepOutput) -> None:
-        self.computed_tokens += sched.num_tokens
-        next_ids = from_i32(out.next_ids)
+        c = self.counters
+        c.prefill_computed += sched.prefill_tokens
+        c.decode += sched.num_tokens - sched.prefill_tokens
         assert self.info is not None
-        for r, sample, tok in zip(sched.reqs, sched.sample, next_ids.tolist()):
-            if not sample or r.status is not Status.RUNNING:
+        for r, sample, tok in zip(sched.reqs, sched.sample, from_i32(out.next_ids).tolist()):
+            if r.status is not Status.RUNNING:
                 continue
+            if not sample:  # a prefill chunk: share it with requests arriving meanwhile
+                self.kv.cache_prefix(r)
+                continue
+            if not r.output:
+                c.prefill_cached += r.cached_tokens
+                stage("first_token", r.rid, index=r.index, ttft_ms=round(r.wait_ms(), 3))
             r.output.append(tok)
             r.unsent += 1
-            if len(r.output) == 1:
-                stage("first_token", r.rid, ttft_ms=round(r.wait_ms(), 3))
             reason = r.check_finished(self.info.context_length)
             if reason:
                 self._finish(r, reason)
             else:
-                self._emit(r.replica, TokenOut(rid=r.rid, token_ids=r.output[len(r.output) - r.unsent:]))
+                self._emit(r.replica, TokenOut(rid=r.rid, index=r.index, token_ids=r.output[-r.unsent:],
+                                               cached_tokens=r.cached_tokens))
                 r.unsent = 0
 
     def _apply_aborts(self) -> None:
-        for r in [r for r in self.running if r.aborted]:
-            self._finish(r, r.aborted)
+        """Aborts take effect between steps (a running request may be in the batch in flight)."""
+        for r in self.aborts:
+            if r.status is Status.WAITING:
+                self.waiting.remove(r)
+            if r.status is not Status.FINISHED:
+                self._finish(r, r.aborted)
+        self.aborts.clear()
 
     def _finish(self, r: Req, reason: str, error: str = "", code: str = "") -> None:
         if r.status is Status.RUNNING:
             self.running.remove(r)
-            self.slots.free(r.slots)
-            self.batcher.rows.free(r.row)
-            self.batcher.released_rows.append(r.row)
-            r.slots = []
+            self.kv.release(r, keep=reason != "error")
         r.status, r.finish = Status.FINISHED, reason
-        self.reqs.pop(r.rid, None)
-        new = r.output[len(r.output) - r.unsent:] if r.unsent else []
-        self._emit(r.replica, TokenOut(rid=r.rid, token_ids=new, finish=reason, error=error, error_code=code,
-                                       prompt_tokens=len(r.prompt), cached_tokens=r.cached_tokens,
+        group = self.groups.get(r.rid, [])
+        if all(b.status is Status.FINISHED for b in group):
+            self.groups.pop(r.rid, None)
+        new = r.output[-r.unsent:] if r.unsent else []
+        self._emit(r.replica, TokenOut(rid=r.rid, index=r.index, token_ids=new, finish=reason, error=error,
+                                       error_code=code, prompt_tokens=len(r.prompt), cached_tokens=r.cached_tokens,
                                        completion_tokens=len(r.output)))
-        stage("finished", r.rid, finish_reason=reason, completion_tokens=len(r.output),
-              e2e_ms=round(r.wait_ms(), 3))
+        stage("finished", r.rid, index=r.index, finish_reason=reason, completion_tokens=len(r.output),
+              cached_tokens=r.cached_tokens, e2e_ms=round(r.wait_ms(), 3))
 
     def _emit(self, ident: bytes, out: TokenOut) -> None:
         self.outbox.setdefault(ident, []).append(out)
@@ -214,14 +243,16 @@ class Scheduler:
         self.outbox.clear()
 
     def _load(self, token: str) -> Load:
-        pool = self.info.pool_size if self.info else 0
-        free = self.slots.num_free if self.info else 0
-        return Load(token=token, num_running=len(self.running), num_waiting=len(self.waiting),
-                    kv_free=free, kv_used=pool - free, kv_pool=pool,
-                    steps=self.batcher.step if self.info else 0, computed_tokens=self.computed_tokens)
-
-    def check_integrity(self) -> None:
-        self.slots.check_integrity(sum(r.num_computed for r in self.running))
+        ready = self.info is not None
+        pool = self.kv.pool_size if ready else 0
+        free = self.kv.slots.num_free if ready else 0
+        c = self.counters
+        return Load(token=token, num_running=len(self.running), num_waiting=len(self.waiting), kv_free=free,
+                    kv_used=pool - free, kv_pool=pool, kv_evictable=self.kv.evictable if ready else 0,
+                    steps=self.batcher.step if ready else 0, prefill_computed_tokens=c.prefill_computed,
+                    prefill_cached_tokens=c.prefill_cached, decode_tokens=c.decode,
+                    retractions=self.batcher.retractions if ready else 0,
+                    evicted_tokens=self.kv.evicted_tokens if ready else 0)
 
     def _shutdown(self) -> None:
         log.info("scheduler_stop", running=len(self.running), waiting=len(self.waiting))

@@ -57,7 +57,8 @@ class SchedulerClient:
     def in_flight(self, rid: str) -> bool:
         return rid in self._streams
 
-    def submit(self, rid: str, input_ids: list[int], params: SamplingParams, traceparent: str = "") -> asyncio.Queue[TokenOut]:
+    def submit(self, rid: str, input_ids: list[int], params: SamplingParams, n: int = 1, cache_ns: str = "",
+               traceparent: str = "") -> asyncio.Queue[TokenOut]:
         """Send a request; returns the queue its outputs arrive on. Call ``release`` when done."""
         if self.info is None or self.closing:
             raise Unavailable("the engine is not ready" if self.info is None else "the engine is shutting down")
@@ -65,11 +66,13 @@ class SchedulerClient:
             raise AlreadyExists(f"request_id {rid!r} is already in flight")
         queue: asyncio.Queue[TokenOut] = asyncio.Queue()
         self._streams[rid] = queue
-        self.q.send(GenerateReq(rid=rid, input_ids=input_ids, params=params, traceparent=traceparent))
+        self.q.send(GenerateReq(rid=rid, input_ids=input_ids, params=params, n=n, cache_ns=cache_ns,
+                                traceparent=traceparent))
         return queue
 
-    def abort(self, rid: str, reason: str = "abort") -> None:
-        self.q.send(AbortReq(rid=rid, reason=reason))
+    def abort(self, rid: str, reason: str = "abort", index: int = -1) -> None:
+        """Stop a request (``index`` ≥ 0: one branch of an n > 1 request)."""
+        self.q.send(AbortReq(rid=rid, reason=reason, index=index))
 
     def release(self, rid: str) -> None:
         self._streams.pop(rid, None)
@@ -87,11 +90,9 @@ class SchedulerClient:
             self._loads.pop(token, None)
 
     async def stream(self, queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:
+        """Outputs of all branches as they come; the caller stops when every branch is done."""
         while True:
-            out = await queue.get()
-            yield out
-            if out.finish:
-                return
+            yield await queue.get()
 
     async def close(self) -> None:
         if self._reader is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 import grpc
 
@@ -26,6 +27,16 @@ def _traceparent(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
+@dataclass
+class _Branch:
+    """Streaming state of one sample (n > 1 requests have several)."""
+
+    detok: IncrementalDetokenizer
+    generated: int = 0
+    cached: int = 0
+    done: bool = False
+
+
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, text: TextProcessor, client: SchedulerClient) -> None:
         self.text = text
@@ -41,37 +52,43 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         stage("received", rid)
         info = self._info()
         p = validation.prepare(request, self.text, info)
-        stage("tokenized", rid, prompt_tokens=len(p.input_ids))
-        queue = self.client.submit(rid, p.input_ids, p.params, _traceparent(context))
-        detok = IncrementalDetokenizer(self.text.tokenizer, p.input_ids, p.skip_special_tokens, p.stop)
-        done, generated, cached = False, 0, 0
+        stage("tokenized", rid, prompt_tokens=len(p.input_ids), n=p.n)
+        queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, _traceparent(context))
+        branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, p.input_ids, p.skip_special_tokens, p.stop))
+                    for _ in range(p.n)]
+        live = p.n
         try:
             async for out in self.client.stream(queue):
+                b = branches[out.index]
+                if b.done:
+                    continue
                 if out.finish == "error":
-                    done = True
+                    live = 0
                     raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
-                generated += len(out.token_ids)
-                cached = max(cached, out.cached_tokens)
-                text = detok.push(out.token_ids)
-                if detok.stopped or out.finish:
-                    done = True
-                    if detok.stopped and not out.finish:
-                        self.client.abort(rid, "stop")
-                    yield self._final(rid, out, text, detok, p.params.stop_token_ids,
-                                      pb.Usage(prompt_tokens=len(p.input_ids), completion_tokens=generated,
-                                               cached_tokens=cached))
-                    stage("sent", rid, completion_tokens=generated)
-                    return
-                yield pb.GenerateResponse(request_id=rid, token_ids=out.token_ids, text=text)
+                b.generated += len(out.token_ids)
+                b.cached = max(b.cached, out.cached_tokens)
+                text = b.detok.push(out.token_ids)
+                if b.detok.stopped or out.finish:
+                    b.done, live = True, live - 1
+                    if b.detok.stopped and not out.finish:
+                        self.client.abort(rid, "stop", out.index)
+                    usage = pb.Usage(prompt_tokens=len(p.input_ids), completion_tokens=b.generated,
+                                     cached_tokens=b.cached)
+                    yield self._final(rid, out, text, b.detok, p.params.stop_token_ids, usage)
+                    if live == 0:
+                        stage("sent", rid, completion_tokens=sum(x.generated for x in branches))
+                        return
+                    continue
+                yield pb.GenerateResponse(request_id=rid, index=out.index, token_ids=out.token_ids, text=text)
         finally:
             self.client.release(rid)
-            if not done:  # the client went away (cancel, deadline, disconnect): free its KV
+            if live:  # the client went away (cancel, deadline, disconnect): free its KV
                 self.client.abort(rid)
-                stage("cancelled", rid, completion_tokens=generated)
+                stage("cancelled", rid, completion_tokens=sum(x.generated for x in branches))
 
     def _final(self, rid: str, out: TokenOut, text: str, detok: IncrementalDetokenizer,
                stop_ids: list[int], usage: pb.Usage) -> pb.GenerateResponse:
-        resp = pb.GenerateResponse(request_id=rid, token_ids=out.token_ids, usage=usage)
+        resp = pb.GenerateResponse(request_id=rid, index=out.index, token_ids=out.token_ids, usage=usage)
         if detok.stopped:
             resp.finish_reason = pb.FINISH_REASON_STOP
             resp.matched_stop = detok.matched_stop
@@ -124,4 +141,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return pb.GetLoadResponse(num_running_requests=load.num_running, num_waiting_requests=load.num_waiting,
                                   kv_free_tokens=load.kv_free, kv_used_tokens=load.kv_used,
                                   kv_pool_tokens=load.kv_pool, steps=load.steps,
-                                  computed_tokens=load.computed_tokens)
+                                  prefill_computed_tokens=load.prefill_computed_tokens,
+                                  prefill_cached_tokens=load.prefill_cached_tokens, decode_tokens=load.decode_tokens,
+                                  retractions=load.retractions, evicted_tokens=load.evicted_tokens,
+                                  kv_evictable_tokens=load.kv_evictable)

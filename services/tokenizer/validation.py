@@ -19,6 +19,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
 MAX_SEED = 2**63 - 1
+MAX_N = 64
+MAX_CACHE_SALT = 256
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Prepared:
     params: SamplingParams
     stop: list[str]
     skip_special_tokens: bool
+    n: int
+    cache_ns: str
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -111,6 +115,11 @@ def sampling(sp: pb.SamplingParams, prompt_len: int, info: ModelInfo) -> tuple[S
 
 def prepare(req: pb.GenerateRequest, text: TextProcessor, info: ModelInfo) -> Prepared:
     _require(len(req.request_id) <= MAX_REQUEST_ID, f"request_id is longer than {MAX_REQUEST_ID} characters")
+    _require(len(req.cache_salt) <= MAX_CACHE_SALT, f"cache_salt is longer than {MAX_CACHE_SALT} characters")
+    sp = req.sampling_params
+    n = sp.n if sp.HasField("n") else 1
+    limit = min(MAX_N, info.max_running_requests)
+    _require(1 <= n <= limit, f"sampling_params.n must be in [1, {limit}], got {n}")
     ids = input_ids(req, text, info)
-    params, stop, skip = sampling(req.sampling_params, len(ids), info)
-    return Prepared(ids, params, stop, skip)
+    params, stop, skip = sampling(sp, len(ids), info)
+    return Prepared(ids, params, stop, skip, n, req.cache_salt)

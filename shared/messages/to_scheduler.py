@@ -19,6 +19,8 @@ class GenerateReq(msgspec.Struct, tag="gen", frozen=True):
     rid: str
     input_ids: list[int]
     params: SamplingParams
+    n: int = 1  # parallel samples: branches share the prompt's KV
+    cache_ns: str = ""  # cache namespace (cache_salt): KV is never shared across namespaces
     traceparent: str = ""
 
 
@@ -27,6 +29,7 @@ class AbortReq(msgspec.Struct, tag="abort", frozen=True):
 
     rid: str
     reason: str = "abort"  # "abort" | "stop"
+    index: int = -1  # one branch of an n > 1 request, or -1 for all
 
 
 class LoadReq(msgspec.Struct, tag="load", frozen=True):

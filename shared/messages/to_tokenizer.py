@@ -23,6 +23,7 @@ class TokenOut(msgspec.Struct, frozen=True, omit_defaults=True):
     """New tokens of one request since the last output; ``finish`` set on the last one."""
 
     rid: str
+    index: int = 0  # branch of an n > 1 request
     token_ids: list[int] = []
     finish: str = ""  # "" | "stop" | "length" | "abort" | "error"
     error: str = ""  # message when finish == "error"
@@ -47,8 +48,13 @@ class Load(msgspec.Struct, tag="load", frozen=True):
     kv_free: int
     kv_used: int
     kv_pool: int
+    kv_evictable: int  # cached, unlocked: reclaimable on demand
     steps: int
-    computed_tokens: int  # prompt + output tokens whose KV was computed by the model so far
+    prefill_computed_tokens: int  # prompt tokens the model computed
+    prefill_cached_tokens: int  # prompt tokens whose KV was reused from the cache
+    decode_tokens: int
+    retractions: int
+    evicted_tokens: int
 
 
 ToTokenizer = ModelInfo | TokenOutBatch | Load

@@ -1,0 +1,213 @@
+"""Radix-tree prefix cache (RadixAttention): token-id edges, KV-slot values, LRU eviction.
+
+Every edge holds a whole number of pages. A node's children are keyed by the first page of their
+edge (the first token id when the page size is 1). One root per namespace; roots are never
+evicted. Timestamps are a logical clock (one tick per match/insert), so LRU order is exact.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+
+from services.scheduler.cache.base import MatchResult, PrefixCache
+
+
+class Node:
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access")
+
+    def __init__(self, key: list[int], value: list[int], parent: Node | None, tick: int = 0) -> None:
+        self.children: dict = {}
+        self.parent = parent
+        self.key = key  # token ids of the edge into this node
+        self.value = value  # KV slot per token of the edge
+        self.lock_ref = 0
+        self.last_access = tick
+
+    def __lt__(self, other: Node) -> bool:  # heap tie-break
+        return id(self) < id(other)
+
+
+def common_len(edge: list[int], key: Sequence[int], start: int) -> int:
+    """Length of the common prefix of ``edge`` and ``key[start:]``, by slice compares (C speed)."""
+    n = min(len(edge), len(key) - start)
+    if edge[:n] == key[start:start + n]:
+        return n
+    lo, hi = 0, n  # edge[:lo] matches, edge[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if edge[lo:mid] == key[start + lo:start + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class RadixCache(PrefixCache):
+    def __init__(self, free_slots: Callable[[list[int]], None], page_size: int = 1) -> None:
+        assert page_size >= 1
+        self.page_size = page_size
+        self._free_slots = free_slots
+        self._roots: dict[str, Node] = {}
+        self._leaves: set[Node] = set()  # evictable leaves: no children, unlocked, not a root
+        self._evictable = 0
+        self._locked = 0
+        self._clock = 0
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _root(self, ns: str) -> Node:
+        root = self._roots.get(ns)
+        if root is None:
+            root = self._roots[ns] = Node([], [], None)
+            root.lock_ref = 1  # roots are pinned
+        return root
+
+    def _edge(self, key: Sequence[int], pos: int):
+        return key[pos] if self.page_size == 1 else tuple(key[pos:pos + self.page_size])
+
+    def _aligned(self, n: int) -> int:
+        return n - n % self.page_size
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _split(self, child: Node, n: int) -> Node:
+        """Cut ``child``'s edge after ``n`` tokens; returns the new upper node."""
+        parent = child.parent
+        assert parent is not None
+        upper = Node(child.key[:n], child.value[:n], parent, child.last_access)
+        upper.lock_ref = child.lock_ref
+        parent.children[self._edge(upper.key, 0)] = upper
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        upper.children[self._edge(child.key, 0)] = child
+        return upper
+
+    def _descend(self, ns: str, key: Sequence[int], split: bool, tick: int) -> tuple[Node, int, list[list[int]]]:
+        """Walk down along ``key``; returns the deepest node, matched length and the edge values."""
+        node, pos, values = self._root(ns), 0, []
+        end = self._aligned(len(key))
+        while pos < end:
+            child = node.children.get(self._edge(key, pos))
+            if child is None:
+                break
+            n = self._aligned(common_len(child.key, key, pos))
+            if tick:
+                child.last_access = tick
+            if n < len(child.key):
+                if split:
+                    child = self._split(child, n)
+                    values.append(child.value)
+                    node, pos = child, pos + n
+                else:
+                    pos += n
+                break
+            values.append(child.value)
+            node, pos = child, pos + n
+        return node, pos, values
+
+    # ---- PrefixCache -----------------------------------------------------------------------
+    def match(self, ns: str, key: Sequence[int]) -> MatchResult:
+        node, _, values = self._descend(ns, key, split=True, tick=self._tick())
+        slots = values[0] if len(values) == 1 else [s for v in values for s in v]
+        return MatchResult(list(slots), node)
+
+    def peek(self, ns: str, key: Sequence[int]) -> tuple[int, Node]:
+        node, pos, _ = self._descend(ns, key, split=False, tick=0)
+        return pos, node
+
+    def insert(self, ns: str, key: Sequence[int], slots: Sequence[int]) -> int:
+        end = self._aligned(min(len(key), len(slots)))
+        node, pos, _ = self._descend(ns, key[:end], split=True, tick=self._tick())
+        if pos < end:
+            leaf = Node(list(key[pos:end]), list(slots[pos:end]), node, self._clock)
+            node.children[self._edge(leaf.key, 0)] = leaf
+            self._leaves.discard(node)
+            self._leaves.add(leaf)
+            self._evictable += end - pos
+        return pos
+
+    def lock(self, node: Node) -> None:
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.key)
+                self._locked += len(node.key)
+                self._leaves.discard(node)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node.parent is not None:
+            assert node.lock_ref > 0, "unlock without lock"
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable += len(node.key)
+                self._locked -= len(node.key)
+                if not node.children:
+                    self._leaves.add(node)
+            node = node.parent
+
+    def evict(self, num_tokens: int) -> int:
+        if num_tokens <= 0 or not self._leaves:
+            return 0
+        heap = [(leaf.last_access, leaf) for leaf in self._leaves]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, leaf = heapq.heappop(heap)
+            if leaf not in self._leaves:
+                continue
+            parent = leaf.parent
+            assert parent is not None
+            self._leaves.discard(leaf)
+            del parent.children[self._edge(leaf.key, 0)]
+            self._free_slots(leaf.value)
+            freed += len(leaf.key)
+            self._evictable -= len(leaf.key)
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+                self._leaves.add(parent)
+                heapq.heappush(heap, (parent.last_access, parent))
+        return freed
+
+    @property
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    @property
+    def locked_size(self) -> int:
+        return self._locked
+
+    def all_slots(self) -> list[int]:
+        out: list[int] = []
+        for root in self._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                n = stack.pop()
+                out.extend(n.value)
+                stack.extend(n.children.values())
+        return out
+
+    def check_integrity(self) -> None:
+        evictable = locked = 0
+        seen: set[int] = set()
+        leaves: set[Node] = set()
+        for root in self._roots.values():
+            assert root.lock_ref >= 1 and not root.key
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), "lock refs"
+                for edge, c in node.children.items():
+                    assert c.parent is node and edge == self._edge(c.key, 0), "bad edge"
+                    assert c.key and len(c.key) == len(c.value) and len(c.key) % self.page_size == 0
+                    assert seen.isdisjoint(c.value), "a KV slot is cached twice"
+                    seen.update(c.value)
+                    if c.lock_ref:
+                        locked += len(c.key)
+                    else:
+                        evictable += len(c.key)
+                        if not c.children:
+                            leaves.add(c)
+                    stack.append(c)
+        assert (evictable, locked) == (self._evictable, self._locked), "size counters drifted"
+        assert leaves == self._leaves, "evictable-leaf set drifted"
