@@ -19,7 +19,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, max_position_embeddings=1024)
 
 
-def make_tiny_model(arch: str, out: Path, tokenizer_dir: str, seed: int = 0) -> Path:
+def make_tiny_model(arch: str, out: Path, tokenizer_dir: str, seed: int = 0, max_positions: int = 1024) -> Path:
     """Save a tiny random-weight model of ``arch`` (llama | qwen2 | qwen3) with the given tokenizer."""
     import torch
     import transformers
@@ -27,7 +27,7 @@ def make_tiny_model(arch: str, out: Path, tokenizer_dir: str, seed: int = 0) -> 
     vocab = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
     vocab_size = len(vocab["model"]["vocab"]) + len(vocab.get("added_tokens", []))
     cfg_src = json.loads((Path(tokenizer_dir) / "config.json").read_text())
-    common = dict(TINY, vocab_size=vocab_size, bos_token_id=cfg_src.get("bos_token_id"),
+    common = dict(TINY, max_position_embeddings=max_positions, vocab_size=vocab_size, bos_token_id=cfg_src.get("bos_token_id"),
                   eos_token_id=cfg_src.get("eos_token_id"), initializer_range=0.08, dtype="float32")
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False, rope_theta=500000.0,

@@ -37,6 +37,7 @@ class Scheduled:
 
     step: int
     reqs: list[Req]
+    extend: list[int]
     sample: list[bool]
     num_tokens: int
     prefill_tokens: int
@@ -142,7 +143,7 @@ class Batcher:
             step=self.step, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
             sample=i32(plan.sample), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
-        return Scheduled(self.step, plan.reqs, plan.sample, len(plan.ids), plan.prefill_tokens, msg)
+        return Scheduled(self.step, plan.reqs, plan.extend, plan.sample, len(plan.ids), plan.prefill_tokens, msg)
 
 
 class _Plan:

@@ -191,11 +191,12 @@ class Scheduler:
         c.prefill_computed += sched.prefill_tokens
         c.decode += sched.num_tokens - sched.prefill_tokens
         assert self.info is not None
-        for r, sample, tok in zip(sched.reqs, sched.sample, from_i32(out.next_ids).tolist()):
+        for r, n, sample, tok in zip(sched.reqs, sched.extend, sched.sample, from_i32(out.next_ids).tolist()):
             if r.status is not Status.RUNNING:
                 continue
-            if not sample:  # a prefill chunk: share it with requests arriving meanwhile
+            if n > 1 or not r.output:  # a prefill chunk: share it with requests arriving meanwhile
                 self.kv.cache_prefix(r)
+            if not sample:
                 continue
             if not r.output:
                 c.prefill_cached += r.cached_tokens

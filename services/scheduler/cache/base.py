@@ -38,7 +38,8 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def peek(self, ns: str, key: Sequence[int]) -> tuple[int, Any]:
-        """Length of the cached prefix and the deepest node reached, without changing the tree."""
+        """Length of the cached prefix and the deepest node it reaches (possibly one whose edge it
+        only partly matches), without changing the tree."""
 
     @abstractmethod
     def insert(self, ns: str, key: Sequence[int], slots: Sequence[int]) -> int: ...

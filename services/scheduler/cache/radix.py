@@ -99,8 +99,8 @@ class RadixCache(PrefixCache):
                     child = self._split(child, n)
                     values.append(child.value)
                     node, pos = child, pos + n
-                else:
-                    pos += n
+                else:  # no split: report the partly matched child (its subtree holds the prefix)
+                    node, pos = child, pos + n
                 break
             values.append(child.value)
             node, pos = child, pos + n
@@ -196,7 +196,8 @@ class RadixCache(PrefixCache):
             stack = [root]
             while stack:
                 node = stack.pop()
-                assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), "lock refs"
+                if node.parent is not None:  # locks stop below the (pinned) root
+                    assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), "lock refs"
                 for edge, c in node.children.items():
                     assert c.parent is node and edge == self._edge(c.key, 0), "bad edge"
                     assert c.key and len(c.key) == len(c.value) and len(c.key) % self.page_size == 0

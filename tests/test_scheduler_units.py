@@ -1,0 +1,110 @@
+"""Scheduler pieces without processes: policies, chunked prefill, in-batch dedup, retraction."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from services.scheduler.batcher import Batcher, Limits
+from services.scheduler.kv import KVManager
+from services.scheduler.policy import POLICIES
+from services.scheduler.request import Req, Status
+from shared.messages.common import SamplingParams, from_i32
+
+
+def req(prompt, max_new=8, rid="r", index=0) -> Req:
+    return Req(rid=rid, replica=b"t", prompt=list(prompt), params=SamplingParams(max_new_tokens=max_new), index=index)
+
+
+def batcher(pool=4096, policy="fcfs", max_prefill=1024, chunk=1024, rows=64, page=1) -> Batcher:
+    return Batcher(KVManager(pool, rows, page), POLICIES[policy](), Limits(rows, max_prefill, chunk))
+
+
+def step(b: Batcher, running, waiting, next_token=5):
+    """Build one batch and apply a fake worker result the way the scheduler does."""
+    s = b.build(running, waiting)
+    if s is None:
+        return None
+    for r, n, sample in zip(s.reqs, s.extend, s.sample):
+        if n > 1 or not r.output:
+            b.kv.cache_prefix(r)
+        if sample:
+            r.output.append(next_token)
+    b.kv.check_integrity(running)
+    return s
+
+
+def finish_all(b: Batcher, running):
+    for r in list(running):
+        running.remove(r)
+        b.kv.release(r)
+        r.status = Status.FINISHED
+    b.kv.check_integrity(running)
+
+
+def test_chunked_prefill_spans_steps_and_then_decodes():
+    b = batcher(max_prefill=100, chunk=64)
+    running, waiting = [], deque([req(range(10, 160))])
+    s = step(b, running, waiting)
+    assert from_i32(s.msg.extend_lens).tolist() == [64] and s.sample == [False]
+    s = step(b, running, waiting)
+    assert from_i32(s.msg.prefix_lens).tolist() == [64] and from_i32(s.msg.extend_lens).tolist() == [64]
+    s = step(b, running, waiting)
+    assert from_i32(s.msg.extend_lens).tolist() == [22] and s.sample == [True]
+    s = step(b, running, waiting)
+    assert from_i32(s.msg.extend_lens).tolist() == [1] and from_i32(s.msg.input_ids).tolist() == [5]
+    finish_all(b, running)
+
+
+def test_in_batch_dedup_defers_a_request_sharing_an_uncached_prefix():
+    b = batcher()
+    shared = list(range(100, 300))
+    running, waiting = [], deque([req(shared + [1], rid="a"), req(shared + [2], rid="b")])
+    s = step(b, running, waiting)
+    assert [r.rid for r in s.reqs] == ["a"] and [r.rid for r in waiting] == ["b"]
+    s = step(b, running, waiting)
+    new = {r.rid: n for r, n in zip(s.reqs, s.extend)}
+    assert new == {"a": 1, "b": 1}  # b found the shared 200 tokens in the cache, computes its last token
+    assert running[1].cached_tokens == 200
+    finish_all(b, running)
+
+
+def test_lpm_prefers_the_longest_cached_prefix():
+    b = batcher(policy="lpm")
+    running, waiting = [], deque([req(list(range(500, 600)) + [1], rid="warm")])
+    step(b, running, waiting)
+    finish_all(b, running)
+    waiting = deque([req(list(range(700, 800)), rid="cold"), req(list(range(500, 600)) + [9], rid="hit")])
+    assert [r.rid for r in b.policy.order(waiting, b.kv)] == ["hit", "cold"]
+    assert [r.rid for r in POLICIES["fcfs"]().order(waiting, b.kv)] == ["cold", "hit"]
+
+
+def test_dfs_weight_groups_requests_of_the_heavier_subtree_first():
+    b = batcher(policy="dfs-weight")
+    running = []
+    for rid, prefix in (("x", range(100, 150)), ("y", range(200, 250))):
+        waiting = deque([req(list(prefix) + [1], rid=rid)])
+        step(b, running, waiting)
+    finish_all(b, running)
+    waiting = deque([req(list(range(100, 150)) + [3], rid="x1"), req(list(range(200, 250)) + [3], rid="y1"),
+                     req(list(range(200, 250)) + [4], rid="y2"), req(list(range(100, 150)) + [4], rid="x2"),
+                     req(list(range(200, 250)) + [5], rid="y3")])
+    order = [r.rid for r in b.policy.order(waiting, b.kv)]
+    assert order == ["y1", "y2", "y3", "x1", "x2"]
+
+
+def test_retraction_frees_room_for_decode_and_requeues_the_cheapest():
+    b = batcher(pool=200, max_prefill=512)
+    running, waiting = [], deque([req(range(10 + 40 * i, 50 + 40 * i), max_new=100, rid=f"r{i}") for i in range(4)])
+    for _ in range(2000):
+        if step(b, running, waiting) is None:
+            break
+        if any(len(r.output) >= r.params.max_new_tokens for r in running):
+            done = [r for r in running if len(r.output) >= r.params.max_new_tokens]
+            for r in done:
+                running.remove(r)
+                b.kv.release(r)
+                r.status = Status.FINISHED
+    assert b.retractions > 0
+    assert not running and not waiting
+    b.kv.check_integrity(running)
+    assert b.kv.slots.num_free + b.kv.evictable == b.kv.pool_size
