@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 import grpc
 
-from shared.errors import BY_WIRE_CODE, Internal, InvalidArgument, Unavailable
+from shared.errors import InvalidArgument, Unavailable
 from shared.logging import stage
-from shared.messages.to_tokenizer import ModelInfo, TokenOut
+from shared.messages.to_tokenizer import ModelInfo
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 from services.tokenizer import validation
-from services.tokenizer.detokenizer import IncrementalDetokenizer
+from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.scheduler_client import SchedulerClient
-from services.tokenizer.text import TextProcessor
+from services.tokenizer.text import Message, TextProcessor
+from services.tokenizer.validation import Prompt, SamplingRequest
 
 FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
 
@@ -27,20 +27,51 @@ def _traceparent(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
-@dataclass
-class _Branch:
-    """Streaming state of one sample (n > 1 requests have several)."""
+def _prompt(req: pb.GenerateRequest) -> Prompt:
+    kind = req.WhichOneof("input")
+    if kind == "text":
+        return Prompt(text=req.text)
+    if kind == "token_ids":
+        return Prompt(token_ids=list(req.token_ids.ids))
+    if kind == "chat":
+        add = req.chat.add_generation_prompt if req.chat.HasField("add_generation_prompt") else True
+        return Prompt(messages=_messages(req.chat), add_generation_prompt=add)
+    raise InvalidArgument("one of text, token_ids or chat is required")
 
-    detok: IncrementalDetokenizer
-    generated: int = 0
-    cached: int = 0
-    done: bool = False
+
+def _messages(chat: pb.ChatInput) -> list[Message]:
+    msgs = [Message(m.role, m.content) for m in chat.messages]
+    validation.check_messages(msgs, "chat.messages")
+    return msgs
+
+
+def _sampling(sp: pb.SamplingParams) -> SamplingRequest:
+    def opt(name: str):
+        return getattr(sp, name) if sp.HasField(name) else None
+
+    return SamplingRequest(max_tokens=opt("max_tokens"), temperature=opt("temperature"), top_p=opt("top_p"),
+                           top_k=opt("top_k"), min_p=opt("min_p"), seed=opt("seed"), n=opt("n"),
+                           stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
+                           skip_special_tokens=True if opt("skip_special_tokens") is None else sp.skip_special_tokens)
+
+
+def _response(rid: str, c: Chunk) -> pb.GenerateResponse:
+    resp = pb.GenerateResponse(request_id=rid, index=c.index, token_ids=c.token_ids, text=c.text,
+                               finish_reason=FINISH.get(c.finish, pb.FINISH_REASON_UNSPECIFIED),
+                               matched_stop=c.matched_stop)
+    if c.usage is not None:
+        resp.usage.CopyFrom(pb.Usage(prompt_tokens=c.usage.prompt_tokens, completion_tokens=c.usage.completion_tokens,
+                                     cached_tokens=c.usage.cached_tokens))
+    if c.matched_stop_token_id is not None:
+        resp.matched_stop_token_id = c.matched_stop_token_id
+    return resp
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, text: TextProcessor, client: SchedulerClient) -> None:
         self.text = text
         self.client = client
+        self.generator = Generator(text, client)
 
     def _info(self) -> ModelInfo:
         if self.client.info is None:
@@ -50,55 +81,15 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         rid = request.request_id or uuid.uuid4().hex
         stage("received", rid)
-        info = self._info()
-        p = validation.prepare(request, self.text, info)
+        p = validation.prepare(_prompt(request), _sampling(request.sampling_params), self.text, self._info(),
+                               request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.")
         stage("tokenized", rid, prompt_tokens=len(p.input_ids), n=p.n)
-        queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, _traceparent(context))
-        branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, p.input_ids, p.skip_special_tokens, p.stop))
-                    for _ in range(p.n)]
-        live = p.n
+        stream = self.generator.stream(p, rid, _traceparent(context))
         try:
-            async for out in self.client.stream(queue):
-                b = branches[out.index]
-                if b.done:
-                    continue
-                if out.finish == "error":
-                    live = 0
-                    raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
-                b.generated += len(out.token_ids)
-                b.cached = max(b.cached, out.cached_tokens)
-                text = b.detok.push(out.token_ids)
-                if b.detok.stopped or out.finish:
-                    b.done, live = True, live - 1
-                    if b.detok.stopped and not out.finish:
-                        self.client.abort(rid, "stop", out.index)
-                    usage = pb.Usage(prompt_tokens=len(p.input_ids), completion_tokens=b.generated,
-                                     cached_tokens=b.cached)
-                    yield self._final(rid, out, text, b.detok, p.params.stop_token_ids, usage)
-                    if live == 0:
-                        stage("sent", rid, completion_tokens=sum(x.generated for x in branches))
-                        return
-                    continue
-                yield pb.GenerateResponse(request_id=rid, index=out.index, token_ids=out.token_ids, text=text)
+            async for chunk in stream:
+                yield _response(rid, chunk)
         finally:
-            self.client.release(rid)
-            if live:  # the client went away (cancel, deadline, disconnect): free its KV
-                self.client.abort(rid)
-                stage("cancelled", rid, completion_tokens=sum(x.generated for x in branches))
-
-    def _final(self, rid: str, out: TokenOut, text: str, detok: IncrementalDetokenizer,
-               stop_ids: list[int], usage: pb.Usage) -> pb.GenerateResponse:
-        resp = pb.GenerateResponse(request_id=rid, index=out.index, token_ids=out.token_ids, usage=usage)
-        if detok.stopped:
-            resp.finish_reason = pb.FINISH_REASON_STOP
-            resp.matched_stop = detok.matched_stop
-            resp.text = text
-            return resp
-        resp.text = text + detok.finish()
-        resp.finish_reason = FINISH[out.finish]
-        if out.finish == "stop" and out.token_ids and out.token_ids[-1] in stop_ids:
-            resp.matched_stop_token_id = out.token_ids[-1]
-        return resp
+            await stream.aclose()
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         kind = request.WhichOneof("input")
@@ -107,7 +98,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             ids = self.text.encode(request.text, add_special_tokens=add)
         elif kind == "chat":
             add_gen = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
-            ids = self.text.encode_chat(validation.chat_messages(request.chat), add_gen)
+            ids = self.text.encode_chat(_messages(request.chat), add_gen)
         else:
             raise InvalidArgument("one of text or chat is required")
         return pb.TokenizeResponse(token_ids=ids, tokens=self.text.tokens(ids))

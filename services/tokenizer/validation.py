@@ -1,17 +1,18 @@
-"""Validate a public ``GenerateRequest`` once, at the edge, into internal types.
+"""Validate a generation request once, at the edge, into internal types.
 
-Every rejection is an ``InvalidArgument`` whose message names the field and the rule.
+The API fronts (gRPC, OpenAI HTTP) turn their messages into a ``Prompt`` and a ``SamplingRequest``
+(``None`` = not given) and call ``prepare``. Every rejection is an ``InvalidArgument`` whose
+message names the field (in the front's own spelling, via ``prefix``) and the rule.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.errors import InvalidArgument
 from shared.messages.common import SamplingParams
 from shared.messages.to_tokenizer import ModelInfo
-from shared.proto.banyan.v1 import generation_pb2 as pb
 from services.tokenizer.text import Message, TextProcessor
 
 MAX_REQUEST_ID = 256
@@ -21,6 +22,31 @@ MAX_STOP_TOKEN_IDS = 256
 MAX_SEED = 2**63 - 1
 MAX_N = 64
 MAX_CACHE_SALT = 256
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Exactly one of text, token ids or chat messages."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    messages: list[Message] | None = None
+    add_generation_prompt: bool = True
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
 
 
 @dataclass(frozen=True)
@@ -38,36 +64,30 @@ def _require(cond: bool, msg: str) -> None:
         raise InvalidArgument(msg)
 
 
-def _finite(name: str, v: float) -> None:
-    _require(math.isfinite(v), f"sampling_params.{name} must be a finite number, got {v}")
-
-
-def _check_vocab(field: str, ids: list[int], vocab_size: int) -> None:
-    bad = next((t for t in ids if t >= vocab_size), None)
+def _check_vocab(name: str, ids: list[int], vocab_size: int) -> None:
+    bad = next((t for t in ids if t < 0 or t >= vocab_size), None)
     if bad is not None:
-        raise InvalidArgument(f"{field}: {bad} is out of the vocabulary [0, {vocab_size})")
+        raise InvalidArgument(f"{name}: {bad} is out of the vocabulary [0, {vocab_size})")
 
 
-def chat_messages(chat: pb.ChatInput) -> list[Message]:
-    _require(len(chat.messages) > 0, "chat.messages must not be empty")
-    for i, m in enumerate(chat.messages):
-        _require(bool(m.role), f"chat.messages[{i}].role must not be empty")
-    return [Message(m.role, m.content) for m in chat.messages]
+def check_messages(messages: list[Message], name: str = "messages") -> None:
+    _require(len(messages) > 0, f"{name} must not be empty")
+    for i, m in enumerate(messages):
+        _require(bool(m.role), f"{name}[{i}].role must not be empty")
 
 
-def input_ids(req: pb.GenerateRequest, text: TextProcessor, info: ModelInfo) -> list[int]:
-    kind = req.WhichOneof("input")
-    if kind == "text":
-        _require(len(req.text) > 0, "text must not be empty")
-        ids = text.encode(req.text)
-    elif kind == "token_ids":
-        ids = list(req.token_ids.ids)
-        _check_vocab("token_ids.ids", ids, info.vocab_size)
-    elif kind == "chat":
-        add = req.chat.add_generation_prompt if req.chat.HasField("add_generation_prompt") else True
-        ids = text.encode_chat(chat_messages(req.chat), add)
+def input_ids(prompt: Prompt, text: TextProcessor, info: ModelInfo) -> list[int]:
+    if prompt.text is not None:
+        _require(len(prompt.text) > 0, "the prompt text must not be empty")
+        ids = text.encode(prompt.text)
+    elif prompt.token_ids is not None:
+        ids = list(prompt.token_ids)
+        _check_vocab("token ids", ids, info.vocab_size)
+    elif prompt.messages is not None:
+        check_messages(prompt.messages)
+        ids = text.encode_chat(prompt.messages, prompt.add_generation_prompt)
     else:
-        raise InvalidArgument("one of text, token_ids or chat is required")
+        raise InvalidArgument("a prompt is required: text, token ids or chat messages")
     _require(len(ids) > 0, "the prompt has no tokens")
     _require(len(ids) < info.context_length,
              f"the prompt has {len(ids)} tokens; the context window is {info.context_length} "
@@ -75,51 +95,45 @@ def input_ids(req: pb.GenerateRequest, text: TextProcessor, info: ModelInfo) -> 
     return ids
 
 
-def sampling(sp: pb.SamplingParams, prompt_len: int, info: ModelInfo) -> tuple[SamplingParams, list[str], bool]:
+def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) -> SamplingParams:
     room = info.context_length - prompt_len
-    if sp.HasField("max_tokens"):
-        _require(sp.max_tokens >= 1, "sampling_params.max_tokens must be >= 1")
-        _require(sp.max_tokens <= room,
-                 f"sampling_params.max_tokens={sp.max_tokens} with a {prompt_len}-token prompt exceeds the "
+    if s.max_tokens is not None:
+        _require(s.max_tokens >= 1, f"{prefix}max_tokens must be >= 1")
+        _require(s.max_tokens <= room,
+                 f"{prefix}max_tokens={s.max_tokens} with a {prompt_len}-token prompt exceeds the "
                  f"context window of {info.context_length} (at most {room})")
-        max_new = sp.max_tokens
-    else:
-        max_new = room
-    temperature = sp.temperature if sp.HasField("temperature") else 1.0
-    top_p = sp.top_p if sp.HasField("top_p") else 1.0
-    top_k = sp.top_k if sp.HasField("top_k") else -1
-    min_p = sp.min_p if sp.HasField("min_p") else 0.0
+    temperature = 1.0 if s.temperature is None else s.temperature
+    top_p = 1.0 if s.top_p is None else s.top_p
+    top_k = -1 if s.top_k is None else s.top_k
+    min_p = 0.0 if s.min_p is None else s.min_p
     for name, v in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
-        _finite(name, v)
-    _require(temperature >= 0, f"sampling_params.temperature must be >= 0, got {temperature}")
-    _require(0 < top_p <= 1, f"sampling_params.top_p must be in (0, 1], got {top_p}")
-    _require(top_k >= -1, f"sampling_params.top_k must be -1 (off), 0 (off) or >= 1, got {top_k}")
-    _require(0 <= min_p <= 1, f"sampling_params.min_p must be in [0, 1], got {min_p}")
-    if sp.HasField("seed"):
-        _require(sp.seed <= MAX_SEED, f"sampling_params.seed must be <= {MAX_SEED}")
-    stop = list(sp.stop)
-    _require(len(stop) <= MAX_STOP_STRINGS, f"sampling_params.stop has {len(stop)} strings (at most {MAX_STOP_STRINGS})")
-    for s in stop:
-        _require(0 < len(s) <= MAX_STOP_CHARS, f"sampling_params.stop strings must have 1..{MAX_STOP_CHARS} characters")
-    stop_ids = list(sp.stop_token_ids)
-    _require(len(stop_ids) <= MAX_STOP_TOKEN_IDS, f"sampling_params.stop_token_ids: at most {MAX_STOP_TOKEN_IDS}")
-    _check_vocab("sampling_params.stop_token_ids", stop_ids, info.vocab_size)
-    if not sp.ignore_eos:
+        _require(math.isfinite(v), f"{prefix}{name} must be a finite number, got {v}")
+    _require(temperature >= 0, f"{prefix}temperature must be >= 0, got {temperature}")
+    _require(0 < top_p <= 1, f"{prefix}top_p must be in (0, 1], got {top_p}")
+    _require(top_k >= -1, f"{prefix}top_k must be -1 (off), 0 (off) or >= 1, got {top_k}")
+    _require(0 <= min_p <= 1, f"{prefix}min_p must be in [0, 1], got {min_p}")
+    if s.seed is not None:
+        _require(0 <= s.seed <= MAX_SEED, f"{prefix}seed must be in [0, {MAX_SEED}]")
+    _require(len(s.stop) <= MAX_STOP_STRINGS, f"{prefix}stop has {len(s.stop)} strings (at most {MAX_STOP_STRINGS})")
+    for x in s.stop:
+        _require(0 < len(x) <= MAX_STOP_CHARS, f"{prefix}stop strings must have 1..{MAX_STOP_CHARS} characters")
+    stop_ids = list(s.stop_token_ids)
+    _require(len(stop_ids) <= MAX_STOP_TOKEN_IDS, f"{prefix}stop_token_ids: at most {MAX_STOP_TOKEN_IDS}")
+    _check_vocab(f"{prefix}stop_token_ids", stop_ids, info.vocab_size)
+    if not s.ignore_eos:
         stop_ids += [t for t in info.eos_token_ids if t not in stop_ids]
-    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, min_p=min_p,
-                            seed=sp.seed if sp.HasField("seed") else None, max_new_tokens=max_new,
-                            stop_token_ids=stop_ids, ignore_eos=sp.ignore_eos)
-    skip = sp.skip_special_tokens if sp.HasField("skip_special_tokens") else True
-    return params, stop, skip
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, min_p=min_p,
+                          seed=s.seed, max_new_tokens=room if s.max_tokens is None else s.max_tokens,
+                          stop_token_ids=stop_ids, ignore_eos=s.ignore_eos)
 
 
-def prepare(req: pb.GenerateRequest, text: TextProcessor, info: ModelInfo) -> Prepared:
-    _require(len(req.request_id) <= MAX_REQUEST_ID, f"request_id is longer than {MAX_REQUEST_ID} characters")
-    _require(len(req.cache_salt) <= MAX_CACHE_SALT, f"cache_salt is longer than {MAX_CACHE_SALT} characters")
-    sp = req.sampling_params
-    n = sp.n if sp.HasField("n") else 1
+def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: ModelInfo, *,
+            request_id: str = "", cache_salt: str = "", prefix: str = "") -> Prepared:
+    _require(len(request_id) <= MAX_REQUEST_ID, f"request_id is longer than {MAX_REQUEST_ID} characters")
+    _require(len(cache_salt) <= MAX_CACHE_SALT, f"cache_salt is longer than {MAX_CACHE_SALT} characters")
+    n = 1 if s.n is None else s.n
     limit = min(MAX_N, info.max_running_requests)
-    _require(1 <= n <= limit, f"sampling_params.n must be in [1, {limit}], got {n}")
-    ids = input_ids(req, text, info)
-    params, stop, skip = sampling(sp, len(ids), info)
-    return Prepared(ids, params, stop, skip, n, req.cache_salt)
+    _require(1 <= n <= limit, f"{prefix}n must be in [1, {limit}], got {n}")
+    ids = input_ids(prompt, text, info)
+    params = sampling(s, len(ids), info, prefix)
+    return Prepared(ids, params, list(s.stop), s.skip_special_tokens, n, cache_salt)
