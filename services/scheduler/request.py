@@ -37,6 +37,9 @@ class Req:
     retractions: int = 0
     arrival: float = field(default_factory=time.monotonic)
     unsent: int = 0  # output tokens not yet sent to the tokenizer
+    unsent_logprobs: list[float] = field(default_factory=list)  # their logprobs, when asked for
+    unsent_top_ids: list[list[int]] = field(default_factory=list)
+    unsent_top_logprobs: list[list[float]] = field(default_factory=list)
 
     @property
     def seq(self) -> list[int]:

@@ -13,7 +13,7 @@ import zmq
 from shared.config import SchedulerConfig
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
-from shared.messages.common import from_i32
+from shared.messages.common import from_f32, from_i32
 from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOutput, ToScheduler,
                                           TokenizerHello, WorkerError, WorkerReady)
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
@@ -31,6 +31,25 @@ class Counters(msgspec.Struct):
     prefill_computed: int = 0
     prefill_cached: int = 0
     decode: int = 0
+
+
+class _StepLogprobs:
+    """Logprob arrays of one StepOutput, decoded only if some request asked for them."""
+
+    def __init__(self, out: StepOutput) -> None:
+        self.lp = from_f32(out.logprobs) if out.logprobs else None
+        k = out.top_k
+        self.top_ids = from_i32(out.top_ids).reshape(-1, k) if k else None
+        self.top_lp = from_f32(out.top_logprobs).reshape(-1, k) if k else None
+
+    def take(self, i: int, r: Req) -> None:
+        if self.lp is None:
+            return
+        r.unsent_logprobs.append(float(self.lp[i]))
+        n = r.params.top_logprobs
+        if n and self.top_ids is not None:
+            r.unsent_top_ids.append(self.top_ids[i, :n].tolist())
+            r.unsent_top_logprobs.append(self.top_lp[i, :n].tolist())
 
 
 class Scheduler:
@@ -191,7 +210,9 @@ class Scheduler:
         c.prefill_computed += sched.prefill_tokens
         c.decode += sched.num_tokens - sched.prefill_tokens
         assert self.info is not None
-        for r, n, sample, tok in zip(sched.reqs, sched.extend, sched.sample, from_i32(out.next_ids).tolist()):
+        lps = _StepLogprobs(out)
+        for i, (r, n, sample, tok) in enumerate(zip(sched.reqs, sched.extend, sched.sample,
+                                                    from_i32(out.next_ids).tolist())):
             if r.status is not Status.RUNNING:
                 continue
             if n > 1 or not r.output:  # a prefill chunk: share it with requests arriving meanwhile
@@ -203,13 +224,13 @@ class Scheduler:
                 stage("first_token", r.rid, index=r.index, ttft_ms=round(r.wait_ms(), 3))
             r.output.append(tok)
             r.unsent += 1
+            if r.params.logprobs:
+                lps.take(i, r)
             reason = r.check_finished(self.info.context_length)
             if reason:
                 self._finish(r, reason)
             else:
-                self._emit(r.replica, TokenOut(rid=r.rid, index=r.index, token_ids=r.output[-r.unsent:],
-                                               cached_tokens=r.cached_tokens))
-                r.unsent = 0
+                self._emit(r.replica, self._out(r))
 
     def _apply_aborts(self) -> None:
         """Aborts take effect between steps (a running request may be in the batch in flight)."""
@@ -228,12 +249,19 @@ class Scheduler:
         group = self.groups.get(r.rid, [])
         if all(b.status is Status.FINISHED for b in group):
             self.groups.pop(r.rid, None)
-        new = r.output[-r.unsent:] if r.unsent else []
-        self._emit(r.replica, TokenOut(rid=r.rid, index=r.index, token_ids=new, finish=reason, error=error,
-                                       error_code=code, prompt_tokens=len(r.prompt), cached_tokens=r.cached_tokens,
-                                       completion_tokens=len(r.output)))
+        self._emit(r.replica, self._out(r, finish=reason, error=error, error_code=code, prompt_tokens=len(r.prompt),
+                                        completion_tokens=len(r.output)))
         stage("finished", r.rid, index=r.index, finish_reason=reason, completion_tokens=len(r.output),
               cached_tokens=r.cached_tokens, e2e_ms=round(r.wait_ms(), 3))
+
+    @staticmethod
+    def _out(r: Req, **final) -> TokenOut:
+        """The tokens (and logprobs) ``r`` produced since its last output."""
+        out = TokenOut(rid=r.rid, index=r.index, token_ids=r.output[len(r.output) - r.unsent:],
+                       cached_tokens=r.cached_tokens, logprobs=r.unsent_logprobs, top_ids=r.unsent_top_ids,
+                       top_logprobs=r.unsent_top_logprobs, **final)
+        r.unsent, r.unsent_logprobs, r.unsent_top_ids, r.unsent_top_logprobs = 0, [], [], []
+        return out
 
     def _emit(self, ident: bytes, out: TokenOut) -> None:
         self.outbox.setdefault(ident, []).append(out)

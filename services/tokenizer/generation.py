@@ -22,6 +22,13 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the most likely alternatives (token id, logprob)
+
+
+@dataclass(frozen=True)
 class Chunk:
     """New output of one branch. ``finish`` ("stop" | "length" | "abort") and ``usage`` are set on
     the branch's last chunk."""
@@ -33,6 +40,16 @@ class Chunk:
     usage: Usage | None = None
     matched_stop: str = ""
     matched_stop_token_id: int | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
+
+
+def _logprobs(out) -> list[TokenLogprob] | None:
+    if not out.logprobs:
+        return None
+    tops = out.top_ids or [[] for _ in out.logprobs]
+    top_lps = out.top_logprobs or [[] for _ in out.logprobs]
+    return [TokenLogprob(t, lp, list(zip(ids, lps)))
+            for t, lp, ids, lps in zip(out.token_ids, out.logprobs, tops, top_lps)]
 
 
 class _Branch:
@@ -66,20 +83,22 @@ class Generator:
                 b.generated += len(out.token_ids)
                 b.cached = max(b.cached, out.cached_tokens)
                 text = b.detok.push(out.token_ids)
+                lps = _logprobs(out)
                 if not (b.detok.stopped or out.finish):
-                    yield Chunk(out.index, out.token_ids, text)
+                    yield Chunk(out.index, out.token_ids, text, logprobs=lps)
                     continue
                 b.done, live = True, live - 1
                 usage = Usage(len(p.input_ids), b.generated, b.cached)
                 if b.detok.stopped:
                     if not out.finish:
                         self.client.abort(rid, "stop", out.index)
-                    yield Chunk(out.index, out.token_ids, text, "stop", usage, matched_stop=b.detok.matched_stop)
+                    yield Chunk(out.index, out.token_ids, text, "stop", usage, matched_stop=b.detok.matched_stop,
+                                logprobs=lps)
                 else:
                     last = out.token_ids[-1] if out.token_ids else None
                     stop_id = last if out.finish == "stop" and last in p.params.stop_token_ids else None
                     yield Chunk(out.index, out.token_ids, text + b.detok.finish(), out.finish, usage,
-                                matched_stop_token_id=stop_id)
+                                matched_stop_token_id=stop_id, logprobs=lps)
                 if live == 0:
                     stage("sent", rid, completion_tokens=sum(x.generated for x in branches))
                     return

@@ -52,7 +52,9 @@ def _sampling(sp: pb.SamplingParams) -> SamplingRequest:
     return SamplingRequest(max_tokens=opt("max_tokens"), temperature=opt("temperature"), top_p=opt("top_p"),
                            top_k=opt("top_k"), min_p=opt("min_p"), seed=opt("seed"), n=opt("n"),
                            stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
-                           skip_special_tokens=True if opt("skip_special_tokens") is None else sp.skip_special_tokens)
+                           skip_special_tokens=True if opt("skip_special_tokens") is None else sp.skip_special_tokens,
+                           presence_penalty=opt("presence_penalty"), frequency_penalty=opt("frequency_penalty"),
+                           logprobs=sp.logprobs, top_logprobs=opt("top_logprobs"))
 
 
 def _response(rid: str, c: Chunk) -> pb.GenerateResponse:
@@ -64,6 +66,10 @@ def _response(rid: str, c: Chunk) -> pb.GenerateResponse:
                                      cached_tokens=c.usage.cached_tokens))
     if c.matched_stop_token_id is not None:
         resp.matched_stop_token_id = c.matched_stop_token_id
+    for t in c.logprobs or ():
+        resp.logprobs.append(pb.GeneratedTokenLogprobs(
+            token=pb.TokenLogprob(token_id=t.token_id, logprob=t.logprob),
+            top=[pb.TokenLogprob(token_id=i, logprob=lp) for i, lp in t.top]))
     return resp
 
 

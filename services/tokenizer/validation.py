@@ -22,6 +22,7 @@ MAX_STOP_TOKEN_IDS = 256
 MAX_SEED = 2**63 - 1
 MAX_N = 64
 MAX_CACHE_SALT = 256
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class SamplingRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,12 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
     _require(0 < top_p <= 1, f"{prefix}top_p must be in (0, 1], got {top_p}")
     _require(top_k >= -1, f"{prefix}top_k must be -1 (off), 0 (off) or >= 1, got {top_k}")
     _require(0 <= min_p <= 1, f"{prefix}min_p must be in [0, 1], got {min_p}")
+    presence = 0.0 if s.presence_penalty is None else s.presence_penalty
+    frequency = 0.0 if s.frequency_penalty is None else s.frequency_penalty
+    for name, v in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        _require(math.isfinite(v) and -2 <= v <= 2, f"{prefix}{name} must be in [-2, 2], got {v}")
+    top_logprobs = 0 if s.top_logprobs is None else s.top_logprobs
+    _require(0 <= top_logprobs <= MAX_TOP_LOGPROBS, f"{prefix}top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
     if s.seed is not None:
         _require(0 <= s.seed <= MAX_SEED, f"{prefix}seed must be in [0, {MAX_SEED}]")
     _require(len(s.stop) <= MAX_STOP_STRINGS, f"{prefix}stop has {len(s.stop)} strings (at most {MAX_STOP_STRINGS})")
@@ -124,7 +135,9 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
         stop_ids += [t for t in info.eos_token_ids if t not in stop_ids]
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, min_p=min_p,
                           seed=s.seed, max_new_tokens=room if s.max_tokens is None else s.max_tokens,
-                          stop_token_ids=stop_ids, ignore_eos=s.ignore_eos)
+                          stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, presence_penalty=presence,
+                          frequency_penalty=frequency, logprobs=s.logprobs or top_logprobs > 0,
+                          top_logprobs=top_logprobs)
 
 
 def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: ModelInfo, *,

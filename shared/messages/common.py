@@ -17,6 +17,14 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     max_new_tokens: int = 128
     stop_token_ids: list[int] = []  # includes the model's EOS ids unless ignore_eos
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated
+    logprobs: bool = False  # return the sampled token's log-probability
+    top_logprobs: int = 0  # and this many most likely alternatives
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def greedy(self) -> bool:
@@ -30,3 +38,11 @@ def i32(values) -> bytes:
 
 def from_i32(buf: bytes) -> np.ndarray:
     return np.frombuffer(buf, dtype="<i4")
+
+
+def f32(values) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def from_f32(buf: bytes) -> np.ndarray:
+    return np.frombuffer(buf, dtype="<f4")

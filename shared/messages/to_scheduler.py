@@ -57,6 +57,11 @@ class StepOutput(msgspec.Struct, tag="out", frozen=True):
     step: int
     next_ids: bytes  # int32 (B,)
     forward_ms: float = 0.0
+    # Only when a request in the batch asked for logprobs (rows of the others are 0):
+    logprobs: bytes = b""  # float32 (B,): log-probability of each sampled token
+    top_k: int = 0  # alternatives per row
+    top_ids: bytes = b""  # int32 (B, top_k)
+    top_logprobs: bytes = b""  # float32 (B, top_k)
 
 
 class WorkerError(msgspec.Struct, tag="werr", frozen=True):

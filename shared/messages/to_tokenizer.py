@@ -31,6 +31,9 @@ class TokenOut(msgspec.Struct, frozen=True, omit_defaults=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list[float] = []  # per token in token_ids, when asked for
+    top_ids: list[list[int]] = []  # per token: the most likely alternatives
+    top_logprobs: list[list[float]] = []
 
 
 class TokenOutBatch(msgspec.Struct, tag="outs", frozen=True):
