@@ -80,12 +80,29 @@ class WorkerConfig(CommonConfig):
     max_total_tokens: int = field(default=0, metadata={"help": "KV pool size in tokens (0: from memory)"})
     context_length: int = field(default=0, metadata={"help": "override the model's context length (0: config)"})
     seed: int = field(default=0, metadata={"help": "seed of the sampler for requests without one"})
+    attention_backend: str = field(default="auto", metadata={
+        "help": "auto (flashinfer on CUDA when installed, else torch) | flashinfer | torch; also picks the "
+                "fused norm/rope/activation/sampling kernels"})
+    mem_fraction_static: float = field(default=0.85, metadata={
+        "help": "fraction of the GPU's memory for weights + KV pool (the KV pool gets what the weights leave)"})
+    cuda_graph_max_bs: int = field(default=160, metadata={"help": "largest decode batch replayed as a CUDA graph"})
+    disable_cuda_graph: bool = field(default=False, metadata={"help": "run every step eagerly"})
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (one worker process each)"})
+    tp_rank: int = field(default=0, metadata={"help": "this worker's tensor-parallel rank (0 talks to the scheduler)"})
+    dist_init_addr: str = field(default="", metadata={"help": "host:port of rank 0's torch.distributed store (tp > 1)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"bad dtype {self.dtype!r}")
         _check(self.max_total_tokens >= 0, "max_total_tokens must be >= 0")
         _check(self.context_length >= 0, "context_length must be >= 0")
+        _check(self.attention_backend in ("auto", "flashinfer", "torch"),
+               f"bad attention backend {self.attention_backend!r} (auto | flashinfer | torch)")
+        _check(0.0 < self.mem_fraction_static <= 1.0, "mem_fraction_static must be in (0, 1]")
+        _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
+        _check(self.tp_size >= 1, "tp_size must be >= 1")
+        _check(0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is not in [0, {self.tp_size})")
+        _check(self.tp_size == 1 or ":" in self.dist_init_addr, "tp_size > 1 needs dist_init_addr (host:port)")
 
 
 def _parse(tp: typing.Any, raw: str) -> typing.Any:

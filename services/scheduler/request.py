@@ -31,6 +31,7 @@ class Req:
     slots: list[int] = field(default_factory=list)  # KV slots of positions 0..len(slots)-1
     owned: set[int] = field(default_factory=set)  # slots this request owns (the rest are cached)
     lock_node: Any = None  # deepest prefix-cache node it holds a lock on
+    matcher: Any = None  # grammar matcher (structured output), advanced with each sampled token
     cached_tokens: int = 0  # prompt tokens whose KV came from the cache
     finish: str = ""  # set when finished: stop | length | abort | error
     aborted: str = ""  # pending abort reason, applied at the next step boundary

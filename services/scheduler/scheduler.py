@@ -13,13 +13,15 @@ import zmq
 from shared.config import SchedulerConfig
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
-from shared.messages.common import from_f32, from_i32
+from shared.messages.common import from_f32, from_i32, i32
 from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOutput, ToScheduler,
                                           TokenizerHello, WorkerError, WorkerReady)
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
 from shared.messages.to_worker import Shutdown, ToWorker, WorkerSetup
 from shared.transport import DealerQueue, RouterQueue
+from shared.model_path import resolve_model
 from services.scheduler.batcher import Batcher, Limits, Scheduled
+from services.scheduler.grammar import GrammarBackend
 from services.scheduler.kv import KVManager
 from services.scheduler.policy import POLICIES
 from services.scheduler.request import Req, Status
@@ -73,6 +75,7 @@ class Scheduler:
         self.stopping = False
         self.kv: KVManager
         self.batcher: Batcher
+        self.grammar: GrammarBackend
 
     # ---- main loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -82,16 +85,19 @@ class Scheduler:
                  worker_endpoint=self.cfg.worker_endpoint)
         while not self.stopping:
             busy = bool(self.waiting or self.running)
-            self._poll(0 if busy else 100)
+            compiling = self.info is not None and bool(self.grammar.pending)
+            self._poll(0 if busy else 5 if compiling else 100)
             if self.info is None:
                 continue
+            if compiling:
+                self._poll_grammars()
             self._apply_aborts()
             sched = self.batcher.build(self.running, self.waiting)
             if sched is None:
                 if not busy:
                     self.kv.check_integrity(self.running)
                 continue
-            self.worker.send(sched.msg)
+            self.worker.send(self._with_masks(sched))
             out = self._await_step(sched.step)
             if isinstance(out, StepOutput):
                 self._process(sched, out)
@@ -158,7 +164,7 @@ class Scheduler:
                 self._emit(ident, TokenOut(rid=msg.rid, index=i, finish="error", error=text, error_code=code))
             self._flush()
             return
-        branches = []
+        branches: list[Req] = []
         for i in range(msg.n):
             params = msg.params
             if i and params.seed is not None:
@@ -166,7 +172,28 @@ class Scheduler:
             branches.append(Req(rid=msg.rid, replica=ident, prompt=list(msg.input_ids), params=params, index=i,
                                 ns=msg.cache_ns, traceparent=msg.traceparent))
         self.groups[msg.rid] = branches
-        self.waiting.extend(branches)
+        if msg.constraint is not None:
+            self.grammar.submit(branches, msg.constraint)  # joins the queue once compiled
+        else:
+            self.waiting.extend(branches)
+
+    def _poll_grammars(self) -> None:
+        ready, failed = self.grammar.poll()
+        for branches in ready:
+            self.waiting.extend(r for r in branches if r.status is Status.WAITING and not r.aborted)
+        for branches, error in failed:
+            for r in branches:
+                self._finish(r, "error", error=error, code="invalid_argument")
+        if failed:
+            self._flush()
+
+    def _with_masks(self, sched: Scheduled):
+        """Attach the allowed-token bitmask of every constrained request that samples this step."""
+        rows = [i for i, (r, s) in enumerate(zip(sched.reqs, sched.sample)) if s and r.matcher is not None]
+        if not rows:
+            return sched.msg
+        mask = self.grammar.bitmask([sched.reqs[i].matcher for i in rows])
+        return msgspec.structs.replace(sched.msg, mask_rows=i32(rows), bitmask=mask.tobytes())
 
     def _reject_reason(self, msg: GenerateReq) -> tuple[str, str] | None:
         if self.info is None:
@@ -200,6 +227,7 @@ class Scheduler:
                               max_running_requests=cfg.max_running_requests,
                               eos_token_ids=w.eos_token_ids, device=w.device, dtype=w.dtype)
         log.info("worker_ready", **{k: getattr(w, k) for k in w.__struct_fields__})
+        self.grammar = GrammarBackend(resolve_model(cfg.model)[0], w.vocab_size, w.eos_token_ids)
         for ident in self.hellos:
             self.tok.send(ident, self.info)
         self.hellos.clear()
@@ -226,16 +254,26 @@ class Scheduler:
             r.unsent += 1
             if r.params.logprobs:
                 lps.take(i, r)
-            reason = r.check_finished(self.info.context_length)
+            reason = self._grammar_finish(r, tok) if r.matcher is not None else ""
+            reason = reason or r.check_finished(self.info.context_length)
             if reason:
                 self._finish(r, reason)
             else:
                 self._emit(r.replica, self._out(r))
 
+    def _grammar_finish(self, r: Req, tok: int) -> str:
+        """Advance the matcher; "stop" when the grammar ended (EOS taken, or nothing but EOS left)."""
+        if not r.matcher.accept_token(tok):
+            log.error("grammar_rejected_token", request_id=r.rid, token=tok)
+            return "stop"
+        if r.matcher.is_terminated() or self.grammar.only_stop_left(r.matcher):
+            return "stop"
+        return ""
+
     def _apply_aborts(self) -> None:
         """Aborts take effect between steps (a running request may be in the batch in flight)."""
         for r in self.aborts:
-            if r.status is Status.WAITING:
+            if r.status is Status.WAITING and r in self.waiting:  # (else: its grammar is compiling)
                 self.waiting.remove(r)
             if r.status is not Status.FINISHED:
                 self._finish(r, r.aborted)
@@ -285,11 +323,15 @@ class Scheduler:
 
     def _shutdown(self) -> None:
         log.info("scheduler_stop", running=len(self.running), waiting=len(self.waiting))
-        for r in list(self.waiting) + list(self.running):
+        compiling = [r for p in self.grammar.pending for r in p.reqs] if self.info is not None else []
+        for r in list(self.waiting) + list(self.running) + compiling:
             if r in self.waiting:
                 self.waiting.remove(r)
-            self._finish(r, "abort")
+            if r.status is not Status.FINISHED:
+                self._finish(r, "abort")
         self._flush()
+        if self.info is not None:
+            self.grammar.close()
         self.worker.send(Shutdown())
         time.sleep(0.1)
         self.ctx.destroy(linger=0)

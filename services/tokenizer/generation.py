@@ -68,7 +68,7 @@ class Generator:
     async def stream(self, p: Prepared, rid: str, traceparent: str = "") -> AsyncIterator[Chunk]:
         """Chunks of every branch as they come; ends when all branches are done. Closing the
         iterator early (client cancel, disconnect, deadline) aborts the request downstream."""
-        queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, traceparent)
+        queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, traceparent, p.constraint)
         branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, p.input_ids, p.skip_special_tokens, p.stop))
                     for _ in range(p.n)]
         live = p.n

@@ -12,7 +12,7 @@ import zmq.asyncio
 from shared.errors import AlreadyExists, Unavailable
 from shared.logging import get_logger
 from shared.messages.codec import Codec
-from shared.messages.common import SamplingParams
+from shared.messages.common import Constraint, SamplingParams
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
 from shared.transport import AsyncDealerQueue
@@ -58,7 +58,7 @@ class SchedulerClient:
         return rid in self._streams
 
     def submit(self, rid: str, input_ids: list[int], params: SamplingParams, n: int = 1, cache_ns: str = "",
-               traceparent: str = "") -> asyncio.Queue[TokenOut]:
+               traceparent: str = "", constraint: Constraint | None = None) -> asyncio.Queue[TokenOut]:
         """Send a request; returns the queue its outputs arrive on. Call ``release`` when done."""
         if self.info is None or self.closing:
             raise Unavailable("the engine is not ready" if self.info is None else "the engine is shutting down")
@@ -67,7 +67,7 @@ class SchedulerClient:
         queue: asyncio.Queue[TokenOut] = asyncio.Queue()
         self._streams[rid] = queue
         self.q.send(GenerateReq(rid=rid, input_ids=input_ids, params=params, n=n, cache_ns=cache_ns,
-                                traceparent=traceparent))
+                                constraint=constraint, traceparent=traceparent))
         return queue
 
     def abort(self, rid: str, reason: str = "abort", index: int = -1) -> None:

@@ -8,6 +8,7 @@ import grpc
 
 from shared.errors import InvalidArgument, Unavailable
 from shared.logging import stage
+from shared.messages.common import Constraint
 from shared.messages.to_tokenizer import ModelInfo
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
@@ -43,6 +44,17 @@ def _messages(chat: pb.ChatInput) -> list[Message]:
     msgs = [Message(m.role, m.content) for m in chat.messages]
     validation.check_messages(msgs, "chat.messages")
     return msgs
+
+
+def _constraint(req: pb.GenerateRequest) -> Constraint | None:
+    kind = req.WhichOneof("constraint")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return Constraint(kind, choices=list(req.choice.choices))
+    if kind == "json_object":
+        return Constraint(kind) if req.json_object else None
+    return Constraint(kind, value=getattr(req, kind))
 
 
 def _sampling(sp: pb.SamplingParams) -> SamplingRequest:
@@ -88,7 +100,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         rid = request.request_id or uuid.uuid4().hex
         stage("received", rid)
         p = validation.prepare(_prompt(request), _sampling(request.sampling_params), self.text, self._info(),
-                               request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.")
+                               request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
+                               constraint=_constraint(request))
         stage("tokenized", rid, prompt_tokens=len(p.input_ids), n=p.n)
         stream = self.generator.stream(p, rid, _traceparent(context))
         try:

@@ -7,11 +7,12 @@ message names the field (in the front's own spelling, via ``prefix``) and the ru
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
 from shared.errors import InvalidArgument
-from shared.messages.common import SamplingParams
+from shared.messages.common import Constraint, SamplingParams
 from shared.messages.to_tokenizer import ModelInfo
 from services.tokenizer.text import Message, TextProcessor
 
@@ -23,6 +24,8 @@ MAX_SEED = 2**63 - 1
 MAX_N = 64
 MAX_CACHE_SALT = 256
 MAX_TOP_LOGPROBS = 20
+MAX_GRAMMAR_CHARS = 256 * 1024
+MAX_CHOICES = 1024
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Prepared:
     skip_special_tokens: bool
     n: int
     cache_ns: str
+    constraint: Constraint | None = None
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -140,8 +144,30 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
                           top_logprobs=top_logprobs)
 
 
+def check_constraint(c: Constraint | None) -> Constraint | None:
+    """Shallow checks here; the scheduler's compiler has the last word."""
+    if c is None:
+        return None
+    if c.kind == "choice":
+        _require(0 < len(c.choices) <= MAX_CHOICES, f"choice needs 1..{MAX_CHOICES} strings")
+        _require(all(c.choices), "choice strings must not be empty")
+        _require(sum(map(len, c.choices)) <= MAX_GRAMMAR_CHARS, "choice strings are too long in total")
+        return c
+    if c.kind == "json_object":
+        return c
+    _require(0 < len(c.value) <= MAX_GRAMMAR_CHARS, f"{c.kind} must have 1..{MAX_GRAMMAR_CHARS} characters")
+    if c.kind == "json_schema":
+        try:
+            schema = json.loads(c.value)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"json_schema is not valid JSON: {e}") from None
+        _require(isinstance(schema, (dict, bool)), "json_schema must be a JSON object (or true/false)")
+    return c
+
+
 def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: ModelInfo, *,
-            request_id: str = "", cache_salt: str = "", prefix: str = "") -> Prepared:
+            request_id: str = "", cache_salt: str = "", prefix: str = "",
+            constraint: Constraint | None = None) -> Prepared:
     _require(len(request_id) <= MAX_REQUEST_ID, f"request_id is longer than {MAX_REQUEST_ID} characters")
     _require(len(cache_salt) <= MAX_CACHE_SALT, f"cache_salt is longer than {MAX_CACHE_SALT} characters")
     n = 1 if s.n is None else s.n
@@ -149,4 +175,4 @@ def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: Model
     _require(1 <= n <= limit, f"{prefix}n must be in [1, {limit}], got {n}")
     ids = input_ids(prompt, text, info)
     params = sampling(s, len(ids), info, prefix)
-    return Prepared(ids, params, list(s.stop), s.skip_special_tokens, n, cache_salt)
+    return Prepared(ids, params, list(s.stop), s.skip_special_tokens, n, cache_salt, check_constraint(constraint))

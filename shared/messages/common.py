@@ -31,6 +31,14 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
         return self.temperature == 0.0 or self.top_k == 1
 
 
+class Constraint(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Structured-output constraint of a request (compiled by the scheduler)."""
+
+    kind: str  # json_schema | json_object | regex | ebnf | choice
+    value: str = ""  # schema / regex / grammar text
+    choices: list[str] = []
+
+
 def i32(values) -> bytes:
     """Pack ints as a little-endian int32 raw buffer (one array frame inside a struct)."""
     return np.asarray(values, dtype="<i4").tobytes()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import SamplingParams
+from shared.messages.common import Constraint, SamplingParams
 
 
 class TokenizerHello(msgspec.Struct, tag="hello", frozen=True):
@@ -21,6 +21,7 @@ class GenerateReq(msgspec.Struct, tag="gen", frozen=True):
     params: SamplingParams
     n: int = 1  # parallel samples: branches share the prompt's KV
     cache_ns: str = ""  # cache namespace (cache_salt): KV is never shared across namespaces
+    constraint: Constraint | None = None  # structured output
     traceparent: str = ""
 
 

@@ -37,6 +37,8 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     sample: bytes  # int32 (B,) 1 = sample a next token for this request
     input_ids: bytes  # int32 (sum extend,)
     out_slots: bytes  # int32 (sum extend,)
+    mask_rows: bytes = b""  # int32 (M,): batch positions of grammar-constrained sampling requests
+    bitmask: bytes = b""  # int32 (M, ceil(V/32)): allowed-token bits per such request (bit i = token i)
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):

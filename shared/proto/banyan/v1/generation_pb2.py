@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62\x61nyan/v1/generation.proto\x12\tbanyan.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.banyan.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x8a\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x06\x88\x01\x01\x12\x0e\n\x01n\x18\x0b \x01(\rH\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\r \x01(\x02H\t\x88\x01\x01\x12\x10\n\x08logprobs\x18\x0e \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0f \x01(\rH\n\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x16\n\x14_skip_special_tokensB\x04\n\x02_nB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobs\"\xd6\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.banyan.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x32\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x19.banyan.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\tB\x07\n\x05input\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\x16GeneratedTokenLogprobs\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.banyan.v1.TokenLogprob\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.banyan.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\xb0\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.banyan.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.banyan.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05index\x18\x08 \x01(\r\x12\x33\n\x08logprobs\x18\t \x03(\x0b\x32!.banyan.v1.GeneratedTokenLogprobsB\x18\n\x16_matched_stop_token_id\"\x88\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xd3\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x15\n\reos_token_ids\x18\t \x03(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xc5\x02\n\x0fGetLoadResponse\x12\x1c\n\x14num_running_requests\x18\x01 \x01(\r\x12\x1c\n\x14num_waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_free_tokens\x18\x03 \x01(\x04\x12\x16\n\x0ekv_used_tokens\x18\x04 \x01(\x04\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\r\n\x05steps\x18\x06 \x01(\x04\x12\x1f\n\x17prefill_computed_tokens\x18\x07 \x01(\x04\x12\x1d\n\x15prefill_cached_tokens\x18\x08 \x01(\x04\x12\x15\n\rdecode_tokens\x18\t \x01(\x04\x12\x13\n\x0bretractions\x18\n \x01(\x04\x12\x16\n\x0e\x65victed_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13kv_evictable_tokens\x18\x0c \x01(\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xb9\x03\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1a.banyan.v1.GenerateRequest\x1a\x1b.banyan.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.banyan.v1.TokenizeRequest\x1a\x1b.banyan.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.banyan.v1.DetokenizeRequest\x1a\x1d.banyan.v1.DetokenizeResponse\x12O\n\x0cGetModelInfo\x12\x1e.banyan.v1.GetModelInfoRequest\x1a\x1f.banyan.v1.GetModelInfoResponse\x12:\n\x05\x41\x62ort\x12\x17.banyan.v1.AbortRequest\x1a\x18.banyan.v1.AbortResponse\x12@\n\x07GetLoad\x12\x19.banyan.v1.GetLoadRequest\x1a\x1a.banyan.v1.GetLoadResponseB`\n\x0c\x61i.banyan.v1B\x0fGenerationProtoP\x01Z=github.com/banyan-ai/banyan/clients/go/gen/banyan/v1;banyanv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62\x61nyan/v1/generation.proto\x12\tbanyan.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.banyan.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x8a\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x06\x88\x01\x01\x12\x0e\n\x01n\x18\x0b \x01(\rH\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\r \x01(\x02H\t\x88\x01\x01\x12\x10\n\x08logprobs\x18\x0e \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0f \x01(\rH\n\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x16\n\x14_skip_special_tokensB\x04\n\x02_nB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobs\"\xd9\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.banyan.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x32\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x19.banyan.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x15\n\x0bjson_schema\x18\x07 \x01(\tH\x01\x12\x0f\n\x05regex\x18\x08 \x01(\tH\x01\x12\x0e\n\x04\x65\x62nf\x18\t \x01(\tH\x01\x12$\n\x06\x63hoice\x18\n \x01(\x0b\x32\x12.banyan.v1.ChoicesH\x01\x12\x15\n\x0bjson_object\x18\x0b \x01(\x08H\x01\x42\x07\n\x05inputB\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\x16GeneratedTokenLogprobs\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.banyan.v1.TokenLogprob\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.banyan.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\xb0\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.banyan.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.banyan.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05index\x18\x08 \x01(\r\x12\x33\n\x08logprobs\x18\t \x03(\x0b\x32!.banyan.v1.GeneratedTokenLogprobsB\x18\n\x16_matched_stop_token_id\"\x88\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xd3\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x15\n\reos_token_ids\x18\t \x03(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xc5\x02\n\x0fGetLoadResponse\x12\x1c\n\x14num_running_requests\x18\x01 \x01(\r\x12\x1c\n\x14num_waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_free_tokens\x18\x03 \x01(\x04\x12\x16\n\x0ekv_used_tokens\x18\x04 \x01(\x04\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\r\n\x05steps\x18\x06 \x01(\x04\x12\x1f\n\x17prefill_computed_tokens\x18\x07 \x01(\x04\x12\x1d\n\x15prefill_cached_tokens\x18\x08 \x01(\x04\x12\x15\n\rdecode_tokens\x18\t \x01(\x04\x12\x13\n\x0bretractions\x18\n \x01(\x04\x12\x16\n\x0e\x65victed_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13kv_evictable_tokens\x18\x0c \x01(\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xb9\x03\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1a.banyan.v1.GenerateRequest\x1a\x1b.banyan.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.banyan.v1.TokenizeRequest\x1a\x1b.banyan.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.banyan.v1.DetokenizeRequest\x1a\x1d.banyan.v1.DetokenizeResponse\x12O\n\x0cGetModelInfo\x12\x1e.banyan.v1.GetModelInfoRequest\x1a\x1f.banyan.v1.GetModelInfoResponse\x12:\n\x05\x41\x62ort\x12\x17.banyan.v1.AbortRequest\x1a\x18.banyan.v1.AbortResponse\x12@\n\x07GetLoad\x12\x19.banyan.v1.GetLoadRequest\x1a\x1a.banyan.v1.GetLoadResponseB`\n\x0c\x61i.banyan.v1B\x0fGenerationProtoP\x01Z=github.com/banyan-ai/banyan/clients/go/gen/banyan/v1;banyanv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,8 +32,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'banyan.v1.generation_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\014ai.banyan.v1B\017GenerationProtoP\001Z=github.com/banyan-ai/banyan/clients/go/gen/banyan/v1;banyanv1'
-  _globals['_FINISHREASON']._serialized_start=2494
-  _globals['_FINISHREASON']._serialized_end=2614
+  _globals['_FINISHREASON']._serialized_start=2653
+  _globals['_FINISHREASON']._serialized_end=2773
   _globals['_CHATMESSAGE']._serialized_start=41
   _globals['_CHATMESSAGE']._serialized_end=85
   _globals['_CHATINPUT']._serialized_start=87
@@ -43,35 +43,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=230
   _globals['_SAMPLINGPARAMS']._serialized_end=752
   _globals['_GENERATEREQUEST']._serialized_start=755
-  _globals['_GENERATEREQUEST']._serialized_end=969
-  _globals['_TOKENLOGPROB']._serialized_start=971
-  _globals['_TOKENLOGPROB']._serialized_end=1020
-  _globals['_GENERATEDTOKENLOGPROBS']._serialized_start=1022
-  _globals['_GENERATEDTOKENLOGPROBS']._serialized_end=1124
-  _globals['_USAGE']._serialized_start=1126
-  _globals['_USAGE']._serialized_end=1206
-  _globals['_GENERATERESPONSE']._serialized_start=1209
-  _globals['_GENERATERESPONSE']._serialized_end=1513
-  _globals['_TOKENIZEREQUEST']._serialized_start=1516
-  _globals['_TOKENIZEREQUEST']._serialized_end=1652
-  _globals['_TOKENIZERESPONSE']._serialized_start=1654
-  _globals['_TOKENIZERESPONSE']._serialized_end=1707
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1709
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1805
-  _globals['_DETOKENIZERESPONSE']._serialized_start=1807
-  _globals['_DETOKENIZERESPONSE']._serialized_end=1841
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1843
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1864
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1867
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2078
-  _globals['_ABORTREQUEST']._serialized_start=2080
-  _globals['_ABORTREQUEST']._serialized_end=2114
-  _globals['_ABORTRESPONSE']._serialized_start=2116
-  _globals['_ABORTRESPONSE']._serialized_end=2146
-  _globals['_GETLOADREQUEST']._serialized_start=2148
-  _globals['_GETLOADREQUEST']._serialized_end=2164
-  _globals['_GETLOADRESPONSE']._serialized_start=2167
-  _globals['_GETLOADRESPONSE']._serialized_end=2492
-  _globals['_GENERATIONSERVICE']._serialized_start=2617
-  _globals['_GENERATIONSERVICE']._serialized_end=3058
+  _globals['_GENERATEREQUEST']._serialized_end=1100
+  _globals['_CHOICES']._serialized_start=1102
+  _globals['_CHOICES']._serialized_end=1128
+  _globals['_TOKENLOGPROB']._serialized_start=1130
+  _globals['_TOKENLOGPROB']._serialized_end=1179
+  _globals['_GENERATEDTOKENLOGPROBS']._serialized_start=1181
+  _globals['_GENERATEDTOKENLOGPROBS']._serialized_end=1283
+  _globals['_USAGE']._serialized_start=1285
+  _globals['_USAGE']._serialized_end=1365
+  _globals['_GENERATERESPONSE']._serialized_start=1368
+  _globals['_GENERATERESPONSE']._serialized_end=1672
+  _globals['_TOKENIZEREQUEST']._serialized_start=1675
+  _globals['_TOKENIZEREQUEST']._serialized_end=1811
+  _globals['_TOKENIZERESPONSE']._serialized_start=1813
+  _globals['_TOKENIZERESPONSE']._serialized_end=1866
+  _globals['_DETOKENIZEREQUEST']._serialized_start=1868
+  _globals['_DETOKENIZEREQUEST']._serialized_end=1964
+  _globals['_DETOKENIZERESPONSE']._serialized_start=1966
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2000
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2002
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2023
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2026
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2237
+  _globals['_ABORTREQUEST']._serialized_start=2239
+  _globals['_ABORTREQUEST']._serialized_end=2273
+  _globals['_ABORTRESPONSE']._serialized_start=2275
+  _globals['_ABORTRESPONSE']._serialized_end=2305
+  _globals['_GETLOADREQUEST']._serialized_start=2307
+  _globals['_GETLOADREQUEST']._serialized_end=2323
+  _globals['_GETLOADRESPONSE']._serialized_start=2326
+  _globals['_GETLOADRESPONSE']._serialized_end=2651
+  _globals['_GENERATIONSERVICE']._serialized_start=2776
+  _globals['_GENERATIONSERVICE']._serialized_end=3217
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,141 @@
+"""Structured output: xgrammar compilation off the loop, matchers per request branch, bitmasks.
+
+Grammars compile in a thread pool; compiled grammars (and compile errors) are cached by
+(kind, text), so a repeated schema costs nothing and a repeated bad one fails fast. The loop never
+waits: a request whose grammar is compiling stays aside until ``poll`` says it is ready, failed or
+past its deadline. Each step the scheduler fills one bitmask row per constrained sampling request;
+the rows travel with the batch and the worker applies them to the logits before sampling.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.logging import get_logger
+from shared.messages.common import Constraint
+
+log = get_logger("scheduler")
+
+
+class GrammarError(ValueError):
+    """The constraint does not compile (the compiler's message is the text)."""
+
+
+def choice_regex(choices: list[str]) -> str:
+    return "(" + "|".join(re.escape(c) for c in choices) + ")"
+
+
+@dataclass
+class Pending:
+    """Branches of one request waiting for their grammar."""
+
+    reqs: list
+    future: Future
+    deadline: float
+    started: float
+
+
+class GrammarBackend:
+    def __init__(self, model_dir: str, vocab_size: int, stop_ids: list[int], threads: int = 2,
+                 timeout_s: float = 30.0) -> None:
+        self.model_dir, self.vocab_size, self.stop_ids = model_dir, vocab_size, list(stop_ids)
+        self.timeout_s = timeout_s
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar")
+        self._compiler_future: Future | None = None
+        self._cache: dict[tuple[str, str], Future] = {}
+        self.pending: list[Pending] = []
+        self.compile_ms: list[float] = []  # recent compile times, for metrics
+
+    # ---- compilation -----------------------------------------------------------------------
+    def _compiler(self):
+        """Built once, lazily (loads the tokenizer vocab): a scheduler with no constrained
+        request never imports xgrammar or transformers."""
+        import xgrammar as xgr
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
+        return xgr.GrammarCompiler(info, max_threads=2)
+
+    def _compile(self, c: Constraint):
+        if self._compiler_future is None:
+            self._compiler_future = self.pool.submit(self._compiler)
+        compiler = self._compiler_future.result()
+        t0 = time.perf_counter()
+        try:
+            if c.kind == "json_schema":
+                g = compiler.compile_json_schema(c.value)
+            elif c.kind == "json_object":
+                g = compiler.compile_builtin_json_grammar()
+            elif c.kind == "regex":
+                g = compiler.compile_regex(c.value)
+            elif c.kind == "choice":
+                g = compiler.compile_regex(choice_regex(c.choices))
+            elif c.kind == "ebnf":
+                g = compiler.compile_grammar(c.value)
+            else:
+                raise GrammarError(f"unknown constraint kind {c.kind!r}")
+        except (RuntimeError, ValueError) as e:
+            raise GrammarError(f"invalid {c.kind}: {str(e).strip()}") from None
+        self.compile_ms.append((time.perf_counter() - t0) * 1e3)
+        return g
+
+    def submit(self, reqs: list, c: Constraint) -> None:
+        key = (c.kind, c.value if c.kind != "choice" else "\x00".join(c.choices))
+        fut = self._cache.get(key)
+        if fut is None:
+            fut = self._cache[key] = self.pool.submit(self._compile, c)
+        now = time.monotonic()
+        self.pending.append(Pending(reqs, fut, now + self.timeout_s, now))
+
+    def poll(self) -> tuple[list[list], list[tuple[list, str]]]:
+        """(branch lists now ready with matchers attached, (branch list, error) pairs)."""
+        ready, failed, still = [], [], []
+        now = time.monotonic()
+        for p in self.pending:
+            if p.future.done():
+                try:
+                    compiled = p.future.result()
+                except GrammarError as e:
+                    failed.append((p.reqs, str(e)))
+                    continue
+                for r in p.reqs:
+                    r.matcher = self._matcher(compiled)
+                ready.append(p.reqs)
+            elif now > p.deadline:
+                failed.append((p.reqs, f"grammar compilation took longer than {self.timeout_s:.0f} s"))
+            else:
+                still.append(p)
+        self.pending = still
+        return ready, failed
+
+    def _matcher(self, compiled):
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(compiled, override_stop_tokens=self.stop_ids or None)
+
+    # ---- per step --------------------------------------------------------------------------
+    def bitmask(self, matchers: list) -> np.ndarray:
+        """One int32 row of allowed-token bits per matcher: (N, ceil(V / 32))."""
+        import xgrammar as xgr
+
+        mask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        for i, m in enumerate(matchers):
+            m.fill_next_token_bitmask(mask, i)
+        return mask.numpy()
+
+    def only_stop_left(self, matcher) -> bool:
+        """The grammar is complete and cannot continue: only stop tokens are allowed next."""
+        if not matcher.is_completed():
+            return False
+        bits = np.unpackbits(self.bitmask([matcher])[0].view(np.uint8), bitorder="little")[: self.vocab_size]
+        allowed = np.flatnonzero(bits)
+        return set(allowed.tolist()) <= set(self.stop_ids)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
