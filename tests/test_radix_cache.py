@@ -1,0 +1,551 @@
+"""RadixCache (+ SlotAllocator, KVManager): a stateful property test against a brute-force model,
+LRU order, pages, namespaces, splits, and the KV manager's admit/extend/cache/release cycle.
+
+The model of the cache is a dict ``(namespace, tuple(prefix)) -> slots`` holding every cached prefix
+of whole pages (so it is prefix-closed); each entry's own page is the last ``page_size`` slots.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from services.scheduler.cache import RadixCache
+from services.scheduler.kv import KVManager
+from services.scheduler.memory import OutOfSlots, SlotAllocator
+from services.scheduler.request import Req
+from shared.messages.common import SamplingParams
+
+ALPHA = st.integers(0, 2)  # tiny alphabet: prefixes collide
+NS = st.sampled_from(["", "b"])
+MAX_LEN = 40
+
+
+def path_of(cache: RadixCache, node) -> tuple[str, list[int]]:
+    """(namespace, tokens from the root to ``node``); fails if ``node`` is detached."""
+    parts = []
+    while node.parent is not None:
+        assert node.parent.children.get(cache._edge(node.key, 0)) is node, "node is detached"
+        parts.append(node.key)
+        node = node.parent
+    ns = [n for n, r in cache._roots.items() if r is node]
+    assert len(ns) == 1, "node is not under a root"
+    return ns[0], [t for k in reversed(parts) for t in k]
+
+
+def snapshot(cache: RadixCache):
+    """Everything observable about the tree (structure, values, locks, clocks, counters)."""
+    out = []
+    for ns, root in sorted(cache._roots.items()):
+        if not root.children:
+            continue  # an empty root (``_root`` creates one for any namespace it is asked about)
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            out.append((ns, id(n), id(n.parent), tuple(n.key), tuple(n.value), n.lock_ref, n.last_access,
+                        tuple(sorted((repr(k), id(c)) for k, c in n.children.items()))))
+            stack.extend(n.children.values())
+    return (out, cache._clock, cache.evictable_size, cache.locked_size, frozenset(map(id, cache._leaves)))
+
+
+# ---- stateful test ------------------------------------------------------------------------------
+class RadixMachine(RuleBasedStateMachine):
+    @initialize(page_size=st.sampled_from([1, 4]), tokens=st.integers(40, 160))
+    def setup(self, page_size: int, tokens: int) -> None:
+        self.P = P = page_size
+        pages = tokens // P
+        self.alloc = SlotAllocator((pages + 1) * P - 1, P)
+        assert self.alloc.num_pages == pages
+        self.freed: list[int] = []  # slots the cache handed back during the current evict
+
+        def free(slots):
+            slots = list(slots)
+            self.freed.extend(slots)
+            self.alloc.free(slots)
+
+        self.cache = RadixCache(free, P)
+        self.model: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        self.locks: list[tuple[str, tuple[int, ...], object]] = []  # held: (ns, prefix, node)
+        self.keys: list[list[int]] = [[]]
+
+    # ---- model helpers -----------------------------------------------------------------------
+    def draw_key(self, data, remember: bool = False) -> list[int]:
+        if data.draw(st.integers(0, 3), label="derived"):  # mostly: an earlier key's prefix + a new tail
+            base = data.draw(st.sampled_from(self.keys), label="base")
+            cut = data.draw(st.integers(0, len(base)), label="cut")
+            if data.draw(st.booleans(), label="page cut"):
+                cut -= cut % self.P
+            key = base[:cut] + data.draw(st.lists(ALPHA, max_size=MAX_LEN - cut), label="tail")
+        else:
+            key = data.draw(st.lists(ALPHA, max_size=MAX_LEN), label="key")
+        if remember and len(self.keys) < 64:
+            self.keys.append(key)
+        return key
+
+    def model_len(self, ns: str, key) -> int:
+        j = 0
+        while j + self.P <= len(key) and (ns, tuple(key[:j + self.P])) in self.model:
+            j += self.P
+        return j
+
+    def model_slots(self, ns: str, key, j: int) -> list[int]:
+        return self.model[(ns, tuple(key[:j]))] if j else []
+
+    def locked_prefixes(self) -> set:
+        return {(ns, p[:j]) for ns, p, _ in self.locks for j in range(self.P, len(p) + 1, self.P)}
+
+    def do_evict(self, k: int) -> int:
+        before = self.cache.evictable_size
+        locked = self.locked_prefixes()
+        self.freed = []
+        got = self.cache.evict(k)
+        freed = set(self.freed)
+        assert got == len(self.freed) == len(freed), "evict's count differs from the slots it freed"
+        assert got <= before
+        assert got >= (min(k, before) if k > 0 else 0), f"evict({k}) freed {got} of {before} evictable"
+        assert self.cache.evictable_size == before - got
+        dropped = {e: s for e, s in self.model.items() if freed.intersection(s)}
+        assert not locked & dropped.keys(), "evicted a locked prefix"
+        assert freed == {x for s in dropped.values() for x in s[-self.P:]}, "freed slots are not whole entries"
+        for e in dropped:
+            del self.model[e]
+        for ns, p in self.model:
+            assert len(p) == self.P or (ns, p[:-self.P]) in self.model, "model lost prefix-closedness"
+        return got
+
+    def make_room(self, last, n: int) -> bool:
+        need = self.alloc.tokens_needed(last, n)
+        if need > self.alloc.num_free:
+            self.do_evict(need - self.alloc.num_free)
+        return need <= self.alloc.num_free
+
+    def insert(self, ns: str, key: list[int], slots: list[int], owned_from: int) -> None:
+        """Insert as kv.py does; the caller owns ``slots[owned_from:]`` and frees what the cache did
+        not take."""
+        P = self.P
+        expect = self.model_len(ns, key)
+        end = len(key) - len(key) % P
+        assert expect >= owned_from
+        got = self.cache.insert(ns, key, slots)
+        assert got == expect, f"insert returned {got}, {expect} tokens were cached"
+        base = self.model_slots(ns, key, expect)
+        for j in range(expect + P, end + 1, P):
+            self.model[(ns, tuple(key[:j]))] = base + slots[expect:j]
+        rest = slots[owned_from:expect] + slots[end:]
+        if rest:
+            self.alloc.free(rest)
+
+    # ---- rules -------------------------------------------------------------------------------
+    @rule(data=st.data(), ns=NS)
+    def insert_fresh(self, data, ns: str) -> None:
+        key = self.draw_key(data, remember=True)
+        if self.make_room(None, len(key)):
+            self.insert(ns, key, self.alloc.alloc(None, len(key)), 0)
+
+    @rule(data=st.data(), ns=NS)
+    def match_extend_insert(self, data, ns: str) -> None:
+        """A request: match + lock its cached prefix, allocate the rest after it, insert, unlock."""
+        key = self.draw_key(data, remember=True)
+        m = self.cache.match(ns, key)
+        k = len(m.slots)
+        assert m.slots == self.model_slots(ns, key, k) and k == self.model_len(ns, key)
+        self.cache.lock(m.node)
+        self.locks.append((ns, tuple(key[:k]), m.node))
+        last = m.slots[-1] if m.slots else None
+        if self.make_room(last, len(key) - k):
+            new = self.alloc.alloc(last, len(key) - k)
+            self.insert(ns, key, m.slots + new, k)
+        self.locks.pop()
+        self.cache.unlock(m.node)
+
+    @rule(data=st.data(), ns=NS, lock=st.booleans())
+    def match(self, data, ns: str, lock: bool) -> None:
+        key = self.draw_key(data)
+        j = self.model_len(ns, key)
+        m = self.cache.match(ns, key)
+        assert len(m.slots) == j and j % self.P == 0, f"matched {len(m.slots)}, model has {j}"
+        assert m.slots == self.model_slots(ns, key, j)
+        assert path_of(self.cache, m.node) == (ns, key[:j]), "node does not cover exactly the match"
+        if lock:
+            self.cache.lock(m.node)
+            self.locks.append((ns, tuple(key[:j]), m.node))
+
+    @precondition(lambda self: self.locks)
+    @rule(data=st.data())
+    def unlock(self, data) -> None:
+        i = data.draw(st.integers(0, len(self.locks) - 1), label="lock")
+        _, _, node = self.locks.pop(i)
+        self.cache.unlock(node)
+
+    @rule(k=st.integers(-1, 2 * MAX_LEN))
+    def evict(self, k: int) -> None:
+        self.do_evict(k)
+
+    @rule(data=st.data(), ns=NS)
+    def peek(self, data, ns: str) -> None:
+        key = self.draw_key(data)
+        before = snapshot(self.cache)
+        n, node = self.cache.peek(ns, key)
+        assert snapshot(self.cache) == before, "peek changed the tree"
+        assert n == self.model_len(ns, key)
+        pns, path = path_of(self.cache, node)  # the deepest node reached, possibly partly matched
+        assert pns == ns and path[:n] == key[:n] and len(path) - len(node.key) <= n <= len(path)
+
+    # ---- invariants --------------------------------------------------------------------------
+    @invariant()
+    def consistent(self) -> None:
+        if not hasattr(self, "cache"):
+            return
+        P, cache, alloc = self.P, self.cache, self.alloc
+        cache.check_integrity()
+        cached = len(self.model) * P
+        assert cache.evictable_size + cache.locked_size == cached
+        assert cache.locked_size == len(self.locked_prefixes()) * P
+        assert alloc.num_free + cached == alloc.pool_size, "a KV slot leaked"
+        alloc.check_integrity(cached // P)
+        tree = sorted(cache.all_slots())
+        assert tree == sorted(x for s in self.model.values() for x in s[-P:])
+        assert not {x // P for x in tree} & set(alloc._free), "a cached page is also free"
+        for ns, p, node in self.locks:
+            assert path_of(cache, node) == (ns, list(p)), "a held node moved"
+
+    def teardown(self) -> None:
+        if not hasattr(self, "cache"):
+            return
+        while self.locks:
+            self.cache.unlock(self.locks.pop()[2])
+        self.do_evict(10**9)
+        assert not self.model and self.cache.evictable_size == self.cache.locked_size == 0
+        assert self.alloc.num_free == self.alloc.pool_size
+
+
+
+TestRadixMachine = RadixMachine.TestCase
+TestRadixMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# ---- unit tests -----------------------------------------------------------------------------------
+class Freed(list):
+    """A free-slots callback recording what the cache hands back, one list per call."""
+
+    def __call__(self, slots) -> None:
+        self.append(list(slots))
+
+
+def test_lru_evicts_least_recently_used_leaf() -> None:
+    freed = Freed()
+    c = RadixCache(freed)
+    c.insert("", [1, 2, 3], [11, 12, 13])
+    c.insert("", [4, 5, 6], [14, 15, 16])
+    c.insert("", [7, 8, 9], [17, 18, 19])
+    c.match("", [1, 2, 3])  # refresh 1-2-3: 4-5-6 is now the oldest
+    assert c.evict(1) == 3 and freed[-1] == [14, 15, 16]
+    c.insert("", [7, 8, 9], [27, 28, 29])  # re-inserting an existing key refreshes it
+    assert c.evict(1) == 3 and freed[-1] == [11, 12, 13]
+    assert c.evict(1) == 3 and freed[-1] == [17, 18, 19]
+    assert c.evict(1) == 0 and len(freed) == 3
+    c.check_integrity()
+
+
+def test_lru_peek_does_not_refresh() -> None:
+    freed = Freed()
+    c = RadixCache(freed)
+    c.insert("", [1, 2], [11, 12])
+    c.insert("", [3, 4], [13, 14])
+    assert c.peek("", [1, 2, 9])[0] == 2
+    assert c.evict(1) == 2 and freed == [[11, 12]]
+
+
+def test_lru_parent_becomes_leaf_in_order() -> None:
+    freed = Freed()
+    c = RadixCache(freed)
+    c.insert("", [1, 2, 3], [11, 12, 13])  # t1
+    c.insert("", [1, 2, 3, 4, 5], [11, 12, 13, 14, 15])  # t2: 1-2-3 gets a child 4-5
+    c.insert("", [7], [17])  # t3
+    assert (c.evict(1), freed[-1]) == (2, [14, 15])
+    assert (c.evict(1), freed[-1]) == (3, [11, 12, 13])  # the parent (t2) is now the oldest leaf
+    assert (c.evict(1), freed[-1]) == (1, [17])
+    c.check_integrity()
+
+
+def test_lru_skips_locked_leaves() -> None:
+    freed = Freed()
+    c = RadixCache(freed)
+    c.insert("", [1, 2], [11, 12])
+    c.insert("", [3, 4], [13, 14])
+    m = c.match("", [1, 2])
+    c.lock(m.node)
+    c.match("", [3, 4])  # 3-4 is the most recent, but 1-2 is locked
+    assert c.evict(1) == 2 and freed == [[13, 14]]
+    assert c.evict(100) == 0
+    assert (c.evictable_size, c.locked_size) == (0, 2)
+    c.unlock(m.node)
+    assert c.evict(1) == 2 and freed[-1] == [11, 12]
+    c.check_integrity()
+
+
+@given(st.lists(st.tuples(st.sampled_from(["match", "long", "insert", "peek"]), st.integers(0, 7)), max_size=40),
+       st.integers(1, 8))
+@settings(max_examples=100, deadline=None)
+def test_lru_order_matches_last_access(ops, n) -> None:
+    """Disjoint keys (no shared edges): evicting one leaf at a time frees them in the order of their
+    last match/insert (peeks do not count)."""
+    freed = Freed()
+    c = RadixCache(freed)
+    keys = [[k, 100 + k, 200 + k] for k in range(8)]
+    last: dict[int, int] = {}
+    clock = itertools.count()
+    for k in range(n):
+        c.insert("", keys[k], [3 * k + 1, 3 * k + 2, 3 * k + 3])
+        last[k] = next(clock)
+    for op, k in ops:
+        k %= n
+        if op == "match":
+            assert len(c.match("", keys[k]).slots) == 3
+        elif op == "long":
+            assert len(c.match("", keys[k] + [5, 6]).slots) == 3
+        elif op == "insert":
+            assert c.insert("", keys[k], [0, 0, 0]) == 3
+        else:
+            assert c.peek("", keys[k])[0] == 3
+            continue
+        last[k] = next(clock)
+    for k in sorted(last, key=last.get):
+        assert c.evict(1) == 3 and freed[-1] == [3 * k + 1, 3 * k + 2, 3 * k + 3]
+    assert c.evict(1) == 0
+
+
+def test_page_size_4() -> None:
+    P = 4
+    alloc = SlotAllocator(20 * P - 1, P)
+    c = RadixCache(alloc.free, P)
+    key = list(range(100, 110))  # 10 tokens: 2 whole pages + 2
+    slots = alloc.alloc(None, 10)
+    assert [s // P for s in slots] == [1] * 4 + [2] * 4 + [3] * 2 and slots[0] == 4
+    assert c.insert("", key, slots) == 0
+    alloc.free(slots[8:])  # the partial page is never cached: the caller keeps and frees it
+    assert (c.evictable_size, c.locked_size) == (8, 0)
+    assert alloc.num_free + 8 == alloc.pool_size
+    assert c.match("", key).slots == slots[:8]
+    for n, want in [(11, 8), (9, 8), (8, 8), (7, 4), (5, 4), (4, 4), (3, 0), (0, 0)]:
+        assert len(c.match("", key[:n]).slots) == want and c.peek("", key[:n])[0] == want
+    assert c.match("", key[:6] + [0, 0, 0, 0]).slots == slots[:4]  # diverges inside page 2
+    assert c.peek("", [100, 101, 102, 0])[0] == 0  # diverges inside page 1
+    assert c.insert("", key + [1, 2, 3], alloc.alloc(None, 13)[:13]) == 8
+    c.check_integrity()
+    # a request fills the tail of its partly filled last page before taking a new one
+    mine = alloc.alloc(None, 6)
+    more = alloc.alloc(mine[-1], 3)
+    assert more[:2] == [mine[-1] + 1, mine[-1] + 2] and more[2] % P == 0 and more[2] // P not in {s // P for s in mine}
+    assert alloc.tokens_needed(mine[-1], 2) == 0 and alloc.tokens_needed(mine[-1], 3) == P
+    assert alloc.tokens_needed(more[-1], P - 1) == 0 and alloc.tokens_needed(None, 1) == P
+
+
+def test_page_size_4_insert_truncates_to_pages() -> None:
+    c = RadixCache(lambda s: None, 4)
+    assert c.insert("", [1, 2, 3], [5, 6, 7]) == 0  # shorter than a page: nothing stored
+    assert (c.evictable_size, c.match("", [1, 2, 3]).slots) == (0, [])
+    assert c.insert("", [1, 2, 3, 4, 5, 6, 7, 8], [4, 5, 6, 7]) == 0  # truncated to min(key, slots)
+    assert c.evictable_size == 4 and c.match("", [1, 2, 3, 4, 5, 6, 7, 8]).slots == [4, 5, 6, 7]
+    c.check_integrity()
+
+
+def test_namespaces_never_share() -> None:
+    for P in (1, 4):
+        freed = Freed()
+        c = RadixCache(freed, P)
+        key = [1, 2, 3, 4, 5, 6, 7, 8]
+        assert c.insert("a", key, list(range(8, 16))) == 0
+        assert c.peek("b", key)[0] == 0
+        m = c.match("b", key)
+        assert m.slots == [] and m.node.parent is None and m.node is not c.match("a", []).node
+        assert c.insert("b", key, list(range(16, 24))) == 0  # not cached in "b" yet
+        assert c.match("a", key).slots == list(range(8, 16))
+        assert c.match("b", key).slots == list(range(16, 24))
+        assert c.insert("", key, list(range(24, 32))) == 0  # the default namespace is a third one
+        m = c.match("a", key)
+        c.lock(m.node)
+        assert c.evict(100) == 16 and sorted(x for f in freed for x in f) == list(range(16, 32))
+        assert c.match("a", key).slots == list(range(8, 16)) and c.peek("b", key)[0] == 0
+        c.unlock(m.node)
+        c.check_integrity()
+
+
+def test_split_on_match() -> None:
+    freed = Freed()
+    c = RadixCache(freed)
+    c.insert("", list(range(1, 9)), list(range(11, 19)))
+    assert len(c._roots[""].children) == 1
+    m = c.match("", [1, 2, 3, 4, 99])
+    assert m.slots == [11, 12, 13, 14]
+    assert path_of(c, m.node) == ("", [1, 2, 3, 4]) and m.node.key == [1, 2, 3, 4]
+    assert [ch.key for ch in m.node.children.values()] == [[5, 6, 7, 8]]
+    c.check_integrity()
+    c.lock(m.node)  # locking the upper half leaves the lower half evictable
+    assert (c.locked_size, c.evictable_size) == (4, 4)
+    c.check_integrity()
+    assert c.evict(100) == 4 and freed == [[15, 16, 17, 18]]
+    assert c.match("", list(range(1, 9))).slots == [11, 12, 13, 14]
+    c.unlock(m.node)
+    assert (c.locked_size, c.evictable_size) == (0, 4)
+    c.check_integrity()
+    # a lock taken before a split stays on the lower node and its new parent, not on siblings
+    c.insert("", [1, 2, 3, 4, 5, 6], [11, 12, 13, 14, 15, 16])
+    deep = c.match("", [1, 2, 3, 4, 5, 6]).node
+    c.lock(deep)
+    c.match("", [1, 2, 7])  # splits 1-2-3-4 after 1-2
+    c.insert("", [1, 2, 7, 8], [11, 12, 27, 28])
+    c.check_integrity()
+    assert c.locked_size == 6 and c.evictable_size == 2
+    assert c.evict(100) == 2 and freed[-1] == [27, 28]
+    c.unlock(deep)
+    assert c.evict(100) == 6
+    c.check_integrity()
+
+
+def test_split_on_match_page_size_4() -> None:
+    c = RadixCache(lambda s: None, 4)
+    c.insert("", list(range(12)), list(range(4, 16)))
+    m = c.match("", list(range(6)))
+    assert m.slots == [4, 5, 6, 7] and m.node.key == [0, 1, 2, 3]
+    c.lock(m.node)
+    assert (c.locked_size, c.evictable_size) == (4, 8)
+    c.check_integrity()
+
+
+def test_insert_existing_key_returns_its_length() -> None:
+    for P in (1, 4):
+        c = RadixCache(lambda s: None, P)
+        key = list(range(10))
+        assert c.insert("", key, list(range(10, 20))) == 0
+        aligned = 10 - 10 % P
+        assert c.insert("", key, list(range(30, 40))) == aligned
+        assert c.insert("", key[:8], list(range(30, 38))) == 8  # a prefix (may split)
+        assert c.insert("", key + [7] * 6, list(range(40, 56))) == aligned
+        assert c.match("", key).slots == list(range(10, 10 + aligned))  # the first insert's slots stay
+        assert c.evictable_size == 16 - 16 % P
+        c.check_integrity()
+
+
+# ---- KVManager ------------------------------------------------------------------------------------
+def make_req(rid: str, prompt: list[int], ns: str = "") -> Req:
+    return Req(rid=rid, replica=b"t", prompt=list(prompt), params=SamplingParams(max_new_tokens=16), ns=ns)
+
+
+def prefill(kv: KVManager, r: Req, running: list[Req], chunk: int = 1 << 30) -> None:
+    while r.to_compute > 0:
+        kv.extend(r, min(chunk, r.to_compute))
+        kv.check_integrity(running)
+        kv.cache_prefix(r)
+        kv.check_integrity(running)
+
+
+def decode(kv: KVManager, r: Req, running: list[Req], tokens: list[int]) -> None:
+    for t in tokens:
+        r.output.append(t)
+        kv.extend(r, 1)
+        assert len(r.slots) == r.seq_len
+        kv.check_integrity(running)
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_kv_manager_cycle(P: int) -> None:
+    kv = KVManager(pool_size=64 * P - 1, max_rows=4, page_size=P)
+    pool = kv.pool_size
+    system = list(range(1000, 1013))  # 13 tokens: 3 whole pages of 4 + 1
+    a = make_req("a", system + [1, 2, 3, 4, 5, 6])
+    kv.admit(a)
+    running = [a]
+    assert a.slots == [] and a.cached_tokens == 0
+    kv.check_integrity(running)
+    prefill(kv, a, running, chunk=5)  # chunked prefill: insert as it goes
+    assert len(a.slots) == len(a.prompt)
+    decode(kv, a, running, [7, 8, 9])
+
+    b = make_req("b", system + [50, 51])  # shares the system prompt
+    assert kv.peek_prefix(b) == 13 - 13 % P
+    kv.admit(b)
+    running.append(b)
+    assert b.cached_tokens == 13 - 13 % P and b.slots == a.slots[:b.cached_tokens]
+    kv.check_integrity(running)
+    prefill(kv, b, running)
+    decode(kv, b, running, [60, 61])
+    if P > 1:  # b's last page is partly filled; its next token continues it
+        last = b.slots[-1]
+        assert last % P != P - 1
+        kv.extend(b, 1)
+        b.output.append(62)
+        assert b.slots[-1] == last + 1
+        kv.check_integrity(running)
+
+    running.remove(a)
+    kv.release(a)
+    kv.check_integrity(running)
+    assert a.row == -1 and a.slots == [] and not a.owned and a.lock_node is None
+    running.remove(b)
+    kv.release(b)
+    kv.check_integrity(running)
+    cached = kv.cache.evictable_size
+    assert kv.cache.locked_size == 0 and kv.slots.num_free + cached == pool
+
+    c = make_req("c", a.prompt + a.output + [70])  # a's whole sequence was cached on release
+    kv.admit(c)
+    running.append(c)
+    full = len(c.prefix_key()) - len(c.prefix_key()) % P
+    assert c.cached_tokens == full
+    kv.extend(c, c.to_compute)  # computed, never inserted
+    kv.check_integrity(running)
+    running.remove(c)
+    kv.release(c, keep=False)  # bad KV: nothing new is cached, its own slots are freed
+    kv.check_integrity(running)
+    assert kv.cache.evictable_size == cached and kv.slots.num_free + cached == pool
+
+    # memory pressure: a long prompt evicts the cache (unlocked) to fit
+    d = make_req("d", list(range(5000, 5000 + pool - P)))
+    kv.admit(d)
+    running.append(d)
+    assert d.cached_tokens == 0
+    prefill(kv, d, running, chunk=16 * P)
+    assert kv.evicted_tokens >= cached - (kv.slots.num_free + kv.cache.evictable_size)
+    with pytest.raises(OutOfSlots):
+        while True:
+            d.output.append(1)
+            kv.extend(d, 1)
+    d.output.pop()
+    kv.check_integrity(running)
+    running.remove(d)
+    kv.release(d)
+    kv.check_integrity(running)
+    kv.cache.evict(10**9)
+    assert kv.slots.num_free == pool and kv.cache.evictable_size == 0
+    assert kv.take_released_rows() == [0, 1, 1, 1] and kv.rows.num_free == 4  # a, b, c, d's rows
+
+
+@pytest.mark.parametrize("P", [1, 4])
+def test_kv_manager_concurrent_duplicates(P: int) -> None:
+    """Two requests compute the same prompt at once: the second one's slots are duplicates, which it
+    keeps (and frees on release) while the tree holds the first one's."""
+    kv = KVManager(pool_size=32 * P - 1, max_rows=4, page_size=P)
+    prompt = list(range(300, 311))
+    a, b = make_req("a", prompt), make_req("b", prompt)
+    kv.admit(a)
+    kv.admit(b)
+    running = [a, b]
+    kv.extend(a, a.to_compute)
+    kv.extend(b, b.to_compute)
+    kv.check_integrity(running)
+    kv.cache_prefix(a)
+    kv.cache_prefix(b)  # all cached already: b's pages stay its own
+    kv.check_integrity(running)
+    aligned = 11 - 11 % P
+    assert set(b.slots) <= b.owned and kv.cache.locked_size == aligned
+    for r in (a, b):
+        running.remove(r)
+        kv.release(r)
+        kv.check_integrity(running)
+    assert kv.slots.num_free + kv.cache.evictable_size == kv.pool_size
