@@ -25,8 +25,12 @@ NS = st.sampled_from(["", "b"])
 MAX_LEN = 40
 
 
-def path_of(cache: RadixCache, node) -> tuple[str, list[int]]:
-    """(namespace, tokens from the root to ``node``); fails if ``node`` is detached."""
+def path_of(cache: RadixCache, node, ns_hint: str | None = None) -> tuple[str, list[int]]:
+    """(namespace, tokens from the root to ``node``); fails if ``node`` is detached. A namespace
+    with no entries has no root: its handle (None from peek, a detached root from match) is the
+    empty path of ``ns_hint``."""
+    if ns_hint is not None and (node is None or (node.parent is None and node not in cache._roots.values())):
+        return ns_hint, []
     parts = []
     while node.parent is not None:
         assert node.parent.children.get(cache._edge(node.key, 0)) is node, "node is detached"
@@ -169,7 +173,7 @@ class RadixMachine(RuleBasedStateMachine):
         m = self.cache.match(ns, key)
         assert len(m.slots) == j and j % self.P == 0, f"matched {len(m.slots)}, model has {j}"
         assert m.slots == self.model_slots(ns, key, j)
-        assert path_of(self.cache, m.node) == (ns, key[:j]), "node does not cover exactly the match"
+        assert path_of(self.cache, m.node, ns) == (ns, key[:j]), "node does not cover exactly the match"
         if lock:
             self.cache.lock(m.node)
             self.locks.append((ns, tuple(key[:j]), m.node))
@@ -192,8 +196,9 @@ class RadixMachine(RuleBasedStateMachine):
         n, node = self.cache.peek(ns, key)
         assert snapshot(self.cache) == before, "peek changed the tree"
         assert n == self.model_len(ns, key)
-        pns, path = path_of(self.cache, node)  # the deepest node reached, possibly partly matched
-        assert pns == ns and path[:n] == key[:n] and len(path) - len(node.key) <= n <= len(path)
+        pns, path = path_of(self.cache, node, ns)  # the deepest node reached, possibly partly matched
+        edge = len(node.key) if node is not None else 0
+        assert pns == ns and path[:n] == key[:n] and len(path) - edge <= n <= len(path)
 
     # ---- invariants --------------------------------------------------------------------------
     @invariant()
@@ -211,7 +216,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert tree == sorted(x for s in self.model.values() for x in s[-P:])
         assert not {x // P for x in tree} & set(alloc._free), "a cached page is also free"
         for ns, p, node in self.locks:
-            assert path_of(cache, node) == (ns, list(p)), "a held node moved"
+            assert path_of(cache, node, ns) == (ns, list(p)), "a held node moved"
 
     def teardown(self) -> None:
         if not hasattr(self, "cache"):

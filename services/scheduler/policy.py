@@ -49,6 +49,7 @@ class DFSWeight(Policy):
         roots: dict[int, object] = {}
         for r in reqs:
             _, node = kv.cache.peek(r.ns, r.prefix_key())
+            node = node or _UNCACHED
             at.setdefault(id(node), []).append(r)
             n = node
             while n is not None:
@@ -66,5 +67,14 @@ class DFSWeight(Policy):
             stack.extend(sorted(kids, key=lambda c: weight[id(c)]))  # heaviest popped first
         return out
 
+
+class _Uncached:
+    """Stands for the root of a namespace with nothing cached yet."""
+
+    parent = None
+    children: dict = {}
+
+
+_UNCACHED = _Uncached()
 
 POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "lpm": LongestPrefixMatch, "dfs-weight": DFSWeight}

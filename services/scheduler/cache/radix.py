@@ -28,6 +28,10 @@ class Node:
         return id(self) < id(other)
 
 
+def _as_list(key: Sequence[int]) -> list[int]:
+    return key if isinstance(key, list) else list(key)
+
+
 def common_len(edge: list[int], key: Sequence[int], start: int) -> int:
     """Length of the common prefix of ``edge`` and ``key[start:]``, by slice compares (C speed)."""
     n = min(len(edge), len(key) - start)
@@ -49,6 +53,8 @@ class RadixCache(PrefixCache):
         self.page_size = page_size
         self._free_slots = free_slots
         self._roots: dict[str, Node] = {}
+        self._root_ns: dict[int, str] = {}  # id(root) → namespace
+        self._nowhere = Node([], [], None)  # match handle in a namespace with no entries (lock: no-op)
         self._leaves: set[Node] = set()  # evictable leaves: no children, unlocked, not a root
         self._evictable = 0
         self._locked = 0
@@ -60,6 +66,7 @@ class RadixCache(PrefixCache):
         if root is None:
             root = self._roots[ns] = Node([], [], None)
             root.lock_ref = 1  # roots are pinned
+            self._root_ns[id(root)] = ns
         return root
 
     def _edge(self, key: Sequence[int], pos: int):
@@ -83,42 +90,49 @@ class RadixCache(PrefixCache):
         upper.children[self._edge(child.key, 0)] = child
         return upper
 
-    def _descend(self, ns: str, key: Sequence[int], split: bool, tick: int) -> tuple[Node, int, list[list[int]]]:
-        """Walk down along ``key``; returns the deepest node, matched length and the edge values."""
-        node, pos, values = self._root(ns), 0, []
-        end = self._aligned(len(key))
+    def _descend(self, ns: str, key: list[int], split: bool, tick: int) -> tuple[Node | None, int, list[list[int]]]:
+        """Walk down along ``key``; returns the deepest node (None: the namespace has no root
+        yet), matched length and the edge values. ``tick`` > 0 refreshes the nodes it uses."""
+        node = self._roots.get(ns)
+        pos, values = 0, []
+        end = self._aligned(len(key)) if node is not None else 0
         while pos < end:
             child = node.children.get(self._edge(key, pos))
             if child is None:
                 break
             n = self._aligned(common_len(child.key, key, pos))
-            if tick:
-                child.last_access = tick
             if n < len(child.key):
-                if split:
+                if split:  # only the used upper part is refreshed; the rest keeps its LRU age
                     child = self._split(child, n)
+                    if tick:
+                        child.last_access = tick
                     values.append(child.value)
                     node, pos = child, pos + n
                 else:  # no split: report the partly matched child (its subtree holds the prefix)
                     node, pos = child, pos + n
                 break
+            if tick:
+                child.last_access = tick
             values.append(child.value)
             node, pos = child, pos + n
         return node, pos, values
 
     # ---- PrefixCache -----------------------------------------------------------------------
     def match(self, ns: str, key: Sequence[int]) -> MatchResult:
-        node, _, values = self._descend(ns, key, split=True, tick=self._tick())
-        slots = values[0] if len(values) == 1 else [s for v in values for s in v]
-        return MatchResult(list(slots), node)
+        node, _, values = self._descend(ns, _as_list(key), split=True, tick=self._tick())
+        slots: list[int] = []
+        for v in values:
+            slots += v
+        return MatchResult(slots, node if node is not None else self._nowhere)
 
-    def peek(self, ns: str, key: Sequence[int]) -> tuple[int, Node]:
-        node, pos, _ = self._descend(ns, key, split=False, tick=0)
+    def peek(self, ns: str, key: Sequence[int]) -> tuple[int, Node | None]:
+        node, pos, _ = self._descend(ns, _as_list(key), split=False, tick=0)
         return pos, node
 
     def insert(self, ns: str, key: Sequence[int], slots: Sequence[int]) -> int:
         end = self._aligned(min(len(key), len(slots)))
-        node, pos, _ = self._descend(ns, key[:end], split=True, tick=self._tick())
+        self._root(ns)
+        node, pos, _ = self._descend(ns, _as_list(key[:end]), split=True, tick=self._tick())
         if pos < end:
             leaf = Node(list(key[pos:end]), list(slots[pos:end]), node, self._clock)
             node.children[self._edge(leaf.key, 0)] = leaf
@@ -167,7 +181,14 @@ class RadixCache(PrefixCache):
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access, parent))
+            elif parent.parent is None and not parent.children:
+                self._drop_empty_root(parent)
         return freed
+
+    def _drop_empty_root(self, root: Node) -> None:
+        """Namespaces come and go (one per cache_salt): an empty one leaves nothing behind."""
+        ns = self._root_ns.pop(id(root))
+        del self._roots[ns]
 
     @property
     def evictable_size(self) -> int:
