@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from shared.config import (SchedulerConfig, TokenizerConfig, WorkerConfig, add_arguments, from_namespace)
@@ -12,19 +13,24 @@ _ENDPOINTS = ("scheduler_endpoint", "tokenizer_endpoint", "worker_endpoint", "po
 
 
 def serve(argv: list[str]) -> int:
-    from banyan.launcher import Launcher, ServeConfig
+    from banyan.launcher import Launcher, ServeConfig, free_port
 
     ap = argparse.ArgumentParser(prog="banyan serve",
                                  description="Serve a model: scheduler, worker and tokenizer replicas on this host")
     add_arguments(ap, TokenizerConfig, skip=_ENDPOINTS)
     add_arguments(ap, SchedulerConfig, skip=_ENDPOINTS + ("model", "log_level"))
-    add_arguments(ap, WorkerConfig, skip=_ENDPOINTS + ("model", "log_level"))
-    ap.add_argument("--num-tokenizers", type=int, default=1, help="tokenizer replicas sharing the gRPC port")
-    ap.add_argument("--ready-file", default="", help="write the gRPC port here once serving")
+    add_arguments(ap, WorkerConfig, skip=_ENDPOINTS + ("model", "log_level", "tp_size", "tp_rank"))
+    ap.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=int(os.environ.get("BANYAN_TP_SIZE", 1)),
+                    help="tensor-parallel ranks: one worker process each [env BANYAN_TP_SIZE, default 1]")
+    ap.add_argument("--num-tokenizers", type=int, default=1, help="tokenizer replicas sharing the gRPC and HTTP ports")
+    ap.add_argument("--ready-file", default="",
+                    help="once serving, write the gRPC port here (the HTTP port, or -1, on line 2)")
     ns = ap.parse_args(argv)
     if ns.num_tokenizers < 1:
         ap.error("--num-tokenizers must be >= 1")
     setup_logging("launcher", ns.log_level)
+    if ns.tp_size > 1 and not ns.dist_init_addr:  # the ranks meet on a free local port
+        ns.dist_init_addr = f"127.0.0.1:{free_port()}"
     cfg = ServeConfig(tokenizer=from_namespace(TokenizerConfig, ns), scheduler=from_namespace(SchedulerConfig, ns),
                       worker=from_namespace(WorkerConfig, ns), num_tokenizers=ns.num_tokenizers,
                       ready_file=ns.ready_file)
@@ -33,11 +39,15 @@ def serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    commands = ("serve", "tokenizer", "scheduler", "worker")
+    commands = ("serve", "tokenizer", "scheduler", "worker", "bench")
     if not argv or argv[0] not in commands:
         print(f"usage: banyan {{{','.join(commands)}}} [flags]   (banyan COMMAND --help)", file=sys.stderr)
         sys.exit(2)
     cmd, rest = argv[0], argv[1:]
+    if cmd == "bench":
+        from banyan.bench.cli import main as bench
+
+        sys.exit(bench(rest))
     if cmd == "serve":
         sys.exit(serve(rest))
     module = {"tokenizer": "services.tokenizer.__main__", "scheduler": "services.scheduler.__main__",

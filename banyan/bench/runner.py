@@ -1,0 +1,120 @@
+"""Send a workload at a request rate (Poisson arrivals, or all at once) under a concurrency cap,
+and summarise: throughput, TTFT, inter-token latency, time per output token, end-to-end latency."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+
+from banyan.bench.backends import Result
+from banyan.bench.datasets import BenchRequest
+
+
+async def run(backend, requests: list[BenchRequest], request_rate: float, max_concurrency: int,
+              ignore_eos: bool = True, temperature: float = 0.0, seed: int = 0, progress: bool = True) -> dict:
+    rng = random.Random(seed)
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(requests), desc="requests", unit="req")
+
+    async def one(r: BenchRequest) -> Result:
+        if sem is None:
+            res = await backend.send(r, ignore_eos, temperature)
+        else:
+            async with sem:
+                res = await backend.send(r, ignore_eos, temperature)
+        if bar is not None:
+            bar.update(1)
+        return res
+
+    start = time.perf_counter()
+    tasks = []
+    for r in requests:
+        tasks.append(asyncio.create_task(one(r)))
+        if request_rate != float("inf"):
+            await asyncio.sleep(rng.expovariate(request_rate))
+    results = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    return summarize(results, duration)
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+def _dist(xs: list[float]) -> dict:
+    ms = [x * 1e3 for x in xs]
+    return {"mean": statistics.fmean(ms) if ms else 0.0, "p50": _pct(ms, 50), "p90": _pct(ms, 90),
+            "p99": _pct(ms, 99)}
+
+
+def summarize(results: list[Result], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_len for r in ok)
+    in_tokens = sum(r.prompt_len for r in ok)
+    tpot = [(r.latency - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
+    return {
+        "completed": len(ok), "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": in_tokens / duration,
+        "output_throughput": out_tokens / duration,
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "cached_tokens": sum(r.cached_tokens for r in ok),
+        "cache_hit_rate": sum(r.cached_tokens for r in ok) / in_tokens if in_tokens else 0.0,
+        "ttft_ms": _dist([r.ttft for r in ok]),
+        "itl_ms": _dist([x for r in ok for x in r.itl]),
+        "tpot_ms": _dist(tpot),
+        "e2e_ms": _dist([r.latency for r in ok]),
+        "latencies_s": [r.latency for r in ok],
+        "ttfts_s": [r.ttft for r in ok],
+    }
+
+
+def table(summary: dict) -> str:
+    s = summary
+    rows = [
+        ("Successful requests", f"{s['completed']}"), ("Failed requests", f"{s['failed']}"),
+        ("Duration (s)", f"{s['duration_s']:.2f}"),
+        ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
+        ("Input throughput (tok/s)", f"{s['input_throughput']:.1f}"),
+        ("Output throughput (tok/s)", f"{s['output_throughput']:.1f}"),
+        ("Cache hit rate", f"{s['cache_hit_rate']:.3f}"),
+    ]
+    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E latency")):
+        d = s[key]
+        rows.append((f"{name} mean / p50 / p99 (ms)", f"{d['mean']:.2f} / {d['p50']:.2f} / {d['p99']:.2f}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def plot(summary: dict, path: str) -> bool:
+    """Latency and TTFT distributions as a PNG; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    axes[0].hist([x * 1e3 for x in summary["ttfts_s"]], bins=30)
+    axes[0].set(title="Time to first token", xlabel="ms", ylabel="requests")
+    axes[1].hist([x for x in summary["latencies_s"]], bins=30)
+    axes[1].set(title="End-to-end latency", xlabel="s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
