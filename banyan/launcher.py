@@ -1,4 +1,4 @@
-"""``banyan serve``: start the scheduler, worker rank 0 and N tokenizer replicas on one host,
+"""``banyan serve``: start the scheduler, the worker ranks and N tokenizer replicas on one host,
 supervise them, and stop them in order (tokenizers drain first) on SIGINT/SIGTERM."""
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ class Launcher:
         signal.signal(signal.SIGINT, self._on_signal)
         self._spawn("scheduler", "services.scheduler",
                     replace(cfg.scheduler, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep))
-        self._spawn("worker", "services.worker", replace(cfg.worker, scheduler_endpoint=wrk_ep))
+        wcfg = replace(cfg.worker, scheduler_endpoint=wrk_ep)
+        for rank in range(wcfg.tp_size):  # one process per tensor-parallel rank; rank 0 talks to the scheduler
+            self._spawn(f"worker-{rank}", "services.worker", replace(wcfg, tp_rank=rank))
         port_files = []
         for i in range(cfg.num_tokenizers):
             pf = os.path.join(run_dir, f"tokenizer-{i}.port")

@@ -67,7 +67,8 @@ class Server:
         if model:
             cmd += ["--model", model]
         self._log = open(log_path, "wb")
-        e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        e = dict(os.environ, PYTHONPATH=path, **(env or {}))
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=e)
         deadline = time.monotonic() + 180
         while not ready.exists():

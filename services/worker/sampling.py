@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from shared.messages.common import SamplingParams
+
+# (logits (S, V) float32, their params, generator) -> (S,) token ids: one fused draw per row
+FusedDraw = Callable[[torch.Tensor, list[SamplingParams], torch.Generator], torch.Tensor]
+TOP_K_ALL = 1 << 30  # FlashInfer's "no top-k"
 
 
 class Sampler:
     """Samples one token per row. Rows draw from their request's generator (seeded requests: their
     tokens do not depend on what else is in the batch) or, given None, from one generator seeded
-    with ``seed``; rows sharing a generator draw together."""
+    with ``seed``; rows sharing a generator draw together.
 
-    def __init__(self, seed: int = 0) -> None:
+    With a ``fused`` draw (FlashInfer's sampling kernels on CUDA), rows without their own generator
+    use it; seeded rows keep the reference path, so their tokens stay exactly reproducible."""
+
+    def __init__(self, seed: int = 0, fused: FusedDraw | None = None) -> None:
         self._seed = seed
+        self._fused = fused
         self._shared: torch.Generator | None = None  # created on the device of the first logits
 
     def sample(
@@ -22,6 +32,13 @@ class Sampler:
         """logits (B, V) float32 -> (B,) int64 token ids."""
         tokens = logits.argmax(dim=-1)  # (B,)
         rows = [i for i, p in enumerate(params) if not p.greedy]
+        if rows and self._fused is not None:
+            shared = [i for i in rows if generators[i] is None]
+            if shared:
+                index = torch.tensor(shared, device=logits.device)
+                draw = self._fused(logits[index], [params[i] for i in shared], self._generator(logits.device))
+                tokens[index] = draw.to(tokens.dtype)
+                rows = [i for i in rows if generators[i] is not None]
         if rows:
             index = torch.tensor(rows, device=logits.device)
             probs, ids = _filtered_probs(logits[index], [params[i] for i in rows])  # (S, V) each
@@ -29,13 +46,17 @@ class Sampler:
             tokens[index] = ids.gather(1, picks[:, None]).squeeze(1)
         return tokens
 
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if self._shared is None:
+            self._shared = torch.Generator(device=device).manual_seed(self._seed)
+        return self._shared
+
     def _draw(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
         """One multinomial draw per row of unnormalized probs (S, V) -> (S,)."""
-        if self._shared is None:
-            self._shared = torch.Generator(device=probs.device).manual_seed(self._seed)
+        shared = self._generator(probs.device)
         groups: dict[int, tuple[torch.Generator, list[int]]] = {}
         for i, g in enumerate(generators):
-            g = g if g is not None else self._shared
+            g = g if g is not None else shared
             groups.setdefault(id(g), (g, []))[1].append(i)
         picks = torch.empty(len(generators), dtype=torch.int64, device=probs.device)
         for g, rows in groups.values():
@@ -64,3 +85,26 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple
     # min-p: drop tokens less likely than min_p times the most likely one
     probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
     return probs, ids
+
+
+def flashinfer_draw() -> FusedDraw:
+    """FlashInfer's sampling kernels (rejection sampling, no sort): temperature softmax, then top-k
+    and top-p (top-k first, as the reference path), or, when a row asks for min-p, renormalized
+    top-k/top-p probabilities and a min-p draw. ImportError without FlashInfer."""
+    import flashinfer.sampling as fs
+
+    def draw(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator) -> torch.Tensor:
+        def column(values: list, dtype: torch.dtype) -> torch.Tensor:  # (S,)
+            return torch.tensor(values, dtype=dtype).to(logits.device, non_blocking=True)
+
+        probs = fs.softmax(logits, temperature=column([p.temperature for p in params], torch.float32))
+        top_k = column([p.top_k if p.top_k > 0 else TOP_K_ALL for p in params], torch.int32)
+        top_p = column([p.top_p for p in params], torch.float32)
+        if any(p.min_p > 0 for p in params):
+            probs = fs.top_p_renorm_probs(fs.top_k_renorm_probs(probs, top_k), top_p)
+            return fs.min_p_sampling_from_probs(probs, column([p.min_p for p in params], torch.float32),
+                                                generator=generator)
+        return fs.top_k_top_p_sampling_from_probs(probs, top_k, top_p, filter_apply_order="top_k_first",
+                                                  generator=generator)
+
+    return draw

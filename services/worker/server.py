@@ -1,4 +1,6 @@
-"""The worker process loop (rank 0): connect to the scheduler, announce the model, execute batches."""
+"""The worker process loop. Rank 0 connects to the scheduler, announces the model and executes
+batches, relaying each message to the other tensor-parallel ranks first; those execute the same
+steps and answer nobody."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import os
 import signal
 import time
 
+import torch.distributed as dist
 import zmq
 
 from shared.config import WorkerConfig
@@ -15,13 +18,31 @@ from shared.messages.common import i32
 from shared.messages.to_scheduler import StepOutput, ToScheduler, WorkerError, WorkerReady
 from shared.messages.to_worker import ForwardBatch, Shutdown, ToWorker, WorkerSetup
 from shared.transport import DealerQueue
-from services.worker.runner import ModelRunner
+from services.worker.runner import ModelRunner, resolve_device
+from services.worker.tp import Relay, init_tp
 
 log = get_logger("worker")
 
 
 def serve(cfg: WorkerConfig, model_dir: str, model_name: str) -> None:
-    runner = ModelRunner(cfg, model_dir)
+    cuda = resolve_device(cfg.device, cfg.tp_rank).type == "cuda"
+    if cfg.tp_rank != 0:  # followers stop when rank 0 relays Shutdown (or are killed)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tp, relay = init_tp(cfg, cuda)
+    try:
+        runner = ModelRunner(cfg, model_dir, tp)
+        if tp.rank == 0:
+            _lead(cfg, runner, relay, model_name)
+        else:
+            assert relay is not None
+            _follow(runner, relay)
+    finally:
+        if tp.size > 1:
+            dist.destroy_process_group()
+
+
+def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_name: str) -> None:
     ctx = zmq.Context()
     q: DealerQueue = DealerQueue(ctx, cfg.scheduler_endpoint, Codec(ToWorker), Codec(ToScheduler))
     stopping = False
@@ -37,11 +58,16 @@ def serve(cfg: WorkerConfig, model_dir: str, model_name: str) -> None:
                        context_length=runner.context_length, pool_size=runner.pool_size,
                        eos_token_ids=list(spec.eos_token_ids), device=str(runner.device),
                        dtype=str(runner.dtype).removeprefix("torch.")))
-    log.info("worker_ready", pid=os.getpid())
+    log.info("worker_ready", pid=os.getpid(), tp_size=runner.tp.size)
+    msg: ToWorker | None = None
     while not stopping:
         msg = q.recv(timeout_ms=200)
         if msg is None:
+            if relay is not None:
+                relay.heartbeat()
             continue
+        if relay is not None:
+            relay.send(msg)
         if isinstance(msg, ForwardBatch):
             t0 = time.perf_counter()
             try:
@@ -56,5 +82,23 @@ def serve(cfg: WorkerConfig, model_dir: str, model_name: str) -> None:
             runner.setup(msg.max_running_requests)
         elif isinstance(msg, Shutdown):
             break
+    if relay is not None and not isinstance(msg, Shutdown):
+        relay.send(Shutdown())
     log.info("worker_stop")
     ctx.destroy(linger=0)
+
+
+def _follow(runner: ModelRunner, relay: Relay) -> None:
+    log.info("worker_follower_ready", pid=os.getpid(), tp_rank=runner.tp.rank)
+    while True:
+        msg = relay.recv()
+        if isinstance(msg, ForwardBatch):
+            try:
+                runner.execute(msg)
+            except Exception:  # the same batch fails on rank 0, which reports it
+                log.exception("batch_failed", step=msg.step)
+        elif isinstance(msg, WorkerSetup):
+            runner.setup(msg.max_running_requests)
+        elif isinstance(msg, Shutdown):
+            break
+    log.info("worker_stop", tp_rank=runner.tp.rank)

@@ -1,4 +1,5 @@
-"""Model building blocks with tensor parallelism built in (rotary embedding: rotary.py).
+"""Model building blocks with tensor parallelism built in (rotary embedding: rotary.py; the kernels
+behind norms and activations: ops.py, bound when a layer is built).
 
 Every parameter carries a ``weight_loader(param, loaded, shard_id=None)`` that copies this rank's
 part of a checkpoint tensor into it; fused parameters (q/k/v, gate/up) also carry ``shard_ids``,
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from services.worker.models.ops import current_ops
 
 ShardId = str | int | None
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, ShardId], None]
@@ -194,18 +197,25 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm; given a ``residual``, first adds it: returns (norm(x + residual), x + residual)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = _param(dim)
+        ops = current_ops()
+        self._norm, self._add_norm = ops.rmsnorm, ops.fused_add_rmsnorm
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., dim), normalized in fp32
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # (..., dim)
+        if residual is None:
+            return self._norm(x, self.weight, self.eps)
+        return self._add_norm(x, residual, self.weight, self.eps)
 
 
 class SiluAndMul(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self._fn = current_ops().silu_and_mul
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T, I)
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return self._fn(x)

@@ -21,7 +21,8 @@ from services.worker.models.layers import (
     TPGroup,
     VocabParallelEmbedding,
 )
-from services.worker.models.rotary import RopeConfig, RotaryEmbedding, apply_rotary
+from services.worker.models.ops import RopeStep
+from services.worker.models.rotary import RopeConfig, RotaryEmbedding
 
 WeightKey = tuple[str, ShardId]  # (parameter name, shard id)
 
@@ -70,12 +71,9 @@ class LlamaAttention(nn.Module):
         self.q_shape, self.kv_shape = (heads, cfg.head_dim), (kv_heads, cfg.head_dim)
         self.qkv_split = [heads * cfg.head_dim, kv_heads * cfg.head_dim, kv_heads * cfg.head_dim]
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
-    ) -> torch.Tensor:  # (T, H) -> (T, H)
+    def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionBackend) -> torch.Tensor:  # (T, H) -> (T, H)
         q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)
-        q = apply_rotary(self.q_norm(q.unflatten(-1, self.q_shape)), cos, sin)  # (T, Hq, D)
-        k = apply_rotary(self.k_norm(k.unflatten(-1, self.kv_shape)), cos, sin)  # (T, Hkv, D)
+        q, k = rope(self.q_norm(q.unflatten(-1, self.q_shape)), self.k_norm(k.unflatten(-1, self.kv_shape)))
         out = attn.forward(q, k, v.unflatten(-1, self.kv_shape), self.layer)  # (T, Hq, D)
         return self.o_proj(out.flatten(1))
 
@@ -101,10 +99,17 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, tp)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
-    ) -> torch.Tensor:  # (T, H) -> (T, H)
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, attn: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's output, residual: the stream before it (None at layer 0), both
+        (T, H) -> this layer's (output, residual); the stream is residual + output."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -116,11 +121,11 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # (T, H)
-        cos, sin = self.rotary_emb(positions, x.dtype)  # (T, D/2) each
+        x, residual = self.embed_tokens(input_ids), None  # (T, H)
+        rope = self.rotary_emb(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, attn)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, attn)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from services.worker.models import CausalLM, model_class, supported_architectures
 from services.worker.models.layers import TPGroup, kv_heads_per_rank
 from services.worker.models.llama import DecoderConfig
+from services.worker.models.ops import TORCH_OPS, Ops, use_ops
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,17 @@ class ModelSpec:
 
 
 def load_model(
-    model_dir: str | Path, dtype: torch.dtype, device: torch.device | str, tp: TPGroup | None = None
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    tp: TPGroup | None = None,
+    ops: Ops = TORCH_OPS,
 ) -> tuple[CausalLM, ModelSpec]:
-    """Build the model for this rank (uninitialized) and fill every parameter from the checkpoint."""
+    """Build the model for this rank (uninitialized) on ``ops``'s kernels and fill every parameter
+    from the checkpoint."""
     model_dir = Path(model_dir)
     cls, config, spec = _resolve(model_dir)
-    with torch.device(device), _default_dtype(dtype):
+    with torch.device(device), _default_dtype(dtype), use_ops(ops):
         model = cls(config, tp or TPGroup())
     loaded = model.load_weights(iter_safetensors(model_dir))
     expected = {(name, s) for name, p in model.named_parameters() for s in getattr(p, "shard_ids", (None,))}

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from services.worker.models.ops import RopeStep, current_ops
+
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -71,22 +73,16 @@ _ROPE_TYPES: dict[str, tuple[Callable[[torch.Tensor, RopeConfig], torch.Tensor],
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin cache over positions [0, max_positions), kept in float32."""
+    """cos/sin over positions [0, max_positions) as one float32 (P, D) table [cos | sin]; each step
+    turns it into a ``RopeStep`` (the rotation of that step's positions, shared by all layers)."""
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * rope.inv_freq(head_dim)[None, :]  # (P, D/2)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.register_buffer("cos_sin", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
+        self._step = current_ops().rope
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(T,) positions -> cos, sin each (T, D/2) in ``dtype``, shared by all layers of a step."""
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE as in transformers' Llama: x (T, H, D), cos/sin (T, D/2) -> (T, H, D)."""
-    x1, x2 = x.chunk(2, dim=-1)  # (T, H, D/2) each
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeStep:
+        """(T,) positions -> a function rotating q (T, Hq, D) and k (T, Hkv, D) of those positions."""
+        return self._step(self.cos_sin, positions, dtype)

@@ -1,0 +1,62 @@
+"""A stand-in scheduler for driving ``ModelRunner`` directly (GPU tests, benchmarks): it keeps the
+rows, KV slots and token counts of its requests and turns each step's work into the
+``ForwardBatch`` the real scheduler would send."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shared.messages.common import SamplingParams, i32
+from shared.messages.to_worker import ForwardBatch, NewReq
+
+
+@dataclass
+class _Req:
+    row: int
+    slots: list[int] = field(default_factory=list)  # KV slot of each position so far
+
+
+class Driver:
+    def __init__(self, runner, max_rows: int = 256) -> None:
+        runner.setup(max_rows)
+        self.runner = runner
+        self.free_rows = list(range(max_rows - 1, -1, -1))
+        self.free_slots = list(range(runner.pool_size, 0, -1))  # slot 0 is padding
+        self.reqs: dict[str, _Req] = {}
+        self._released: list[int] = []
+        self._step = 0
+
+    def batch(self, work: list[tuple[str, list[int], bool]],
+              params: SamplingParams = SamplingParams(temperature=0.0)) -> ForwardBatch:
+        """work: (request id, new token ids, sample after them) per request, in batch order; ids
+        not seen before are admitted with ``params``."""
+        new, rows, prefix, extend, sample, ids, slots = [], [], [], [], [], [], []
+        for rid, tokens, do_sample in work:
+            if rid not in self.reqs:
+                self.reqs[rid] = _Req(self.free_rows.pop())
+                new.append(NewReq(rid=rid, row=self.reqs[rid].row, params=params))
+            r = self.reqs[rid]
+            rows.append(r.row)
+            prefix.append(len(r.slots))
+            extend.append(len(tokens))
+            sample.append(int(do_sample))
+            ids += tokens
+            fresh = [self.free_slots.pop() for _ in tokens]
+            r.slots += fresh
+            slots += fresh
+        self._step += 1
+        released, self._released = self._released, []
+        return ForwardBatch(step=self._step, new_reqs=new, released_rows=released, rows=i32(rows),
+                            prefix_lens=i32(prefix), extend_lens=i32(extend), sample=i32(sample),
+                            input_ids=i32(ids), out_slots=i32(slots))
+
+    def run(self, work: list[tuple[str, list[int], bool]], **kw) -> np.ndarray:
+        return self.runner.execute(self.batch(work, **kw))
+
+    def release(self, rid: str) -> None:
+        r = self.reqs.pop(rid)
+        self.free_slots += r.slots
+        self.free_rows.append(r.row)
+        self._released.append(r.row)

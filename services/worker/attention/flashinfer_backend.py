@@ -1,0 +1,147 @@
+"""FlashInfer attention over the same paged KV pool as the torch backend.
+
+Page size 1: each layer's (num_slots, Hkv, D) K and V tensors are read as an NHD paged cache of
+num_slots one-token pages, and a request's page list is its ``req_to_token`` row. Each step gets
+one of three plans:
+
+- every request decodes one token → ``BatchDecodeWithPagedKVCacheWrapper`` (tensor cores when the
+  GQA group is >= 4); under CUDA graphs, one wrapper per captured batch size on fixed buffers;
+- no request has KV before this step (fresh prompts only) → ``BatchPrefillWithRaggedKVCacheWrapper``
+  over the new tokens' own K/V, nothing gathered from the pool;
+- otherwise (a cached prefix, or decodes mixed with prefill chunks) → one causal
+  ``BatchPrefillWithPagedKVCacheWrapper`` plan over prefix + new tokens.
+
+Page indices are gathered on the device from the table rows (``kv_indices``); the indptr arrays
+are built on the host from the lengths the batch already carries there, which is where
+FlashInfer's planner reads them (so planning never waits for the device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from services.worker.attention.base import AttentionBackend, AttentionBatch
+from services.worker.kv_pool import KVPool
+
+WORKSPACE_BYTES = 256 << 20  # FlashInfer's float workspace (split-KV partial results), shared by all plans
+
+Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def kv_indices(
+    req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, total: int
+) -> torch.Tensor:
+    """Slots of positions 0..seq_lens[i]-1 of each row ``rows[i]``, concatenated: (total,) int32.
+
+    rows, seq_lens (B,) int64 on the table's device; ``total`` (their sum) is known on the host, so
+    nothing here waits for the device.
+    """
+    device = req_to_token.device
+    starts = torch.cumsum(seq_lens, 0) - seq_lens  # (B,)
+    req = torch.repeat_interleave(torch.arange(rows.numel(), device=device), seq_lens, output_size=total)
+    flat = rows[req] * req_to_token.stride(0) + torch.arange(total, device=device) - starts[req]  # (total,)
+    return req_to_token.view(-1)[flat]
+
+
+def _indptr(lengths: np.ndarray) -> torch.Tensor:  # (B,) -> (B + 1,) int32 on the host
+    out = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=out[1:])
+    return torch.from_numpy(out)
+
+
+class FlashInferAttention(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(
+        self,
+        pool: KVPool,
+        num_q_heads: int,
+        *,
+        prefill_backend: str = "auto",  # FlashInfer's choice: FA3 on Hopper, else FA2
+        decode_tensor_cores: bool | None = None,  # None: when the GQA group is >= 4
+    ) -> None:
+        import flashinfer
+
+        self._fi = flashinfer
+        self.pool = pool
+        _, self.num_kv_heads, self.head_dim = pool.k[0].shape
+        self.num_q_heads = num_q_heads
+        group = num_q_heads // self.num_kv_heads
+        self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.tensor_cores
+        )
+        self.paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
+        self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
+        self._graph_decode: dict[int, object] = {}  # batch size -> wrapper on fixed buffers
+        self._ones = torch.ones(256, dtype=torch.int32)  # host: last_page_len (every page holds 1 token)
+        self._heads = (num_q_heads, self.num_kv_heads, self.head_dim)
+        self._dtypes = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype)
+        self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
+        self._run: Run = self._run_paged
+
+    # --- per step ------------------------------------------------------------------------------
+    def prepare(self, batch: AttentionBatch) -> None:
+        self._out_slots = batch.out_slots
+        prefix = np.asarray(batch.prefix_lens_cpu, dtype=np.int64)
+        extend = np.asarray(batch.extend_lens_cpu, dtype=np.int64)
+        if batch.is_decode:
+            self._plan_decode(batch, self.decode)
+        elif not prefix.any():
+            qo_indptr = _indptr(extend)
+            self.ragged.plan(qo_indptr, qo_indptr, *self._heads, causal=True, **self._dtypes)
+            self._run = self._run_ragged
+        else:
+            seq_lens = prefix + extend
+            indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + batch.extend_lens,
+                                 int(seq_lens.sum()))
+            self.paged.plan(_indptr(extend), _indptr(seq_lens), indices, self._last_page_len(batch.num_reqs),
+                            *self._heads, 1, causal=True, **self._dtypes)
+            self._run = self._run_paged
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]  # (S, Hkv, D)
+        k_cache.index_copy_(0, self._out_slots, k)
+        v_cache.index_copy_(0, self._out_slots, v)
+        return self._run(q.contiguous(), k, v, k_cache, v_cache)  # (T, Hq, D)
+
+    # --- CUDA graphs ---------------------------------------------------------------------------
+    def init_graph(self, batch_sizes: list[int], max_context: int) -> None:
+        max_bs, dev = max(batch_sizes), self.pool.device
+        self._g_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+        self._g_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
+        self._g_indices = torch.zeros(max_bs * max_context, dtype=torch.int32, device=dev)
+        for bs in batch_sizes:
+            self._graph_decode[bs] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
+                paged_kv_indptr_buffer=self._g_indptr[: bs + 1], paged_kv_indices_buffer=self._g_indices,
+                paged_kv_last_page_len_buffer=self._g_last_page_len[:bs],
+            )
+
+    def prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
+        assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
+        self._out_slots = batch.out_slots
+        self._plan_decode(batch, self._graph_decode[bs])
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _plan_decode(self, batch: AttentionBatch, wrapper) -> None:
+        seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
+        indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, int(seq_lens.sum()))
+        wrapper.plan(_indptr(seq_lens), indices, self._last_page_len(batch.num_reqs), *self._heads, 1,
+                     **self._dtypes)
+        self._run = lambda q, k, v, k_cache, v_cache: wrapper.run(q, (k_cache, v_cache))
+
+    def _last_page_len(self, n: int) -> torch.Tensor:
+        if n > self._ones.numel():
+            self._ones = torch.ones(2 * n, dtype=torch.int32)
+        return self._ones[:n]
+
+    def _run_paged(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
+        return self.paged.run(q, (k_cache, v_cache))
+
+    def _run_ragged(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
+        return self.ragged.run(q, k.contiguous(), v.contiguous())

@@ -1,0 +1,243 @@
+"""GPU checks (skipped without CUDA + FlashInfer): FlashInfer attention and fused kernels against the
+torch reference, CUDA-graph replay against eager steps, and the worker's bf16 logits against HF
+transformers in fp32 on the same weights (``BANYAN_GPU_MODEL``: the Llama-3.1-8B-shaped model that
+benchmarks/gpu/run_h200.sh builds; without it, a 2-layer model of that shape built here).
+``BANYAN_GPU_REPORT``: write the measured errors there as JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.driver import Driver
+from benchmarks.gpu.make_model import build
+from services.worker.attention.base import AttentionBatch
+from services.worker.attention.torch_backend import TorchAttention
+from services.worker.kv_pool import KVPool
+from services.worker.models.ops import TORCH_OPS
+from services.worker.runner import ModelRunner
+from shared.config import WorkerConfig
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="needs FlashInfer"),
+]
+REPORT: dict[str, object] = {}
+SMALL = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=2,
+             head_dim=128, vocab_size=32000, num_hidden_layers=4)  # GQA 4: tensor-core decode
+SMALL_MHA = dict(hidden_size=512, intermediate_size=1408, num_attention_heads=8, num_key_value_heads=8,
+                 head_dim=64, vocab_size=32000, num_hidden_layers=2)  # CUDA-core decode, head_dim 64
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    if path := os.environ.get("BANYAN_GPU_REPORT"):
+        Path(path).write_text(json.dumps(REPORT, indent=1))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gpu-models")
+    return {"small": build(root / "small", **SMALL), "small_mha": build(root / "mha", **SMALL_MHA)}
+
+
+def runner(model: Path, **cfg) -> ModelRunner:
+    cfg = {"max_total_tokens": 16384, "cuda_graph_max_bs": 16, "device": "cuda", "context_length": 4096, **cfg}
+    return ModelRunner(WorkerConfig(model=str(model), **cfg), str(model))
+
+
+def tokens(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# --- kernels -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefill_backend", ["auto", "fa2"])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64)])
+def test_flashinfer_attention_matches_torch(heads, prefill_backend) -> None:
+    from services.worker.attention.flashinfer_backend import FlashInferAttention
+
+    hq, hkv, d = heads
+    torch.manual_seed(0)
+    pool = KVPool(1, 20000, hkv, d, torch.bfloat16, "cuda")
+    pool.k[0].normal_(), pool.v[0].normal_()
+    fi, ref = FlashInferAttention(pool, hq, prefill_backend=prefill_backend), TorchAttention(pool)
+    table = torch.zeros(9, 2048, dtype=torch.int32, device="cuda")  # 8 rows of distinct slots + padding row
+    table[:8] = (torch.randperm(19999, device="cuda")[: 8 * 2048] + 1).view(8, 2048).int()
+    cases = {  # (prefix, extend) per request
+        "decode": [(37, 1), (500, 1), (1, 1), (1000, 1)],
+        "fresh_prefill": [(0, 300), (0, 17), (0, 1)],
+        "prefix_extend": [(128, 200), (7, 9)],
+        "mixed": [(300, 1), (0, 77), (64, 64), (999, 1)],
+    }
+    for name, reqs in cases.items():
+        rows = torch.arange(len(reqs), device="cuda")
+        positions = torch.cat([torch.arange(p, p + e) for p, e in reqs]).cuda()
+        out_slots = table[rows.repeat_interleave(torch.tensor([e for _, e in reqs], device="cuda")), positions].long()
+        batch = AttentionBatch(req_to_token=table, rows=rows, prefix_lens=torch.tensor([p for p, _ in reqs]).cuda(),
+                               extend_lens=torch.tensor([e for _, e in reqs]).cuda(), out_slots=out_slots,
+                               positions=positions, prefix_lens_cpu=[p for p, _ in reqs],
+                               extend_lens_cpu=[e for _, e in reqs])
+        t = positions.numel()
+        q = torch.randn(t, hq, d, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.randn(t, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        ref.prepare(batch)
+        want = ref.forward(q, k, v, 0)
+        fi.prepare(batch)
+        err = rel_err(fi.forward(q, k, v, 0), want)
+        REPORT[f"attention_{name}_{hq}x{hkv}x{d}_{prefill_backend}"] = err
+        assert err < 1e-2, name
+
+
+def test_fused_ops_match_torch() -> None:
+    from services.worker.models.ops import flashinfer_ops
+
+    fi, g = flashinfer_ops(), torch.Generator(device="cuda").manual_seed(0)
+    x, r = (torch.randn(64, 4096, generator=g, device="cuda").bfloat16() for _ in range(2))
+    w = (1 + 0.1 * torch.randn(4096, generator=g, device="cuda")).bfloat16()
+    assert rel_err(fi.rmsnorm(x, w, 1e-5), TORCH_OPS.rmsnorm(x, w, 1e-5)) < 1e-2
+    want = TORCH_OPS.fused_add_rmsnorm(x, r, w, 1e-5)
+    got = fi.fused_add_rmsnorm(x.clone(), r.clone(), w, 1e-5)
+    assert rel_err(got[0], want[0]) < 1e-2 and rel_err(got[1], want[1]) < 1e-2
+    y = torch.randn(64, 2 * 1024, generator=g, device="cuda").bfloat16()
+    assert rel_err(fi.silu_and_mul(y), TORCH_OPS.silu_and_mul(y)) < 1e-2
+    freqs = torch.arange(4096.0, device="cuda")[:, None] * (1e-4 ** torch.linspace(0, 1, 64, device="cuda"))[None]
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), -1)
+    qkv = torch.randn(64, 48 * 128, generator=g, device="cuda").bfloat16()
+    q, k, _ = qkv.split([32 * 128, 8 * 128, 8 * 128], -1)
+    pos = torch.randint(0, 4096, (64,), device="cuda")
+    wq, wk = TORCH_OPS.rope(cos_sin, pos, torch.bfloat16)(q.unflatten(-1, (32, 128)), k.unflatten(-1, (8, 128)))
+    gq, gk = fi.rope(cos_sin, pos, torch.bfloat16)(q.unflatten(-1, (32, 128)), k.unflatten(-1, (8, 128)))
+    assert rel_err(gq, wq) < 1e-2 and rel_err(gk, wk) < 1e-2
+
+
+def test_fused_sampling_respects_filters() -> None:
+    from services.worker.sampling import Sampler, flashinfer_draw
+    from shared.messages.common import SamplingParams
+
+    sampler = Sampler(fused=flashinfer_draw())
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05], device="cuda").log().expand(2000, -1).contiguous()
+
+    def support(p: SamplingParams) -> set[int]:
+        return set(sampler.sample(logits, [p] * 2000, [None] * 2000).tolist())
+
+    assert support(SamplingParams(min_p=0.5)) == {0, 1}
+    assert support(SamplingParams(top_k=3)) == {0, 1, 2}
+    assert support(SamplingParams(top_p=0.7)) == {0, 1}
+    assert support(SamplingParams()) == {0, 1, 2, 3}
+
+
+# --- the worker --------------------------------------------------------------------------------
+
+
+def _schedule(driver: Driver, vocab: int, all_logits: bool = True) -> list[torch.Tensor]:
+    """Chunked prefill next to decodes, then 8 batched decode steps of 5 requests; logits per step."""
+    seqs = [tokens(n + 9, vocab, seed) for seed, n in enumerate([300, 45, 9, 1, 130])]  # prompt + 9 decodes
+    out, lens = [], [0] * 5
+
+    def step(work):
+        batch = driver.batch([(f"r{i}", seqs[i][lens[i]: lens[i] + n], True) for i, n in work])
+        for i, n in work:
+            lens[i] += n
+        out.append(driver.runner.forward(batch, all_logits=all_logits).float())
+
+    step([(0, 200), (1, 45), (2, 9)])  # fresh prompts: ragged
+    step([(0, 100), (1, 1), (2, 1), (3, 1), (4, 130)])  # prefix + decodes + fresh: paged
+    for _ in range(8):
+        step([(i, 1) for i in range(5)])  # decode: graph of 8 rows when enabled
+    return out
+
+
+@pytest.mark.parametrize("name", ["small", "small_mha"])
+def test_flashinfer_worker_matches_torch_worker(models, name) -> None:
+    vocab = 32000
+    got = _schedule(Driver(runner(models[name], attention_backend="flashinfer")), vocab)
+    want = _schedule(Driver(runner(models[name], attention_backend="torch")), vocab)
+    errs = [rel_err(g, w) for g, w in zip(got, want, strict=True)]
+    REPORT[f"worker_flashinfer_vs_torch_{name}"] = max(errs)
+    assert max(errs) < 2e-2
+
+
+def test_cuda_graph_replay_matches_eager(models) -> None:
+    vocab, errs = 32000, []
+    for n in (1, 3, 13):  # graphs of 1, 4 (3 rows + 1 padding) and 16 (13 + 3)
+        outs = []
+        for disable in (False, True):
+            r = runner(models["small"], attention_backend="flashinfer", disable_cuda_graph=disable)
+            driver, seqs = Driver(r), [tokens(50 + 7 * i, vocab, i) for i in range(n)]
+            driver.run([(f"r{i}", s, False) for i, s in enumerate(seqs)])
+            outs.append(torch.cat([r.forward(driver.batch([(f"r{i}", [t], True) for i, t in enumerate(
+                tokens(n, vocab, 1000 + s))])) for s in range(6)]))
+            assert (r.graphs is None) == disable
+            del r
+        errs.append(rel_err(outs[0], outs[1]))
+        assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
+    REPORT["cuda_graph_vs_eager"] = max(errs)
+    assert max(errs) < 5e-3
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory) -> Path:
+    if path := os.environ.get("BANYAN_GPU_MODEL"):
+        return Path(path)
+    return build(tmp_path_factory.mktemp("llama8b-2l") / "m", num_hidden_layers=2)
+
+
+def test_logits_match_hf_fp32(big_model) -> None:
+    """bf16 worker (FlashInfer, CUDA graphs) vs transformers fp32: prefill positions and
+    teacher-forced decode steps."""
+    import transformers
+
+    r = runner(big_model, attention_backend="flashinfer", context_length=8192, max_total_tokens=32768)
+    driver, vocab = Driver(r), r.spec.vocab_size
+    prompts = [tokens(n, vocab, 10 + i) for i, n in enumerate([1000, 517, 128, 37])]
+    follow = [tokens(24, vocab, 20 + i) for i in range(4)]  # fed back one by one (teacher forcing)
+    prefill: list[list[torch.Tensor]] = [[] for _ in prompts]
+    work = [("r0", prompts[0][:600])] + [(f"r{i}", prompts[i]) for i in (1, 2, 3)]  # ragged
+    for (rid, ids), part in zip(work, r.forward(driver.batch([(a, b, True) for a, b in work]), all_logits=True)
+                                .split([len(b) for _, b in work]), strict=True):
+        prefill[int(rid[1])].append(part)
+    work = [("r0", prompts[0][600:])] + [(f"r{i}", follow[i][:1]) for i in (1, 2, 3)]  # paged, mixed
+    parts = r.forward(driver.batch([(a, b, True) for a, b in work]), all_logits=True).split([400, 1, 1, 1])
+    prefill[0].append(parts[0])
+    decode = [[p] for p in parts[1:]]
+    decode.insert(0, [r.forward(driver.batch([("r0", follow[0][:1], True)]))])
+    for t in range(1, 24):  # graph replays (bs 4)
+        step = r.forward(driver.batch([(f"r{i}", follow[i][t: t + 1], True) for i in range(4)]))
+        for i in range(4):
+            decode[i].append(step[i: i + 1])
+    del r, driver
+    torch.cuda.empty_cache()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    hf = transformers.AutoModelForCausalLM.from_pretrained(big_model, dtype=torch.float32, device_map="cuda").eval()
+    prefill_errs, decode_errs, agree, counted = [], [], 0, 0
+    with torch.inference_mode():
+        for i, (p, f) in enumerate(zip(prompts, follow, strict=True)):
+            ref = hf(torch.tensor([p + f], device="cuda")).logits[0].float()  # (L, V)
+            ours = torch.cat(prefill[i] + decode[i])  # (L, V): the logits after each token of p + f
+            prefill_errs.append(rel_err(ours[: len(p)], ref[: len(p)]))
+            decode_errs += [rel_err(ours[j], ref[j]) for j in range(len(p), ours.shape[0])]
+            top2 = ref.topk(2, dim=-1).values
+            clear = (top2[:, 0] - top2[:, 1]) >= 0.1
+            agree += (ours.argmax(-1) == ref.argmax(-1))[clear].sum().item()
+            counted += clear.sum().item()
+    REPORT["hf_fp32"] = {"model": str(big_model), "prefill_rel_err_max": max(prefill_errs),
+                         "prefill_rel_err": prefill_errs, "decode_rel_err_max": max(decode_errs),
+                         "decode_rel_err_mean": sum(decode_errs) / len(decode_errs),
+                         "top1_agreement": agree / counted, "positions_margin_ge_0.1": counted}
+    print(REPORT["hf_fp32"])
+    assert max(prefill_errs) <= 1e-2 and max(decode_errs) <= 1e-2
+    assert agree / counted >= 0.99

@@ -1,0 +1,102 @@
+"""The model runner on the CPU, driven by ForwardBatch messages as the scheduler sends them; the
+device-independent pieces of the GPU path (page-index gather, graph sizes, fused-draw routing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_models import KVTable, hf_logits, random_seqs, save_tiny_model, tiny_config
+
+from benchmarks.driver import Driver
+from services.worker.attention import resolve_backend
+from services.worker.attention.flashinfer_backend import kv_indices
+from services.worker.cuda_graph import graph_batch_sizes
+from services.worker.runner import ModelRunner
+from services.worker.sampling import Sampler
+from shared.config import ConfigError, WorkerConfig
+from shared.messages.common import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    path = tmp_path_factory.mktemp("llama")
+    return path, save_tiny_model(tiny_config("llama"), path)
+
+
+def test_runner_logits_match_hf_through_forward_batches(tiny_llama) -> None:
+    path, hf = tiny_llama
+    runner = ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512), str(path))
+    assert runner.backend == "torch" and runner.graphs is None
+    driver = Driver(runner, max_rows=4)
+    seqs = random_seqs([11, 7, 5])
+    got: list[list[torch.Tensor]] = [[], [], []]
+    # step 1: a prompt chunk of 0 and all of 1; step 2: the rest of 0, 1 decodes, 2 arrives whole
+    for work in ([("a", seqs[0][:6], False), ("b", seqs[1][:6], True)],
+                 [("a", seqs[0][6:10], True), ("b", seqs[1][6:], True), ("c", seqs[2], True)],
+                 [("a", seqs[0][10:], True)]):
+        logits = runner.forward(driver.batch(work), all_logits=True)
+        for part, (rid, _, _) in zip(logits.split([len(t) for _, t, _ in work]), work, strict=True):
+            got["abc".index(rid)].append(part)
+    for seq, parts in zip(seqs, got, strict=True):
+        torch.testing.assert_close(torch.cat(parts), hf_logits(hf, seq), rtol=1e-4, atol=1e-4)
+
+
+def test_execute_samples_only_flagged_requests(tiny_llama) -> None:
+    path, hf = tiny_llama
+    runner = ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512), str(path))
+    driver = Driver(runner, max_rows=4)
+    seqs = random_seqs([9, 4])
+    out = driver.run([("a", seqs[0], True), ("b", seqs[1][:2], False)])
+    assert out[1] == -1 and out[0] == hf_logits(hf, seqs[0])[-1].argmax().item()
+    driver.release("a")
+    out = driver.run([("b", seqs[1][2:], True)])
+    assert out[0] == hf_logits(hf, seqs[1])[-1].argmax().item()
+    assert "a" not in driver.reqs and runner.params.keys() == {driver.reqs["b"].row}
+
+
+def test_kv_indices_gathers_each_rows_prefix() -> None:
+    table = KVTable(num_slots=100, num_rows=5, max_context=16)
+    table.batch([(0, 5), (2, 9), (3, 1), (4, 16)])
+    rows, lens = torch.tensor([2, 0, 4, 3, 2]), torch.tensor([9, 5, 16, 1, 3])
+    got = kv_indices(table.req_to_token, rows, lens, int(lens.sum()))
+    want = torch.cat([table.req_to_token[r, :n] for r, n in zip(rows.tolist(), lens.tolist(), strict=True)])
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+
+
+def test_graph_batch_sizes() -> None:
+    assert graph_batch_sizes(160) == [1, 2, 4] + list(range(8, 161, 8))
+    assert graph_batch_sizes(12) == [1, 2, 4, 8, 12]
+    assert graph_batch_sizes(1) == [1]
+
+
+def test_fused_draw_takes_unseeded_rows_only() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    calls = []
+
+    def fused(rows: torch.Tensor, params: list[SamplingParams], gen: torch.Generator) -> torch.Tensor:
+        calls.append(len(params))
+        return torch.full((rows.shape[0],), 49, dtype=torch.int32)
+
+    seeded = SamplingParams(temperature=1.0, seed=5)
+    params = [SamplingParams(temperature=0.0), SamplingParams(), seeded, SamplingParams(top_k=3)]
+    gens = [None, None, torch.Generator().manual_seed(5), None]
+    tokens = Sampler(fused=fused).sample(logits, params, gens)
+    reference = Sampler().sample(logits[2:3], [seeded], [torch.Generator().manual_seed(5)])
+    assert calls == [2] and tokens[1] == tokens[3] == 49
+    assert tokens[0] == logits[0].argmax() and tokens[2] == reference[0]
+
+
+def test_backend_choice_and_worker_flags() -> None:
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        resolve_backend("flashinfer", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="attention backend"):
+        WorkerConfig(attention_backend="triton")
+    with pytest.raises(ConfigError, match="dist_init_addr"):
+        WorkerConfig(tp_size=2, tp_rank=1)
+    with pytest.raises(ConfigError, match="tp_rank"):
+        WorkerConfig(tp_size=2, tp_rank=2, dist_init_addr="127.0.0.1:1")
+    with pytest.raises(ConfigError, match="mem_fraction_static"):
+        WorkerConfig(mem_fraction_static=1.5)
