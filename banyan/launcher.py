@@ -35,6 +35,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _secrets_to_env(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Move ``--api-key`` from a child's argv (visible to every local user in ``ps``) into its
+    environment (``BANYAN_API_KEY``)."""
+    env = dict(os.environ)
+    if "--api-key" in argv:
+        i = argv.index("--api-key")
+        env["BANYAN_API_KEY"] = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    return argv, env
+
+
 class Launcher:
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
@@ -42,7 +53,8 @@ class Launcher:
         self.stopping = False
 
     def _spawn(self, name: str, module: str, cfg) -> None:
-        p = subprocess.Popen([sys.executable, "-m", module, *to_argv(cfg)], start_new_session=True)
+        argv, env = _secrets_to_env(to_argv(cfg))
+        p = subprocess.Popen([sys.executable, "-m", module, *argv], start_new_session=True, env=env)
         self.procs.append((name, p))
         log.info("started", process=name, pid=p.pid)
 
@@ -52,6 +64,7 @@ class Launcher:
         run_dir = tempfile.mkdtemp(prefix="banyan-")
         tok_ep, wrk_ep = f"ipc://{run_dir}/scheduler.ipc", f"ipc://{run_dir}/worker.ipc"
         port = cfg.tokenizer.grpc_port or free_port()
+        http_port = cfg.tokenizer.http_port or free_port()  # -1 (no HTTP) stays
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._spawn("scheduler", "services.scheduler",
@@ -63,7 +76,7 @@ class Launcher:
         for i in range(cfg.num_tokenizers):
             pf = os.path.join(run_dir, f"tokenizer-{i}.port")
             port_files.append(pf)
-            tcfg = replace(cfg.tokenizer, scheduler_endpoint=tok_ep, grpc_port=port,
+            tcfg = replace(cfg.tokenizer, scheduler_endpoint=tok_ep, grpc_port=port, http_port=http_port,
                            port_file=pf, replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
             self._spawn(f"tokenizer-{i}", "services.tokenizer", tcfg)
         deadline = time.monotonic() + cfg.startup_timeout
@@ -76,11 +89,13 @@ class Launcher:
                 return 1
             if not ready and all(os.path.exists(pf) for pf in port_files):
                 ready = True
-                log.info("serving", grpc_port=port, tokenizers=cfg.num_tokenizers)
-                print(f"Banyan is serving on port {port}", file=sys.stderr, flush=True)
-                if cfg.ready_file:
-                    with open(cfg.ready_file, "w") as f:
-                        f.write(str(port))
+                log.info("serving", grpc_port=port, http_port=http_port, tokenizers=cfg.num_tokenizers)
+                http = f", OpenAI-compatible HTTP on port {http_port}" if http_port > 0 else ""
+                print(f"Banyan is serving gRPC on port {port}{http}", file=sys.stderr, flush=True)
+                if cfg.ready_file:  # line 1: gRPC port, line 2: HTTP port (-1: none); never seen half-written
+                    with open(cfg.ready_file + ".tmp", "w") as f:
+                        f.write(f"{port}\n{http_port}\n")
+                    os.replace(cfg.ready_file + ".tmp", cfg.ready_file)
             if not ready and time.monotonic() > deadline:
                 log.error("startup_timeout", seconds=cfg.startup_timeout)
                 self.shutdown()

@@ -40,12 +40,19 @@ class TokenizerConfig(CommonConfig):
     grpc_port: int = field(default=50051, metadata={"help": "gRPC listen port (0 = pick a free port)"})
     scheduler_endpoint: str = field(default="tcp://127.0.0.1:5557", metadata={"help": "scheduler ZMQ endpoint"})
     replica_id: str = field(default="", metadata={"help": "replica identity (empty: host-pid)"})
-    port_file: str = field(default="", metadata={"help": "write the bound gRPC port to this file"})
+    port_file: str = field(default="", metadata={
+        "help": "once serving, write the bound gRPC port to this file (the HTTP port, or -1, on line 2)"})
     grace_seconds: float = field(default=5.0, metadata={"help": "shutdown grace for in-flight RPCs"})
+    http_port: int = field(default=8000, metadata={
+        "help": "OpenAI-compatible HTTP listen port (0 = pick a free port, -1 = no HTTP)"})
+    api_key: str = field(default="", repr=False, metadata={
+        "help": "require 'Authorization: Bearer KEY' on HTTP and gRPC (health stays open; empty: no key)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(0 <= self.grpc_port < 65536, f"grpc_port out of range: {self.grpc_port}")
+        _check(-1 <= self.http_port < 65536, f"http_port out of range: {self.http_port}")
+        _check(self.api_key == self.api_key.strip(), "api_key must not start or end with whitespace")
 
     @property
     def identity(self) -> str:

@@ -55,15 +55,18 @@ def free_port() -> int:
 
 
 class Server:
-    """``banyan serve`` in a subprocess, its stderr (JSON log lines) captured to a file."""
+    """``banyan serve`` in a subprocess, its stderr (JSON log lines) captured to a file. gRPC on
+    ``target``; the OpenAI-compatible HTTP API on ``http_url`` (``http_port`` -1 when disabled by
+    passing ``--http-port -1``)."""
 
     def __init__(self, model: str | None, log_path: Path, *args: str, env: dict | None = None) -> None:
         self.port = free_port()
         self.log_path = log_path
         ready = log_path.with_suffix(".ready")
         ready.unlink(missing_ok=True)
+        http = [] if "--http-port" in args else ["--http-port", "0"]  # 0: the launcher picks a free port
         cmd = [sys.executable, "-m", "banyan.cli", "serve", "--grpc-port", str(self.port), "--host", "127.0.0.1",
-               "--ready-file", str(ready), *args]
+               "--ready-file", str(ready), *http, *args]
         if model:
             cmd += ["--model", model]
         self._log = open(log_path, "wb")
@@ -77,6 +80,9 @@ class Server:
                 raise RuntimeError(f"server failed to start:\n{self.log_text()[-4000:]}")
             time.sleep(0.1)
         self.target = f"127.0.0.1:{self.port}"
+        lines = ready.read_text().split()
+        self.http_port = int(lines[1]) if len(lines) > 1 else -1
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
 
     def channel(self, own_connection: bool = False) -> grpc.Channel:
         """A channel; ``own_connection`` opens a new TCP connection instead of sharing the

@@ -9,7 +9,8 @@ from shared.logging import setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="banyan tokenizer", description="Banyan tokenizer service (gRPC API)")
+    ap = argparse.ArgumentParser(prog="banyan tokenizer",
+                                 description="Banyan tokenizer service (gRPC and OpenAI-compatible HTTP APIs)")
     add_arguments(ap, TokenizerConfig)
     cfg = from_namespace(TokenizerConfig, ap.parse_args(argv))
     setup_logging("tokenizer", cfg.log_level)

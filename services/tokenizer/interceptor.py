@@ -1,4 +1,5 @@
-"""One server interceptor maps Banyan's errors to gRPC status codes for every RPC."""
+"""Server interceptors: the API key check (UNAUTHENTICATED) and the mapping of Banyan's errors
+to gRPC status codes, for every RPC."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import grpc
 
 from shared.errors import BanyanError
 from shared.logging import get_logger
+from services.tokenizer.auth import ApiKey
 
 log = get_logger("tokenizer")
+OPEN_SERVICES = ("/grpc.health.v1.Health/",)  # callable without the API key
 
 
 async def _abort(context: grpc.aio.ServicerContext, e: Exception, method: str) -> None:
@@ -49,3 +52,45 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
             return handler._replace(unary_stream=stream)
         return handler
+
+
+def _metadata(details: grpc.HandlerCallDetails, key: str) -> str | None:
+    for k, v in details.invocation_metadata or ():
+        if k == key:
+            return v if isinstance(v, str) else v.decode("latin-1")
+    return None
+
+
+def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """The same method (same (de)serializers), answering UNAUTHENTICATED."""
+    message = "missing or invalid API key: send metadata 'authorization: Bearer <key>'"
+
+    async def unary(_request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def stream(_request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    if handler.unary_unary is not None:
+        return handler._replace(unary_unary=unary)
+    if handler.stream_unary is not None:
+        return handler._replace(stream_unary=unary)
+    if handler.unary_stream is not None:
+        return handler._replace(unary_stream=stream)
+    return handler._replace(stream_stream=stream)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Every RPC but health needs ``authorization: Bearer <key>`` when a key is configured."""
+
+    def __init__(self, api_key: ApiKey) -> None:
+        self.api_key = api_key
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_SERVICES):
+            return handler
+        if self.api_key.allows(_metadata(details, "authorization")):
+            return handler
+        return _deny(handler)

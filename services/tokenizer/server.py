@@ -1,4 +1,5 @@
-"""Tokenizer replica: gRPC server (health, reflection) + link to the scheduler, graceful stop."""
+"""Tokenizer replica: gRPC server (health, reflection) and the OpenAI-compatible HTTP server in one
+event loop, the link to the scheduler, graceful stop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from shared.logging import get_logger
 from shared.model_path import resolve_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
-from services.tokenizer.interceptor import ErrorInterceptor
+from services.tokenizer.auth import ApiKey
+from services.tokenizer.http.app import create_app
+from services.tokenizer.http.server import HttpServer
+from services.tokenizer.interceptor import AuthInterceptor, ErrorInterceptor
+from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.servicer import GenerationServicer
 from services.tokenizer.text import TextProcessor
@@ -29,7 +34,9 @@ async def run(cfg: TokenizerConfig) -> None:
     model_dir, _ = resolve_model(cfg.model)
     text = TextProcessor(model_dir)
     client = SchedulerClient(cfg.scheduler_endpoint, cfg.identity)
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()],
+    api_key = ApiKey(cfg.api_key)
+    interceptors = [AuthInterceptor(api_key)] if api_key.required else []
+    server = grpc.aio.server(interceptors=[*interceptors, ErrorInterceptor()],
                              options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                                       ("grpc.max_send_message_length", MAX_MESSAGE)])
     pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(text, client), server)
@@ -39,14 +46,31 @@ async def run(cfg: TokenizerConfig) -> None:
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+    http = None
+    if cfg.http_port >= 0:
+        app = create_app(text, client, api_key, TokenizerMetrics())
+        http = HttpServer(app, cfg.host, cfg.http_port, cfg.grace_seconds, app.state.frontend.abort_all)
+    http_port = http.port if http else -1
     await server.start()
     await client.start()
-    log.info("tokenizer_listening", grpc_port=port, replica=cfg.identity)
+    log.info("tokenizer_listening", grpc_port=port, http_port=http_port, replica=cfg.identity,
+             api_key=api_key.required)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    failed = False
+
+    def http_ended(task: asyncio.Task) -> None:
+        nonlocal failed
+        if not stop.is_set():  # uvicorn ended on its own: fail the replica rather than serve gRPC only
+            failed = True
+            log.error("http_server_exited", error=repr(task.exception()) if not task.cancelled() else "cancelled")
+            stop.set()
+
+    if http is not None:
+        http.start().add_done_callback(http_ended)
 
     async def mark_ready() -> None:
         await client.ready.wait()
@@ -54,9 +78,9 @@ async def run(cfg: TokenizerConfig) -> None:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if cfg.port_file:  # written once serving, so launchers can wait on it
             with open(cfg.port_file + ".tmp", "w") as f:
-                f.write(str(port))
+                f.write(f"{port}\n{http_port}\n")
             os.replace(cfg.port_file + ".tmp", cfg.port_file)
-        log.info("tokenizer_serving", grpc_port=port)
+        log.info("tokenizer_serving", grpc_port=port, http_port=http_port)
 
     ready_task = asyncio.create_task(mark_ready())
     await stop.wait()
@@ -65,9 +89,11 @@ async def run(cfg: TokenizerConfig) -> None:
     client.closing = True
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.stop(cfg.grace_seconds)
+    await asyncio.gather(server.stop(cfg.grace_seconds), *([http.stop()] if http is not None else []))
     await client.close()
     log.info("tokenizer_stopped")
+    if failed:
+        raise SystemExit(1)
 
 
 def main_async(cfg: TokenizerConfig) -> None:

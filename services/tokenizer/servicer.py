@@ -12,7 +12,7 @@ from shared.messages.common import Constraint
 from shared.messages.to_tokenizer import ModelInfo
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
-from services.tokenizer import validation
+from services.tokenizer import tokens, validation
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.text import Message, TextProcessor
@@ -113,22 +113,19 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         kind = request.WhichOneof("input")
         if kind == "text":
-            add = request.add_special_tokens if request.HasField("add_special_tokens") else True
-            ids = self.text.encode(request.text, add_special_tokens=add)
+            prompt = Prompt(text=request.text)
         elif kind == "chat":
             add_gen = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
-            ids = self.text.encode_chat(_messages(request.chat), add_gen)
+            prompt = Prompt(messages=_messages(request.chat), add_generation_prompt=add_gen)
         else:
             raise InvalidArgument("one of text or chat is required")
+        add = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        ids = tokens.tokenize(self.text, prompt, add_special_tokens=add)
         return pb.TokenizeResponse(token_ids=ids, tokens=self.text.tokens(ids))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
-        vocab = len(self.text.tokenizer)
-        bad = [t for t in request.token_ids if t >= vocab]
-        if bad:
-            raise InvalidArgument(f"token_ids: {bad[0]} is out of the vocabulary [0, {vocab})")
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-        return pb.DetokenizeResponse(text=self.text.decode(list(request.token_ids), skip_special_tokens=skip))
+        return pb.DetokenizeResponse(text=tokens.detokenize(self.text, list(request.token_ids), skip))
 
     async def GetModelInfo(self, request, context) -> pb.GetModelInfoResponse:
         i = self._info()

@@ -1,0 +1,219 @@
+"""The OpenAI-compatible HTTP routes of a tokenizer replica.
+
+Generation takes the gRPC front's path: request → ``Prompt`` + ``SamplingRequest`` (convert.py) →
+``validation.prepare`` → ``Generator.stream``; only the JSON shapes differ. Streams are server-sent
+events ending in ``data: [DONE]``; a client that disconnects (streaming or not) closes the stream,
+which aborts the request downstream and frees its KV cache.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from shared.errors import InvalidArgument, Unavailable
+from shared.logging import stage
+from shared.messages.to_tokenizer import ModelInfo
+from services.tokenizer import tokens, validation
+from services.tokenizer.auth import ApiKey
+from services.tokenizer.generation import Chunk, Generator
+from services.tokenizer.http import convert, errors
+from services.tokenizer.http import protocol as api
+from services.tokenizer.http.middleware import Edge
+from services.tokenizer.http.streams import ClientGone, merge, unless_disconnected
+from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.scheduler_client import SchedulerClient
+from services.tokenizer.text import TextProcessor
+from services.tokenizer.validation import Prepared, Prompt
+
+CLIENT_CLOSED = 499  # nobody reads it; counted in the metrics like nginx does
+_ERRORS = {s: {"model": api.ErrorResponse} for s in (400, 401, 404, 409, 413, 429, 500, 503)}
+_SSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+              "description": "JSON, or with stream=true server-sent events ending in `data: [DONE]`"}}
+Format = convert.ChatFormat | convert.CompletionFormat
+Outputs = AsyncGenerator[tuple[int, Chunk], None]  # (prompt position, chunk) of every prompt's stream
+
+
+def _event(data: str) -> str:
+    return f"data: {data}\n\n"
+
+
+class Frontend:
+    """What the routes share: the text processor, the generator and the model being served."""
+
+    def __init__(self, text: TextProcessor, client: SchedulerClient) -> None:
+        self.text, self.client = text, client
+        self.generator = Generator(text, client)
+        self.token_texts = convert.TokenTexts(text)
+        self.created = int(time.time())
+        self.in_flight: set[str] = set()  # request ids of the generations being answered
+
+    def abort_all(self) -> None:
+        """End every generation in flight with finish_reason "abort" (the shutdown grace ran out):
+        each response still completes well-formed."""
+        for rid in list(self.in_flight):
+            self.client.abort(rid)
+
+    def model(self, name: str = "") -> ModelInfo:
+        """The served model's info; ``name`` must be empty or that model's name."""
+        info = self.client.info
+        if info is None:
+            raise Unavailable("the model is not loaded yet")
+        if name and name != info.model:
+            raise errors.ApiError(404, f"the model {name!r} does not exist: this server serves {info.model!r}",
+                                  code="model_not_found", param="model")
+        return info
+
+    async def generate(self, request: Request, prepared: list[Prepared], rid: str, object_id: str, fmt: Format,
+                       stream: bool, include_usage: bool) -> Response:
+        n = prepared[0].n
+        traceparent = request.headers.get("traceparent", "")
+        rids = [rid] if len(prepared) == 1 else [f"{rid}-{i}" for i in range(len(prepared))]
+        for r, p in zip(rids, prepared):
+            stage("tokenized", r, prompt_tokens=len(p.input_ids), n=p.n)
+        streams = [self.generator.stream(p, r, traceparent) for p, r in zip(prepared, rids)]
+        outputs = self._tracked(rids, merge(streams))
+        created, model, headers = int(time.time()), self.model().model, {"X-Request-Id": rid}
+        if not stream:
+            result = await unless_disconnected(request, self._collect(outputs, n, fmt, object_id, created, model))
+            return Response(result.model_dump_json(), media_type="application/json", headers=headers)
+        try:  # wait for the first output, so that errors before it still get their HTTP status
+            first = await unless_disconnected(request, anext(outputs))
+        except BaseException:
+            await outputs.aclose()
+            raise
+        events = self._events(outputs, first, n, len(prepared) * n, fmt, object_id, created, model, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers=headers | {"Cache-Control": "no-cache"})
+
+    async def _tracked(self, rids: list[str], outputs: Outputs) -> Outputs:
+        self.in_flight.update(rids)
+        try:
+            async for item in outputs:
+                yield item
+        finally:
+            self.in_flight.difference_update(rids)
+            await outputs.aclose()
+
+    async def _collect(self, outputs: Outputs, n: int, fmt: Format, object_id: str, created: int,
+                       model: str) -> api.ChatCompletion | api.Completion:
+        choices: dict[int, convert.ChoiceAcc] = {}
+        usage = convert.UsageAcc()
+        try:
+            async for i, c in outputs:
+                choices.setdefault(i * n + c.index, convert.ChoiceAcc()).add(c)
+                if c.usage is not None:
+                    usage.add(i, c.usage)
+        finally:
+            await outputs.aclose()
+        return fmt.response(object_id, created, model, choices, usage.usage())
+
+    async def _events(self, outputs: Outputs, first: tuple[int, Chunk] | None, n: int, num_choices: int, fmt: Format,
+                      object_id: str, created: int, model: str, include_usage: bool) -> AsyncIterator[str]:
+        usage = convert.UsageAcc()
+        try:
+            opening = [c for c in (fmt.opening(i) for i in range(num_choices)) if c is not None]
+            if opening:
+                yield _event(fmt.chunk(object_id, created, model, opening, None))
+            item = first
+            while item is not None:
+                i, c = item
+                if c.usage is not None:
+                    usage.add(i, c.usage)
+                choice = fmt.delta(i * n + c.index, c)
+                if choice is not None:
+                    yield _event(fmt.chunk(object_id, created, model, [choice], None))
+                item = await anext(outputs, None)
+            if include_usage:
+                yield _event(fmt.chunk(object_id, created, model, [], usage.usage()))
+        except Exception as e:  # the status line is gone: the error travels as an event
+            yield errors.sse_error(e)
+        finally:
+            await outputs.aclose()
+        yield "data: [DONE]\n\n"
+
+
+def _request_id(request: Request, prefix: str) -> str:
+    rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+    stage("received", rid, api=prefix)
+    return rid
+
+
+def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, metrics: TokenizerMetrics) -> FastAPI:
+    app = FastAPI(title="Banyan", version="1", summary="OpenAI-compatible API of a Banyan tokenizer replica",
+                  redoc_url=None)
+    errors.install(app)
+    app.add_middleware(Edge, api_key=api_key, metrics=metrics)
+    front = Frontend(text, client)
+    app.state.frontend = front
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_req: Request, _exc: ClientGone) -> Response:
+        return Response(status_code=CLIENT_CLOSED)
+
+    @app.post("/v1/chat/completions", response_model=api.ChatCompletion, responses=_ERRORS | _SSE)
+    async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
+        info = front.model(body.model)
+        rid = _request_id(request, "chat")
+        prompt, sampling, constraint = convert.chat_request(body)
+        p = validation.prepare(prompt, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
+                               constraint=constraint)
+        fmt = convert.ChatFormat(front.token_texts, body.logprobs)
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return await front.generate(request, [p], rid, f"chatcmpl-{rid}", fmt, body.stream, usage)
+
+    @app.post("/v1/completions", response_model=api.Completion, responses=_ERRORS | _SSE)
+    async def completions(body: api.CompletionRequest, request: Request) -> Response:
+        info = front.model(body.model)
+        rid = _request_id(request, "completions")
+        prompts, sampling, constraint = convert.completion_request(body)
+        prepared = [validation.prepare(pr, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
+                                       constraint=constraint) for pr in prompts]
+        fmt = convert.CompletionFormat(front.token_texts, body.logprobs is not None)
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return await front.generate(request, prepared, rid, f"cmpl-{rid}", fmt, body.stream, usage)
+
+    @app.get("/v1/models", response_model=api.ModelList, responses=_ERRORS)
+    async def models() -> api.ModelList:
+        info = front.model()
+        return api.ModelList(data=[api.ModelCard(id=info.model, created=front.created,
+                                                 max_model_len=info.context_length)])
+
+    @app.get("/v1/models/{model:path}", response_model=api.ModelCard, responses=_ERRORS)
+    async def model(model: str) -> api.ModelCard:
+        info = front.model(model)
+        return api.ModelCard(id=info.model, created=front.created, max_model_len=info.context_length)
+
+    @app.post("/tokenize", response_model=api.TokenizeResponse, responses=_ERRORS)
+    async def tokenize(body: api.TokenizeRequest) -> api.TokenizeResponse:
+        info = front.model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidArgument("give exactly one of prompt or messages")
+        if body.prompt is not None:
+            prompt = Prompt(text=body.prompt)
+        else:
+            prompt = Prompt(messages=convert.messages(body.messages or []),
+                            add_generation_prompt=body.add_generation_prompt)
+        ids = tokens.tokenize(text, prompt, body.add_special_tokens)
+        return api.TokenizeResponse(tokens=ids, token_strs=text.tokens(ids), count=len(ids),
+                                    max_model_len=info.context_length)
+
+    @app.post("/detokenize", response_model=api.DetokenizeResponse, responses=_ERRORS)
+    async def detokenize(body: api.DetokenizeRequest) -> api.DetokenizeResponse:
+        front.model(body.model)
+        return api.DetokenizeResponse(prompt=tokens.detokenize(text, body.tokens, body.skip_special_tokens, "tokens"))
+
+    @app.get("/health", responses={503: {"description": "the model is not loaded yet, or shutting down"}})
+    async def health() -> JSONResponse:
+        ok = client.ready.is_set() and not client.closing
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app

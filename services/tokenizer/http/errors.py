@@ -1,0 +1,124 @@
+"""OpenAI-shaped error bodies ``{"error": {"message", "type", "param", "code"}}`` and the exception
+handlers that map every failure to one: Banyan's errors by their status code, FastAPI's request
+validation (422) as 400, unknown routes and methods, and anything unexpected as a logged 500."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from shared.errors import BanyanError
+from shared.logging import get_logger
+from services.tokenizer.http.protocol import ErrorDetail, ErrorResponse
+
+log = get_logger("tokenizer")
+
+# BanyanError.code (a gRPC status name) → HTTP status and OpenAI error type
+_BY_CODE: dict[str, tuple[int, str]] = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "ALREADY_EXISTS": (409, "invalid_request_error"),
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "UNAVAILABLE": (503, "service_unavailable_error"),
+    "INTERNAL": (500, "server_error"),
+}
+_MAX_LISTED = 3  # validation problems spelled out in one message
+
+
+class ApiError(Exception):
+    """An error with its HTTP status, e.g. an unknown model (404) or a bad API key (401)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+
+    def body(self) -> dict:
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=detail).model_dump()
+
+    def response(self) -> JSONResponse:
+        headers = {}
+        if self.status in (429, 503):
+            headers["Retry-After"] = "1"
+        elif self.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def api_error(e: Exception) -> ApiError:
+    """Any exception as an ``ApiError`` (unexpected ones become a 500 and are logged)."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, BanyanError):
+        status, type_ = _BY_CODE.get(e.code, (500, "server_error"))
+        return ApiError(status, str(e), type=type_, code=e.code.lower())
+    log.error("http_request_failed", error=repr(e), exc_info=e)
+    return ApiError(500, f"internal error: {type(e).__name__}", type="server_error", code="internal")
+
+
+def sse_error(e: Exception) -> str:
+    """A failure after a stream began: one ``data:`` event with the error body."""
+    return f"data: {json.dumps(api_error(e).body())}\n\n"
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "constrained-int", "constrained-float",
+                        "constrained-str"})
+
+
+def _field(loc: tuple) -> str:
+    """``("body", "prompt", "list[constrained-int]", 0)`` → ``"prompt.0"``: the field path without
+    the body marker and pydantic's union-member tags."""
+    return ".".join(str(x) for x in loc[1 if loc[:1] == ("body",) else 0:]
+                    if not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS)))
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    by_field: dict[str, list[str]] = {}  # a union's members fail at one field: one line per field
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            return f"invalid JSON body: {err.get('ctx', {}).get('error', err['msg'])}", None
+        if err.get("type") == "model_attributes_type" and tuple(err.get("loc", ())) == ("body",):
+            return "the body must be a JSON object (send Content-Type: application/json)", None
+        if err.get("type") == "extra_forbidden":
+            msg = "unrecognized request argument (not supported)"
+        else:
+            msg = str(err["msg"]).removeprefix("Value error, ")
+        msgs = by_field.setdefault(_field(tuple(err.get("loc", ()))), [])
+        if err.get("type") == "value_error":
+            msgs.insert(0, msg)  # a failed rule beats "is not a list" from the other union members
+        elif msg not in msgs:
+            msgs.append(msg)
+    parts = [f"{name}: {msgs[0]}" if name else msgs[0] for name, msgs in by_field.items()]
+    more = len(parts) - _MAX_LISTED
+    text = "; ".join(parts[:_MAX_LISTED]) + (f" (and {more} more)" if more > 0 else "")
+    return text or "invalid request", next(iter(by_field), None) or None
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return ApiError(400, message, code="invalid_argument", param=param).response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(_req: Request, exc: HTTPException) -> JSONResponse:
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        response = ApiError(exc.status_code, str(exc.detail), type=type_).response()
+        response.headers.update(exc.headers or {})  # e.g. Allow on 405
+        return response
+
+    @app.exception_handler(ApiError)
+    async def _api(_req: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(BanyanError)
+    async def _banyan(_req: Request, exc: BanyanError) -> JSONResponse:
+        return api_error(exc).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        return api_error(exc).response()

@@ -1,0 +1,263 @@
+"""Pydantic models of the OpenAI-compatible HTTP API (they also make ``/openapi.json``).
+
+Requests reject unknown fields (as OpenAI does), so an unsupported feature (``tools``, ``audio`` …)
+is a clear 400 instead of being silently ignored. Fields that only make sense to OpenAI's platform
+(``user``, ``metadata``, ``store``, ``service_tier``) are accepted and ignored. Banyan's extensions
+carry the names vLLM and SGLang use (``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
+``regex``, ``ebnf``, ``choice``, ``cache_salt`` …). Value rules live in ``validation.py``, not here: these
+models only fix JSON types and the integer ranges of the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _unicode(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON can spell lone surrogates ("\ud800"); text cannot hold them
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from e
+    return s
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # seeds: validation keeps [0, 2**63)
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is supported."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Text | None = None
+
+
+class ChatMessage(_Request):
+    role: Text
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None  # accepted, not passed to the template
+
+
+class JsonSchemaFormat(_Request):
+    name: str = ""
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _Generate(_Request):
+    """Fields common to chat and text completions."""
+
+    model: str = Field("", description="the served model's name; empty or omitted: the served model")
+    n: Int32 | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: Int64 | None = None
+    stop: Text | list[Text] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    response_format: ResponseFormat | None = None
+    # Extensions (vLLM / SGLang names)
+    top_k: Int32 | None = Field(None, description="sample from the k most likely tokens (-1 or 0: off)")
+    min_p: float | None = Field(None, description="drop tokens below min_p × the top probability")
+    ignore_eos: bool = Field(False, description="keep generating past EOS tokens")
+    stop_token_ids: list[TokenId] | None = Field(None, description="token ids that end a choice")
+    skip_special_tokens: bool = True
+    cache_salt: Text = Field("", description="prefix-cache namespace: requests share cached KV only within one")
+    regex: Text | None = Field(None, description="constrain the output to this regular expression")
+    ebnf: Text | None = Field(None, description="constrain the output to this EBNF grammar (GBNF dialect)")
+    choice: list[Text] | None = Field(None, description="constrain the output to one of these strings")
+
+
+class ChatCompletionRequest(_Generate):
+    messages: list[ChatMessage]
+    max_tokens: Int32 | None = Field(None, description="deprecated by OpenAI for max_completion_tokens")
+    max_completion_tokens: Int32 | None = None
+    logprobs: bool = False
+    top_logprobs: Int32 | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = Field(True, description="end the prompt with the assistant's turn header")
+
+
+class CompletionRequest(_Generate):
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Int32 | None = Field(16, description="OpenAI's default is 16; null: up to the context window")
+    logprobs: Int32 | None = Field(None, description="return this many most likely tokens per position")
+    echo: bool = Field(False, description="not supported")
+    suffix: Text | None = Field(None, description="not supported")
+    best_of: Int32 | None = Field(None, description="only 1 is supported")
+
+
+class TokenizeRequest(_Request):
+    model: str = ""
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Request):
+    model: str = ""
+    tokens: list[TokenId]
+    skip_special_tokens: bool = True
+
+
+# ----- responses -----
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+FinishReason = Literal["stop", "length", "abort"]
+StopReason = Annotated[str | int | None, Field(description="the stop string or stop token id that ended the choice")]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None
+    stop_reason: StopReason = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: StopReason = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: StopReason = None
+
+
+class Completion(BaseModel):
+    """A text completion, or (``usage`` absent until the last one) one chunk of a stream."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "banyan"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    token_strs: list[str]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

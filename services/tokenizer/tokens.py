@@ -1,0 +1,26 @@
+"""Tokenize and detokenize for the fronts' utility calls (gRPC ``Tokenize`` / ``Detokenize``,
+HTTP ``/tokenize`` / ``/detokenize``). Generation prompts go through ``validation.prepare``."""
+
+from __future__ import annotations
+
+from shared.errors import InvalidArgument
+from services.tokenizer.text import TextProcessor
+from services.tokenizer.validation import Prompt, check_messages
+
+
+def tokenize(text: TextProcessor, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of a text (``add_special_tokens``: BOS etc.) or of rendered chat messages."""
+    if prompt.text is not None:
+        return text.encode(prompt.text, add_special_tokens=add_special_tokens)
+    if prompt.messages is not None:
+        check_messages(prompt.messages)
+        return text.encode_chat(prompt.messages, prompt.add_generation_prompt)
+    raise InvalidArgument("a text or chat messages to tokenize are required")
+
+
+def detokenize(text: TextProcessor, ids: list[int], skip_special_tokens: bool = True, name: str = "token_ids") -> str:
+    vocab = len(text.tokenizer)
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidArgument(f"{name}: {bad} is out of the vocabulary [0, {vocab})")
+    return text.decode(ids, skip_special_tokens=skip_special_tokens)
