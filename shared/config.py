@@ -128,7 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         env = ENV_PREFIX + f.name.upper()
         default = _parse(tp, os.environ[env]) if env in os.environ else f.default
         flag = "--" + f.name.replace("_", "-")
-        help_ = f"{f.metadata.get('help', '')} [env {env}, default {default!r}]"
+        shown = "<hidden>" if (f.metadata.get("secret") or not f.repr) and default else repr(default)
+        help_ = f"{f.metadata.get('help', '')} [env {env}, default {shown}]"
         if tp is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
