@@ -41,6 +41,7 @@ class Req:
     unsent_logprobs: list[float] = field(default_factory=list)  # their logprobs, when asked for
     unsent_top_ids: list[list[int]] = field(default_factory=list)
     unsent_top_logprobs: list[list[float]] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)  # scoring requests
 
     @property
     def seq(self) -> list[int]:
@@ -76,8 +77,12 @@ class Req:
         return self.params.max_new_tokens - len(self.output)
 
     def prefix_key(self) -> list[int]:
-        """Tokens whose KV may come from the cache: all but the last, whose logits are needed."""
-        return self.seq[:-1]
+        """Tokens whose KV may come from the cache: all but the last, whose logits are needed
+        (scoring requests need the logits of every position from ``prompt_logprobs_from`` - 1)."""
+        end = self.seq_len - 1
+        if self.params.prompt_logprobs_from > 0:
+            end = min(end, self.params.prompt_logprobs_from - 1)
+        return self.tokens(0, end)
 
     def wait_ms(self) -> float:
         return (time.monotonic() - self.arrival) * 1e3

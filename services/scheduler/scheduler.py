@@ -97,7 +97,8 @@ class Scheduler:
                 if not busy:
                     self.kv.check_integrity(self.running)
                 continue
-            self.worker.send(self._with_masks(sched))
+            sched.msg = self._with_extras(sched)
+            self.worker.send(sched.msg)
             out = self._await_step(sched.step)
             if isinstance(out, StepOutput):
                 self._process(sched, out)
@@ -187,13 +188,27 @@ class Scheduler:
         if failed:
             self._flush()
 
-    def _with_masks(self, sched: Scheduled):
-        """Attach the allowed-token bitmask of every constrained request that samples this step."""
+    def _with_extras(self, sched: Scheduled):
+        """Attach what only some steps need: the allowed-token bitmask of every constrained request
+        that samples, and the positions whose logprobs scoring requests want."""
+        extra = {}
         rows = [i for i, (r, s) in enumerate(zip(sched.reqs, sched.sample)) if s and r.matcher is not None]
-        if not rows:
-            return sched.msg
-        mask = self.grammar.bitmask([sched.reqs[i].matcher for i in rows])
-        return msgspec.structs.replace(sched.msg, mask_rows=i32(rows), bitmask=mask.tobytes())
+        if rows:
+            mask = self.grammar.bitmask([sched.reqs[i].matcher for i in rows])
+            extra.update(mask_rows=i32(rows), bitmask=mask.tobytes())
+        score = [(i, r) for i, r in enumerate(sched.reqs) if r.params.prompt_logprobs_from > 0]
+        if score:
+            starts = from_i32(sched.msg.prefix_lens)
+            rows, first, nxt = [], [], []
+            for i, r in score:
+                end = int(starts[i]) + sched.extend[i]  # positions starts[i] .. end-1 are computed now
+                if end - 1 >= r.params.prompt_logprobs_from - 1:
+                    rows.append(i)
+                    first.append(max(r.params.prompt_logprobs_from - 1, int(starts[i])))
+                    nxt.append(r.tokens(end, end + 1)[0] if end < len(r.prompt) else -1)
+            if rows:
+                extra.update(score_rows=i32(rows), score_from=i32(first), score_next=i32(nxt))
+        return msgspec.structs.replace(sched.msg, **extra) if extra else sched.msg
 
     def _reject_reason(self, msg: GenerateReq) -> tuple[str, str] | None:
         if self.info is None:
@@ -239,6 +254,7 @@ class Scheduler:
         c.decode += sched.num_tokens - sched.prefill_tokens
         assert self.info is not None
         lps = _StepLogprobs(out)
+        self._take_prompt_logprobs(sched, out)
         for i, (r, n, sample, tok) in enumerate(zip(sched.reqs, sched.extend, sched.sample,
                                                     from_i32(out.next_ids).tolist())):
             if r.status is not Status.RUNNING:
@@ -246,6 +262,10 @@ class Scheduler:
             if n > 1 or not r.output:  # a prefill chunk: share it with requests arriving meanwhile
                 self.kv.cache_prefix(r)
             if not sample:
+                continue
+            if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
+                c.prefill_cached += r.cached_tokens
+                self._finish(r, "length")
                 continue
             if not r.output:
                 c.prefill_cached += r.cached_tokens
@@ -260,6 +280,17 @@ class Scheduler:
                 self._finish(r, reason)
             else:
                 self._emit(r.replica, self._out(r))
+
+    @staticmethod
+    def _take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:
+        if not out.prompt_logprob_counts:
+            return
+        values = from_f32(out.prompt_logprobs).tolist()
+        rows = from_i32(sched.msg.score_rows).tolist()
+        pos = 0
+        for i, n in zip(rows, from_i32(out.prompt_logprob_counts).tolist()):
+            sched.reqs[i].prompt_logprobs.extend(values[pos:pos + n])
+            pos += n
 
     def _grammar_finish(self, r: Req, tok: int) -> str:
         """Advance the matcher; "stop" when the grammar ended (EOS taken, or nothing but EOS left)."""
@@ -297,7 +328,8 @@ class Scheduler:
         """The tokens (and logprobs) ``r`` produced since its last output."""
         out = TokenOut(rid=r.rid, index=r.index, token_ids=r.output[len(r.output) - r.unsent:],
                        cached_tokens=r.cached_tokens, logprobs=r.unsent_logprobs, top_ids=r.unsent_top_ids,
-                       top_logprobs=r.unsent_top_logprobs, **final)
+                       top_logprobs=r.unsent_top_logprobs,
+                       prompt_logprobs=r.prompt_logprobs if final else [], **final)
         r.unsent, r.unsent_logprobs, r.unsent_top_ids, r.unsent_top_logprobs = 0, [], [], []
         return out
 

@@ -15,6 +15,7 @@ from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 from services.tokenizer import tokens, validation
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.scheduler_client import SchedulerClient
+from services.tokenizer.scoring import Scorer
 from services.tokenizer.text import Message, TextProcessor
 from services.tokenizer.validation import Prompt, SamplingRequest
 
@@ -28,7 +29,7 @@ def _traceparent(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
-def _prompt(req: pb.GenerateRequest) -> Prompt:
+def _prompt(req: pb.GenerateRequest | pb.ScoreRequest) -> Prompt:
     kind = req.WhichOneof("input")
     if kind == "text":
         return Prompt(text=req.text)
@@ -90,6 +91,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.text = text
         self.client = client
         self.generator = Generator(text, client)
+        self.scorer = Scorer(text, client)
 
     def _info(self) -> ModelInfo:
         if self.client.info is None:
@@ -109,6 +111,19 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 yield _response(rid, chunk)
         finally:
             await stream.aclose()
+
+    async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
+        rid = request.request_id or uuid.uuid4().hex
+        stage("received", rid, rpc="Score")
+        if len(request.request_id) > validation.MAX_REQUEST_ID or len(request.cache_salt) > validation.MAX_CACHE_SALT:
+            raise InvalidArgument("request_id and cache_salt must have at most 256 characters")
+        prompt_len, seqs = self.scorer.sequences(_prompt(request), list(request.continuations), self._info())
+        scores = await self.scorer.score(rid, seqs, request.cache_salt, _traceparent(context))
+        stage("sent", rid, continuations=len(scores))
+        return pb.ScoreResponse(request_id=rid, prompt_tokens=prompt_len, scores=[
+            pb.ContinuationScore(tokens=[pb.TokenLogprob(token_id=t, logprob=lp) for t, lp in zip(s.token_ids, s.logprobs)],
+                                 logprob_sum=s.total, logprob_mean=s.mean, cached_tokens=s.cached_tokens)
+            for s in scores])
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         kind = request.WhichOneof("input")

@@ -21,6 +21,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated
     logprobs: bool = False  # return the sampled token's log-probability
     top_logprobs: int = 0  # and this many most likely alternatives
+    prompt_logprobs_from: int = -1  # ≥ 1: return logprobs of prompt tokens from this position (scoring)
 
     @property
     def penalized(self) -> bool:

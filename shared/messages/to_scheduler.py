@@ -63,6 +63,8 @@ class StepOutput(msgspec.Struct, tag="out", frozen=True):
     top_k: int = 0  # alternatives per row
     top_ids: bytes = b""  # int32 (B, top_k)
     top_logprobs: bytes = b""  # float32 (B, top_k)
+    prompt_logprobs: bytes = b""  # float32: per score row (batch order), its chunk's scored positions
+    prompt_logprob_counts: bytes = b""  # int32 (S,): how many of them each score row has
 
 
 class WorkerError(msgspec.Struct, tag="werr", frozen=True):

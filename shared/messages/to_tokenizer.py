@@ -34,6 +34,7 @@ class TokenOut(msgspec.Struct, frozen=True, omit_defaults=True):
     logprobs: list[float] = []  # per token in token_ids, when asked for
     top_ids: list[list[int]] = []  # per token: the most likely alternatives
     top_logprobs: list[list[float]] = []
+    prompt_logprobs: list[float] = []  # scoring: logprobs of prompt tokens from prompt_logprobs_from on
 
 
 class TokenOutBatch(msgspec.Struct, tag="outs", frozen=True):

@@ -37,6 +37,11 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     sample: bytes  # int32 (B,) 1 = sample a next token for this request
     input_ids: bytes  # int32 (sum extend,)
     out_slots: bytes  # int32 (sum extend,)
+    # Scoring requests (prompt logprobs) in this batch, when any: batch position, first position whose
+    # logits are needed, and the prompt token after the chunk (-1: none) — the target of its last logit.
+    score_rows: bytes = b""  # int32 (S,)
+    score_from: bytes = b""  # int32 (S,)
+    score_next: bytes = b""  # int32 (S,)
     mask_rows: bytes = b""  # int32 (M,): batch positions of grammar-constrained sampling requests
     bitmask: bytes = b""  # int32 (M, ceil(V/32)): allowed-token bits per such request (bit i = token i)
 

@@ -224,6 +224,44 @@ class AbortResponse(_message.Message):
     found: bool
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
+class ScoreRequest(_message.Message):
+    __slots__ = ("request_id", "text", "token_ids", "chat", "continuations", "cache_salt")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    CONTINUATIONS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    text: str
+    token_ids: TokenIds
+    chat: ChatInput
+    continuations: _containers.RepeatedScalarFieldContainer[str]
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., continuations: _Optional[_Iterable[str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class ContinuationScore(_message.Message):
+    __slots__ = ("tokens", "logprob_sum", "logprob_mean", "cached_tokens")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_SUM_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_MEAN_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    logprob_sum: float
+    logprob_mean: float
+    cached_tokens: int
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., logprob_sum: _Optional[float] = ..., logprob_mean: _Optional[float] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("request_id", "scores", "prompt_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    scores: _containers.RepeatedCompositeFieldContainer[ContinuationScore]
+    prompt_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[ContinuationScore, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
 class GetLoadRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

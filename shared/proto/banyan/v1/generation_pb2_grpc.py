@@ -69,6 +69,11 @@ class GenerationServiceStub:
                 request_serializer=banyan_dot_v1_dot_generation__pb2.GetLoadRequest.SerializeToString,
                 response_deserializer=banyan_dot_v1_dot_generation__pb2.GetLoadResponse.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/banyan.v1.GenerationService/Score',
+                request_serializer=banyan_dot_v1_dot_generation__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=banyan_dot_v1_dot_generation__pb2.ScoreResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -122,6 +127,14 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Score(self, request, context):
+        """Scores continuations of one prompt by the model's log-probabilities (e.g. to pick one of
+        several choices). The prompt's KV is computed once and shared by all continuations.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +167,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.GetLoad,
                     request_deserializer=banyan_dot_v1_dot_generation__pb2.GetLoadRequest.FromString,
                     response_serializer=banyan_dot_v1_dot_generation__pb2.GetLoadResponse.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=banyan_dot_v1_dot_generation__pb2.ScoreRequest.FromString,
+                    response_serializer=banyan_dot_v1_dot_generation__pb2.ScoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -323,6 +341,33 @@ class GenerationService:
             '/banyan.v1.GenerationService/GetLoad',
             banyan_dot_v1_dot_generation__pb2.GetLoadRequest.SerializeToString,
             banyan_dot_v1_dot_generation__pb2.GetLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/banyan.v1.GenerationService/Score',
+            banyan_dot_v1_dot_generation__pb2.ScoreRequest.SerializeToString,
+            banyan_dot_v1_dot_generation__pb2.ScoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

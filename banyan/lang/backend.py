@@ -1,0 +1,92 @@
+"""The frontend's link to a Banyan server: the public gRPC API (tokenizer service)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from shared.proto.banyan.v1 import generation_pb2 as pb
+from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+
+
+class ServerError(RuntimeError):
+    """The server refused or failed a call; ``code`` is the gRPC status name, the text its message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class GenResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+def _call(fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except grpc.RpcError as e:
+        raise ServerError(e.code().name, e.details() or "") from None
+
+
+class Backend:
+    """Talks to ``banyan serve`` at ``address`` (host:port). Thread-safe: programs run in parallel
+    (run_batch, fork) share one channel."""
+
+    def __init__(self, address: str = "localhost:50051", timeout: float = 600.0, api_key: str = "") -> None:
+        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.stub = pb_grpc.GenerationServiceStub(self.channel)
+        self.timeout = timeout
+        self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def chat_ids(self, messages: list[tuple[str, str]], add_generation_prompt: bool) -> list[int]:
+        chat = pb.ChatInput(messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
+                            add_generation_prompt=add_generation_prompt)
+        return list(_call(self.stub.Tokenize, pb.TokenizeRequest(chat=chat), timeout=self.timeout,
+                          metadata=self.metadata).token_ids)
+
+    def text_ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        req = pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
+        return list(_call(self.stub.Tokenize, req, timeout=self.timeout, metadata=self.metadata).token_ids)
+
+    def generate(self, ids: list[int], sampling: pb.SamplingParams, **constraint) -> GenResult:
+        req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), sampling_params=sampling, **constraint)
+        parts, toks, last = [], [], None
+        try:
+            for chunk in self.stub.Generate(req, timeout=self.timeout, metadata=self.metadata):
+                parts.append(chunk.text)
+                toks.extend(chunk.token_ids)
+                last = chunk
+        except grpc.RpcError as e:
+            raise ServerError(e.code().name, e.details() or "") from None
+        assert last is not None
+        return GenResult("".join(parts), toks, pb.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_").lower(),
+                         last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.cached_tokens)
+
+    def score(self, ids: list[int], continuations: list[str]) -> pb.ScoreResponse:
+        req = pb.ScoreRequest(token_ids=pb.TokenIds(ids=ids), continuations=continuations)
+        return _call(self.stub.Score, req, timeout=self.timeout, metadata=self.metadata)
+
+
+_default: Backend | None = None
+
+
+def set_default_backend(backend: Backend) -> None:
+    global _default
+    _default = backend
+
+
+def default_backend() -> Backend:
+    if _default is None:
+        raise RuntimeError("no backend: call banyan.set_default_backend(banyan.Backend('host:port')) "
+                           "or pass backend= to run()")
+    return _default
