@@ -131,7 +131,8 @@ class Batcher:
             r.status = Status.RUNNING
             running.append(r)
             scratch.insert(r.ns, key, range(len(key)))
-            new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots)))
+            new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots),
+                                   output_ids=i32(r.output) if r.output and r.params.penalized else b""))
             stage("scheduled", r.rid, index=r.index, queue_ms=round(r.wait_ms(), 3), prompt_tokens=len(r.prompt),
                   cached_tokens=len(r.slots), retractions=r.retractions)
             budget -= plan.add(r, kv, min(r.to_compute, lim.chunked_prefill_size, budget))

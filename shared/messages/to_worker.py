@@ -20,6 +20,7 @@ class NewReq(msgspec.Struct, frozen=True):
     row: int  # its row in req_to_token
     params: SamplingParams
     prefix_slots: bytes = b""  # int32: KV slots of the cached prefix (matched in the scheduler)
+    output_ids: bytes = b""  # int32: tokens already generated (a retracted request resuming; penalties)
 
 
 class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
