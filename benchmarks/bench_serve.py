@@ -8,6 +8,7 @@ concurrent streams' output tokens/s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support import Server  # noqa: E402
+from shared.config import TokenizerConfig  # noqa: E402
 from shared.proto.banyan.v1 import generation_pb2 as pb  # noqa: E402
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -45,7 +47,8 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    server = Server(args.model, args.log, *args.serve_args)
+    extra = ["--http-port", "-1"] if "http_port" in {f.name for f in dataclasses.fields(TokenizerConfig)} else []
+    server = Server(args.model, args.log, *extra, *args.serve_args)
     res: dict[str, float] = {"startup_s": time.perf_counter() - t0}
     try:
         with server.channel() as ch:

@@ -61,9 +61,11 @@ def bench_ours(model: str, pool: int, decode_steps: int, device: str) -> tuple[d
         t = time.perf_counter()
         nxt = int(driver.run([("d1", [nxt], True)])[0])
         steps.append(time.perf_counter() - t)
-    driver.release("d1")
     res["decode_bs1_ms"] = statistics.median(steps[8:]) * 1e3
     res["decode_bs1_ms_p90"] = float(np.percentile(steps[8:], 90)) * 1e3
+    if runner.graphs is not None:
+        res["decode_bs1_breakdown_ms"] = step_breakdown(runner, driver, {"d1": nxt})
+    driver.release("d1")
 
     for length, reps in ((1024, 6), (4096, 4)):
         times = []
@@ -90,7 +92,92 @@ def bench_ours(model: str, pool: int, decode_steps: int, device: str) -> tuple[d
     res["decode_bs64_ctx1k_ms"] = statistics.median(steps[4:]) * 1e3
     if runner.backend == "flashinfer":
         res["attention_layer_us"] = attention_variants(runner, driver, rids)
+        res["diagnostics"] = diagnostics(runner, driver, rids, last)
     return res, runner, driver
+
+
+def step_breakdown(runner: ModelRunner, driver: Driver, last: dict, n: int = 12) -> dict[str, float]:
+    """Median ms of a graph decode step (message built, executed, ids back on the host) and of its
+    parts, each timed alone with the device idle before and after: the attention plan, the graph
+    replay, sampling. The rest is the host's preparation (table diffs, inputs, message)."""
+    rids, parts = list(last), {"step": [], "plan": [], "replay": [], "sample": []}
+    bs = runner.graphs.size_for(len(rids))
+    params = [runner.params[driver.reqs[r].row] for r in rids]
+    for _ in range(n):
+        sync()
+        t = time.perf_counter()
+        out = driver.run([(r, [last[r]], True) for r in rids])
+        parts["step"].append(time.perf_counter() - t)
+        last = dict(zip(rids, out.tolist()))
+        x = runner.graphs.batch(runner.req_to_token, bs, runner.graphs.inputs[4, :bs].tolist())
+        parts["plan"].append(timed(lambda: runner.attn.prepare_graph(x, bs)))
+        parts["replay"].append(timed(lambda: runner.graphs._graphs[bs].replay()))
+        logits = runner.graphs._logits[bs][: len(rids)]
+        parts["sample"].append(timed(lambda: runner.sampler.sample(logits, params, [None] * len(rids)).cpu()))
+    res = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+    res["rest"] = res["step"] - res["plan"] - res["replay"] - res["sample"]
+    return res
+
+
+def replay_ms(runner: ModelRunner, bs: int, n: int = 20) -> float:
+    """GPU time of one decode graph replay (its last plan), host preparation excluded."""
+    graph = runner.graphs._graphs[bs]
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def diagnostics(runner: ModelRunner, driver: Driver, rids: list[str], last: dict) -> dict:
+    """Where the decode step's time goes: graph replay alone vs the whole step, kernel profile of
+    eager steps, and the step with other FlashInfer decode kernels."""
+    from services.worker.attention.flashinfer_backend import FlashInferAttention
+    from services.worker.cuda_graph import DecodeGraphs
+
+    out: dict = {"replay_ms": {bs: replay_ms(runner, bs) for bs in (1, 8, 64)},
+                 "bs64_breakdown_ms": step_breakdown(runner, driver, dict(last))}
+
+    def decode_steps(n: int) -> float:
+        nonlocal last
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            ids_ = driver.run([(rid, [last[rid]], True) for rid in rids])
+            times.append(time.perf_counter() - t)
+            last = dict(zip(rids, ids_.tolist()))
+        return statistics.median(times[2:]) * 1e3
+
+    graphs, runner.graphs = runner.graphs, None  # eager steps, profiled
+    decode_steps(3)
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            decode_steps(3)
+        table = prof.key_averages().table(sort_by="device_time_total", row_limit=25, max_name_column_width=70)
+        print("eager decode, batch 64, 3 steps:\n" + table, flush=True)
+    except Exception as e:  # the profile is a diagnostic, never the benchmark's failure
+        print(f"profiler failed: {e!r}", flush=True)
+    out["eager_bs64_step_ms"] = decode_steps(6)
+    runner.graphs = graphs
+
+    original = runner.attn
+    for name, kw in {"tc_fa2": dict(decode_tensor_cores=True), "tc_fa3": dict(decode_tensor_cores=True,
+                     decode_backend="fa3"), "cuda_cores": dict(decode_tensor_cores=False)}.items():
+        try:
+            runner.attn = FlashInferAttention(runner.kv, runner.spec.num_heads, **kw)
+            with torch.inference_mode():
+                runner.graphs = DecodeGraphs(runner.model, runner.attn, 64, runner.context_length, runner.device)
+            out[f"bs64_step_ms_{name}"] = decode_steps(8)
+            out[f"bs64_replay_ms_{name}"] = replay_ms(runner, 64)
+        except Exception as e:
+            out[f"bs64_step_ms_{name}"] = repr(e)[:300]
+    runner.attn, runner.graphs = original, graphs
+    return out
 
 
 def attention_variants(runner: ModelRunner, driver: Driver, rids: list[str]) -> dict[str, float]:
@@ -128,9 +215,13 @@ def attention_variants(runner: ModelRunner, driver: Driver, rids: list[str]) -> 
 
     rows = [driver.reqs[r].row for r in rids]
     lens = [len(driver.reqs[r].slots) - 1 for r in rids]
-    for tc in (True, False):
-        out[f"decode_64x1k_tc{int(tc)}"] = median_us(FlashInferAttention(runner.kv, hq, decode_tensor_cores=tc),
-                                                     batch(rows, lens, [1] * 64))
+    for name, kw in {"tc_fa2": dict(decode_tensor_cores=True), "tc_fa3": dict(decode_tensor_cores=True,
+                     decode_backend="fa3"), "cuda_cores": dict(decode_tensor_cores=False)}.items():
+        try:
+            out[f"decode_64x1k_{name}"] = median_us(FlashInferAttention(runner.kv, hq, **kw),
+                                                    batch(rows, lens, [1] * 64))
+        except Exception as e:
+            out[f"decode_64x1k_{name}"] = repr(e)[:300]
     for backend in ("auto", "fa2"):
         out[f"prefill_8x512_on_512_{backend}"] = median_us(FlashInferAttention(runner.kv, hq, prefill_backend=backend),
                                                            batch(rows[:8], [512] * 8, [512] * 8))

@@ -77,7 +77,7 @@ class Server:
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"server failed to start:\n{self.log_text()[-4000:]}")
+                raise RuntimeError(f"server failed to start:\n{self.log_path.read_text(errors='replace')[-4000:]}")
             time.sleep(0.1)
         self.target = f"127.0.0.1:{self.port}"
         lines = ready.read_text().split()

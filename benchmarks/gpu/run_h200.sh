@@ -22,20 +22,20 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 transformers.__version__, 'flashinfer', flashinfer.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 
 t0=$SECONDS
-timeout 400 python3 -m benchmarks.gpu.make_model --out "$MODEL" --tokenizer .assets/llama3 2>&1 | tail -2
+timeout 240 python3 -m benchmarks.gpu.make_model --out "$MODEL" --tokenizer .assets/llama3 2>&1 | tail -2
 echo "model: $((SECONDS - t0)) s" | tee -a "$OUT/env.txt"
 
 status=0
 if [[ $STEPS == *tests* ]]; then
   t0=$SECONDS
-  BANYAN_GPU_MODEL=$MODEL BANYAN_GPU_REPORT=$OUT/parity.json timeout 420 \
-    python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA -x --timeout 400 >"$OUT/tests.log" 2>&1 || status=1
+  BANYAN_GPU_MODEL=$MODEL BANYAN_GPU_REPORT=$OUT/parity.json timeout 300 \
+    python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA --timeout 280 >"$OUT/tests.log" 2>&1 || status=1
   grep -E "passed|failed|Error|error|assert" "$OUT/tests.log" | grep -v "^PASSED" | tail -25
   echo "tests: $((SECONDS - t0)) s"
 fi
 if [[ $STEPS == *bench* ]]; then
   t0=$SECONDS
-  timeout 420 python3 benchmarks/bench_worker.py --model "$MODEL" --out "$OUT/bench.json" >"$OUT/bench.log" 2>&1 || status=1
+  timeout 280 python3 benchmarks/bench_worker.py --model "$MODEL" --out "$OUT/bench.json" >"$OUT/bench.log" 2>&1 || status=1
   grep -v '"stage"\|\] stage' "$OUT/bench.log" | tail -45
   echo "bench: $((SECONDS - t0)) s"
 fi

@@ -40,7 +40,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % torch.cuda.device_count())
         return torch.device("cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -113,7 +116,7 @@ class ModelRunner:
         On TP ranks other than 0 nothing is sampled: rank 0 answers the scheduler."""
         sample = from_i32(b.sample).astype(bool)
         out = np.full(len(sample), -1, dtype=np.int32)
-        logits = self.forward(b)
+        logits = self._logits(b, all_logits=False, copy=False)
         if self.tp.rank != 0 or not sample.any():
             return out
         rows = from_i32(b.rows)[sample].tolist()
@@ -125,6 +128,11 @@ class ModelRunner:
     def forward(self, b: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
         """Apply the batch's table diffs and run the model -> logits (N, V) float32 of the requests
         that sample (in batch order), or of every new token with ``all_logits``."""
+        return self._logits(b, all_logits, copy=True)
+
+    def _logits(self, b: ForwardBatch, all_logits: bool, copy: bool) -> torch.Tensor:
+        """``forward``; without ``copy``, a graph step's logits may be a view of the graph's output
+        buffer, valid until the next step."""
         self._admit(b)
         rows, prefix, extend = from_i32(b.rows), from_i32(b.prefix_lens), from_i32(b.extend_lens)
         ids, slots = from_i32(b.input_ids), from_i32(b.out_slots)
@@ -143,8 +151,10 @@ class ModelRunner:
             self.graphs.inputs[:, :bs].copy_(dev[: NUM_INPUTS * bs].view(NUM_INPUTS, bs))
             x = self.graphs.batch(self.req_to_token, bs, prefix.tolist())
             self.req_to_token[x.rows, x.positions] = x.out_slots.to(torch.int32)
-            logits = self.graphs.replay(x)[: len(sample)]  # the graph's output buffer: copy out
-            return logits.clone() if all_logits or sample.all() else logits[torch.from_numpy(sample).to(self.device)]
+            logits = self.graphs.replay(x)[: len(sample)]  # the graph's output buffer
+            if all_logits or sample.all():
+                return logits.clone() if copy else logits
+            return logits[torch.from_numpy(sample).to(self.device)]
         ids_d, slots_d, pos_d = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t]
         rows_d, prefix_d = dev[3 * t : 3 * t + n], dev[3 * t + n : 3 * t + 2 * n]
         extend_d, tok_rows_d = dev[3 * t + 2 * n : 3 * t + 3 * n], dev[3 * t + 3 * n :]

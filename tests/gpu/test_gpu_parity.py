@@ -195,49 +195,66 @@ def big_model(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("llama8b-2l") / "m", num_hidden_layers=2)
 
 
-def test_logits_match_hf_fp32(big_model) -> None:
-    """bf16 worker (FlashInfer, CUDA graphs) vs transformers fp32: prefill positions and
-    teacher-forced decode steps."""
-    import transformers
+def _our_logits(model: Path, dtype: str, prompts: list[list[int]], follow: list[list[int]]) -> list[torch.Tensor]:
+    """The worker's logits after every token of prompt + follow-up, per request: prompts prefilled
+    (request 0 in two chunks: ragged, then paged next to decodes), follow-ups teacher-forced one
+    token per step (CUDA graphs)."""
+    r = runner(model, attention_backend="flashinfer", dtype=dtype, context_length=8192, max_total_tokens=32768)
+    driver = Driver(r)
+    parts: list[list[torch.Tensor]] = [[] for _ in prompts]
 
-    r = runner(big_model, attention_backend="flashinfer", context_length=8192, max_total_tokens=32768)
-    driver, vocab = Driver(r), r.spec.vocab_size
-    prompts = [tokens(n, vocab, 10 + i) for i, n in enumerate([1000, 517, 128, 37])]
-    follow = [tokens(24, vocab, 20 + i) for i in range(4)]  # fed back one by one (teacher forcing)
-    prefill: list[list[torch.Tensor]] = [[] for _ in prompts]
-    work = [("r0", prompts[0][:600])] + [(f"r{i}", prompts[i]) for i in (1, 2, 3)]  # ragged
-    for (rid, ids), part in zip(work, r.forward(driver.batch([(a, b, True) for a, b in work]), all_logits=True)
-                                .split([len(b) for _, b in work]), strict=True):
-        prefill[int(rid[1])].append(part)
-    work = [("r0", prompts[0][600:])] + [(f"r{i}", follow[i][:1]) for i in (1, 2, 3)]  # paged, mixed
-    parts = r.forward(driver.batch([(a, b, True) for a, b in work]), all_logits=True).split([400, 1, 1, 1])
-    prefill[0].append(parts[0])
-    decode = [[p] for p in parts[1:]]
-    decode.insert(0, [r.forward(driver.batch([("r0", follow[0][:1], True)]))])
-    for t in range(1, 24):  # graph replays (bs 4)
-        step = r.forward(driver.batch([(f"r{i}", follow[i][t: t + 1], True) for i in range(4)]))
-        for i in range(4):
-            decode[i].append(step[i: i + 1])
+    def step(work: list[tuple[int, list[int]]], all_logits: bool) -> None:
+        logits = r.forward(driver.batch([(f"r{i}", ids, True) for i, ids in work]), all_logits=all_logits)
+        for (i, _), part in zip(work, logits.split([len(ids) if all_logits else 1 for _, ids in work]), strict=True):
+            parts[i].append(part.float())
+
+    step([(0, prompts[0][:600])] + [(i, prompts[i]) for i in (1, 2, 3)], True)  # ragged
+    step([(0, prompts[0][600:])] + [(i, follow[i][:1]) for i in (1, 2, 3)], True)  # paged, mixed
+    step([(0, follow[0][:1])], False)  # graph of 1
+    for t in range(1, len(follow[0])):
+        step([(i, follow[i][t: t + 1]) for i in range(4)], False)  # graph of 4
     del r, driver
     torch.cuda.empty_cache()
+    return [torch.cat(p) for p in parts]
 
+
+def test_logits_match_hf_fp32(big_model) -> None:
+    """The worker (FlashInfer, CUDA graphs; bf16, and fp16) vs transformers fp32 on the same
+    weights, at prefill positions and teacher-forced decode steps; transformers in bf16 gives the
+    error that bf16 arithmetic alone costs."""
+    import transformers
+
+    vocab = 128256
+    prompts = [tokens(n, vocab, 10 + i) for i, n in enumerate([1000, 517, 128, 37])]
+    follow = [tokens(24, vocab, 20 + i) for i in range(4)]
+    ours = {dtype: _our_logits(big_model, dtype, prompts, follow) for dtype in ("bfloat16", "float16")}
     torch.backends.cuda.matmul.allow_tf32 = False
-    hf = transformers.AutoModelForCausalLM.from_pretrained(big_model, dtype=torch.float32, device_map="cuda").eval()
-    prefill_errs, decode_errs, agree, counted = [], [], 0, 0
+    hf = {dtype: transformers.AutoModelForCausalLM.from_pretrained(big_model, dtype=dtype, device_map="cuda").eval()
+          for dtype in (torch.float32, torch.bfloat16)}
+    stats = {name: {"prefill": [], "decode": [], "agree": 0} for name in ("bfloat16", "float16", "hf_bfloat16")}
+    counted = 0
     with torch.inference_mode():
         for i, (p, f) in enumerate(zip(prompts, follow, strict=True)):
-            ref = hf(torch.tensor([p + f], device="cuda")).logits[0].float()  # (L, V)
-            ours = torch.cat(prefill[i] + decode[i])  # (L, V): the logits after each token of p + f
-            prefill_errs.append(rel_err(ours[: len(p)], ref[: len(p)]))
-            decode_errs += [rel_err(ours[j], ref[j]) for j in range(len(p), ours.shape[0])]
+            x = torch.tensor([p + f], device="cuda")
+            ref = hf[torch.float32](x).logits[0].float()  # (L, V): the logits after each token
             top2 = ref.topk(2, dim=-1).values
             clear = (top2[:, 0] - top2[:, 1]) >= 0.1
-            agree += (ours.argmax(-1) == ref.argmax(-1))[clear].sum().item()
             counted += clear.sum().item()
-    REPORT["hf_fp32"] = {"model": str(big_model), "prefill_rel_err_max": max(prefill_errs),
-                         "prefill_rel_err": prefill_errs, "decode_rel_err_max": max(decode_errs),
-                         "decode_rel_err_mean": sum(decode_errs) / len(decode_errs),
-                         "top1_agreement": agree / counted, "positions_margin_ge_0.1": counted}
+            runs = {**ours, "hf_bfloat16": None}
+            for name, run in runs.items():
+                got = run[i] if run is not None else hf[torch.bfloat16](x).logits[0].float()
+                stats[name]["prefill"].append(rel_err(got[: len(p)], ref[: len(p)]))
+                stats[name]["decode"] += [rel_err(got[j], ref[j]) for j in range(len(p), ref.shape[0])]
+                stats[name]["agree"] += (got.argmax(-1) == ref.argmax(-1))[clear].sum().item()
+    summary = {name: {"prefill_rel_err_max": max(s["prefill"]), "prefill_rel_err": s["prefill"],
+                      "decode_rel_err_max": max(s["decode"]), "decode_rel_err_mean": sum(s["decode"]) / len(s["decode"]),
+                      "top1_agreement": s["agree"] / counted} for name, s in stats.items()}
+    REPORT["hf_fp32"] = {"model": str(big_model), "positions_margin_ge_0.1": counted, **summary}
     print(REPORT["hf_fp32"])
-    assert max(prefill_errs) <= 1e-2 and max(decode_errs) <= 1e-2
-    assert agree / counted >= 0.99
+    bf16, hf_bf16, fp16 = summary["bfloat16"], summary["hf_bfloat16"], summary["float16"]
+    # bf16 rounding bounds what any bf16 engine reaches: no worse than transformers' own bf16 run
+    for key in ("prefill_rel_err_max", "decode_rel_err_max"):
+        assert bf16[key] <= max(1e-2, 1.1 * hf_bf16[key]), key
+        assert fp16[key] <= 1e-2, key
+    assert bf16["top1_agreement"] >= min(0.99, hf_bf16["top1_agreement"] - 0.005)
+    assert fp16["top1_agreement"] >= 0.99

@@ -25,6 +25,9 @@ import torch
 
 from services.worker.attention.base import AttentionBackend, AttentionBatch
 from services.worker.kv_pool import KVPool
+from shared.logging import get_logger
+
+log = get_logger("worker")
 
 WORKSPACE_BYTES = 256 << 20  # FlashInfer's float workspace (split-KV partial results), shared by all plans
 
@@ -32,18 +35,19 @@ Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
 
 
 def kv_indices(
-    req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, total: int
+    req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, total: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Slots of positions 0..seq_lens[i]-1 of each row ``rows[i]``, concatenated: (total,) int32.
+    """Slots of positions 0..seq_lens[i]-1 of each row ``rows[i]``, concatenated: (total,) int32
+    (into ``out`` when given).
 
     rows, seq_lens (B,) int64 on the table's device; ``total`` (their sum) is known on the host, so
     nothing here waits for the device.
     """
     device = req_to_token.device
-    starts = torch.cumsum(seq_lens, 0) - seq_lens  # (B,)
-    req = torch.repeat_interleave(torch.arange(rows.numel(), device=device), seq_lens, output_size=total)
-    flat = rows[req] * req_to_token.stride(0) + torch.arange(total, device=device) - starts[req]  # (total,)
-    return req_to_token.view(-1)[flat]
+    row_start = rows * req_to_token.stride(0) - (torch.cumsum(seq_lens, 0) - seq_lens)  # (B,) flat offset - kv start
+    flat = torch.repeat_interleave(row_start, seq_lens, output_size=total) + torch.arange(total, device=device)
+    return torch.index_select(req_to_token.view(-1), 0, flat, out=out)
 
 
 def _indptr(lengths: np.ndarray) -> torch.Tensor:  # (B,) -> (B + 1,) int32 on the host
@@ -62,6 +66,7 @@ class FlashInferAttention(AttentionBackend):
         *,
         prefill_backend: str = "auto",  # FlashInfer's choice: FA3 on Hopper, else FA2
         decode_tensor_cores: bool | None = None,  # None: when the GQA group is >= 4
+        decode_backend: str = "auto",  # tensor-core decode: FA2 (auto) or FA3
     ) -> None:
         import flashinfer
 
@@ -72,12 +77,15 @@ class FlashInferAttention(AttentionBackend):
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
+        self.decode_backend = decode_backend if self.tensor_cores else "auto"
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.tensor_cores
+            self.workspace, "NHD", use_tensor_cores=self.tensor_cores, backend=self.decode_backend
         )
         self.paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
         self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
         self._graph_decode: dict[int, object] = {}  # batch size -> wrapper on fixed buffers
+        self._graph_plan_info: dict[int, list] = {}  # batch size -> FlashInfer's plan at capture
+        self._fast_replan = self.tensor_cores and self.decode_backend in ("auto", "fa2")
         self._ones = torch.ones(256, dtype=torch.int32)  # host: last_page_len (every page holds 1 token)
         self._heads = (num_q_heads, self.num_kv_heads, self.head_dim)
         self._dtypes = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype)
@@ -107,17 +115,19 @@ class FlashInferAttention(AttentionBackend):
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]  # (S, Hkv, D)
         k_cache.index_copy_(0, self._out_slots, k)
         v_cache.index_copy_(0, self._out_slots, v)
-        return self._run(q.contiguous(), k, v, k_cache, v_cache)  # (T, Hq, D)
+        return self._run(q, k, v, k_cache, v_cache)  # (T, Hq, D)
 
     # --- CUDA graphs ---------------------------------------------------------------------------
     def init_graph(self, batch_sizes: list[int], max_context: int) -> None:
         max_bs, dev = max(batch_sizes), self.pool.device
+        self._range = torch.arange(max_bs + 1, dtype=torch.int32)  # host: qo_indptr of one token per request
         self._g_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
         self._g_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
         self._g_indices = torch.zeros(max_bs * max_context, dtype=torch.int32, device=dev)
         for bs in batch_sizes:
             self._graph_decode[bs] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
+                backend=self.decode_backend,
                 paged_kv_indptr_buffer=self._g_indptr[: bs + 1], paged_kv_indices_buffer=self._g_indices,
                 paged_kv_last_page_len_buffer=self._g_last_page_len[:bs],
             )
@@ -125,7 +135,35 @@ class FlashInferAttention(AttentionBackend):
     def prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
         self._out_slots = batch.out_slots
-        self._plan_decode(batch, self._graph_decode[bs])
+        wrapper = self._graph_decode[bs]
+        if self._fast_replan and bs in self._graph_plan_info:
+            try:
+                return self._replan(batch, wrapper)
+            except Exception as e:  # a FlashInfer other than the pinned one: its own plan() from now on
+                self._fast_replan = False
+                log.warning("flashinfer_fast_replan_off", reason=f"{type(e).__name__}: {e}")
+        self._plan_decode(batch, wrapper)
+        self._graph_plan_info[bs] = list(wrapper._plan_info)
+
+    def _replan(self, batch: AttentionBatch, wrapper) -> None:
+        """What ``wrapper.plan`` does for a graph's tensor-core (FA2) decode, without its per-call
+        Python (a host loop over the batch among it): the page table into the fixed buffers, then
+        the planner's one call. The captured kernels read only those buffers and the workspace; the
+        plan must come out as at capture (FlashInfer's graph mode keeps it fixed), else we stop."""
+        bs, (hq, hkv, d) = batch.num_reqs, self._heads
+        seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int32) + 1
+        indptr = _indptr(seq_lens)
+        total = int(indptr[-1])
+        kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, total,
+                   out=wrapper._paged_kv_indices_buf[:total])
+        wrapper._paged_kv_indptr_buf.copy_(indptr, non_blocking=True)  # last_page_len: all ones, fixed
+        info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+            self._range[: bs + 1], indptr, torch.from_numpy(seq_lens), bs, bs, hq, hkv, 1, True, d, d, False, -1,
+            -1, False, 0, 0,  # fixed split size, disable split-kv, colocated CTAs, uniform q len
+        )
+        if list(info) != self._graph_plan_info[bs]:
+            raise RuntimeError("the plan differs from the captured one")
 
     # --- helpers -------------------------------------------------------------------------------
     def _plan_decode(self, batch: AttentionBatch, wrapper) -> None:
@@ -133,7 +171,7 @@ class FlashInferAttention(AttentionBackend):
         indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, int(seq_lens.sum()))
         wrapper.plan(_indptr(seq_lens), indices, self._last_page_len(batch.num_reqs), *self._heads, 1,
                      **self._dtypes)
-        self._run = lambda q, k, v, k_cache, v_cache: wrapper.run(q, (k_cache, v_cache))
+        self._run = lambda q, k, v, k_cache, v_cache: wrapper.run(q, (k_cache, v_cache))  # q: strided view
 
     def _last_page_len(self, n: int) -> torch.Tensor:
         if n > self._ones.numel():
@@ -141,7 +179,7 @@ class FlashInferAttention(AttentionBackend):
         return self._ones[:n]
 
     def _run_paged(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
-        return self.paged.run(q, (k_cache, v_cache))
+        return self.paged.run(q.contiguous(), (k_cache, v_cache))
 
     def _run_ragged(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
-        return self.ragged.run(q, k.contiguous(), v.contiguous())
+        return self.ragged.run(q.contiguous(), k.contiguous(), v.contiguous())
