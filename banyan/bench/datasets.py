@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 JSON_SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 16},
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]{0,15}$"},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 16},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 4},
+        "city": {"type": "string", "pattern": "^[A-Z][a-z]{0,15}$"},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,8}$"}, "maxItems": 4},
     },
     "required": ["name", "age", "city"],
     "additionalProperties": False,

@@ -68,10 +68,12 @@ class GrammarBackend:
         compiler = self._compiler_future.result()
         t0 = time.perf_counter()
         try:
+            # compact JSON (no free whitespace between tokens): a model cannot wander off into
+            # endless blank space, and outputs stay short
             if c.kind == "json_schema":
-                g = compiler.compile_json_schema(c.value)
+                g = compiler.compile_json_schema(c.value, any_whitespace=False)
             elif c.kind == "json_object":
-                g = compiler.compile_builtin_json_grammar()
+                g = compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             elif c.kind == "regex":
                 g = compiler.compile_regex(c.value)
             elif c.kind == "choice":

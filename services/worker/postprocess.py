@@ -90,9 +90,9 @@ def score_positions(b: ForwardBatch) -> tuple[np.ndarray, np.ndarray, list[int]]
     return np.asarray(idx, dtype=np.int64), np.asarray(targets, dtype=np.int64), counts
 
 
-def prompt_logprobs(logits: torch.Tensor, targets: np.ndarray, counts: list[int]) -> dict:
+def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int]) -> dict:
     """StepOutput fields for scoring requests: logprob of each target under its position's logits."""
-    if len(targets):
+    if logits is not None and len(targets):
         lp = torch.log_softmax(logits.float(), dim=-1)
         vals = lp.gather(1, torch.from_numpy(targets).to(lp.device).view(-1, 1)).squeeze(1).cpu().numpy()
     else:

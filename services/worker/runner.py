@@ -26,6 +26,7 @@ from services.worker.kv_pool import KVPool, pool_slots_for_memory
 from services.worker.models.layers import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
+from services.worker.postprocess import StepSampler, prompt_logprobs, score_positions
 from services.worker.sampling import Sampler, flashinfer_draw
 
 log = get_logger("worker")
@@ -78,9 +79,9 @@ class ModelRunner:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device)
-        self.params: dict[int, SamplingParams] = {}  # by row
-        self.gens: dict[int, torch.Generator | None] = {}
+        self.post = StepSampler(self.sampler, self.spec.vocab_size, self.device)
         self.rids: dict[int, str] = {}  # by row, for the stage log
+        self._scores: dict = {}  # prompt-logprob fields of the last step, if it had scoring requests
         log.info("model_loaded", model=os.path.basename(model_dir.rstrip("/")), arch=self.spec.architecture,
                  device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), pool_size=self.pool_size,
                  context_length=self.context_length, attention=self.backend, tp_rank=self.tp.rank,
@@ -110,19 +111,25 @@ class ModelRunner:
         self.req_to_token = torch.zeros((max_rows + 1, self.context_length), dtype=torch.int32, device=self.device)
         self.pad_row = max_rows
 
-    @torch.inference_mode()
+    @property
+    def params(self) -> dict[int, SamplingParams]:
+        return self.post.params
+
     def execute(self, b: ForwardBatch) -> np.ndarray:
-        """Run one step; returns the sampled id per request in batch order (-1 where not sampled).
-        On TP ranks other than 0 nothing is sampled: rank 0 answers the scheduler."""
+        """Run one step; returns the sampled id per request in batch order (-1 where not sampled)."""
+        return self.step(b)[0]
+
+    @torch.inference_mode()
+    def step(self, b: ForwardBatch) -> tuple[np.ndarray, dict]:
+        """Run one step → (sampled id per request in batch order, -1 where not sampled; the optional
+        StepOutput fields: logprobs, prompt logprobs). On TP ranks other than 0 nothing is sampled:
+        rank 0 answers the scheduler."""
         sample = from_i32(b.sample).astype(bool)
-        out = np.full(len(sample), -1, dtype=np.int32)
         logits = self._logits(b, all_logits=False, copy=False)
         if self.tp.rank != 0 or not sample.any():
-            return out
-        rows = from_i32(b.rows)[sample].tolist()
-        next_ids = self.sampler.sample(logits, [self.params[r] for r in rows], [self.gens[r] for r in rows])
-        out[sample] = next_ids.cpu().numpy()
-        return out
+            return np.full(len(sample), -1, dtype=np.int32), self._scores
+        ids, extra = self.post.sample(b, logits, sample)
+        return ids, {**extra, **self._scores}
 
     @torch.inference_mode()
     def forward(self, b: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
@@ -139,7 +146,8 @@ class ModelRunner:
         sample = from_i32(b.sample).astype(bool)
         n, t = len(rows), len(ids)
         positions = np.arange(t) - np.repeat(np.cumsum(extend) - extend - prefix, extend)  # (T,)
-        bs = self.graphs.size_for(n) if self.graphs is not None and t == n else None
+        self._scores = {}
+        bs = self.graphs.size_for(n) if self.graphs is not None and t == n and not b.score_rows else None
         if bs is not None:  # pure decode: pad to the graph's size with the padding row
             pad = bs - n
             ids, slots, positions, rows, prefix = (np.pad(a, (0, pad)) for a in (ids, slots, positions, rows, prefix))
@@ -164,6 +172,10 @@ class ModelRunner:
                                prefix_lens_cpu=prefix.tolist(), extend_lens_cpu=extend.tolist())
         self.attn.prepare(batch)
         hidden = self.model.forward(ids_d, pos_d, self.attn)  # (T, H)
+        if b.score_rows:  # scoring requests: the logits of their prompt positions
+            idx, targets, counts = score_positions(b)
+            scored = self.model.compute_logits(hidden[torch.from_numpy(idx).to(self.device)]) if len(idx) else None
+            self._scores = prompt_logprobs(scored, targets, counts)
         if not all_logits:
             if not sample.any():
                 return hidden[:0, :0]
@@ -173,14 +185,11 @@ class ModelRunner:
 
     def _admit(self, b: ForwardBatch) -> None:
         for row in b.released_rows:
-            self.params.pop(row, None)
-            self.gens.pop(row, None)
+            self.post.release(row)
             stage("worker_released", self.rids.pop(row, ""), row=row)
         for nr in b.new_reqs:
             self.rids[nr.row] = nr.rid
             stage("worker_admitted", nr.rid, row=nr.row, step=b.step)
-            self.params[nr.row] = nr.params
-            self.gens[nr.row] = (torch.Generator(device=self.device).manual_seed(nr.params.seed)
-                                 if nr.params.seed is not None else None)
+            self.post.admit(nr)
             prefix = torch.from_numpy(from_i32(nr.prefix_slots).copy())
             self.req_to_token[nr.row, : prefix.numel()] = prefix.to(self.device)

@@ -71,13 +71,13 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
         if isinstance(msg, ForwardBatch):
             t0 = time.perf_counter()
             try:
-                next_ids = runner.execute(msg)
+                next_ids, extra = runner.step(msg)
             except Exception as e:  # one bad batch fails its requests, never the process
                 log.exception("batch_failed", step=msg.step)
                 q.send(WorkerError(step=msg.step, message=f"{type(e).__name__}: {e}"))
                 continue
             q.send(StepOutput(step=msg.step, next_ids=i32(next_ids),
-                              forward_ms=(time.perf_counter() - t0) * 1e3))
+                              forward_ms=(time.perf_counter() - t0) * 1e3, **extra))
         elif isinstance(msg, WorkerSetup):
             runner.setup(msg.max_running_requests)
         elif isinstance(msg, Shutdown):
@@ -94,7 +94,7 @@ def _follow(runner: ModelRunner, relay: Relay) -> None:
         msg = relay.recv()
         if isinstance(msg, ForwardBatch):
             try:
-                runner.execute(msg)
+                runner.step(msg)
             except Exception:  # the same batch fails on rank 0, which reports it
                 log.exception("batch_failed", step=msg.step)
         elif isinstance(msg, WorkerSetup):
