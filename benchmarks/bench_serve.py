@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support import Server  # noqa: E402
+from banyan.bench import datasets  # noqa: E402
+from banyan.bench.backends import GrpcBackend  # noqa: E402
+from banyan.bench.runner import run as bench_run  # noqa: E402
 from shared.config import TokenizerConfig  # noqa: E402
 from shared.proto.banyan.v1 import generation_pb2 as pb  # noqa: E402
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
@@ -35,6 +38,33 @@ def stream(stub, ids: list[int], n: int) -> tuple[float, list[float]]:
     for resp in stub.Generate(req, timeout=600):
         arrivals += [time.perf_counter()] * len(resp.token_ids)
     return arrivals[0] - t0, arrivals
+
+
+def structured_vs_free(target: str, vocab: int, num: int = 256, concurrency: int = 64) -> dict[str, float]:
+    """The same JSON-schema workload constrained and unconstrained (same prompts, same max tokens):
+    output tokens/s of each through ``banyan bench``'s client."""
+    import asyncio
+
+    constrained = datasets.json_requests(num, 256, 128, vocab)
+    free = [dataclasses.replace(r, json_schema="") for r in constrained]
+    out: dict[str, float] = {}
+    for name, reqs in (("free", free), ("json", constrained)):
+        async def go(reqs=reqs):
+            backend = GrpcBackend(target)
+            try:
+                return await bench_run(backend, reqs, float("inf"), concurrency, ignore_eos=(name == "free"),
+                                       progress=False)
+            finally:
+                await backend.close()
+
+        s = asyncio.run(go())
+        out[f"{name}_output_tok_s"] = s["output_throughput"]
+        out[f"{name}_request_s"] = s["request_throughput"]
+        out[f"{name}_failed"] = s["failed"]
+        out[f"{name}_mean_output_tokens"] = s["total_output_tokens"] / max(1, s["completed"])
+    out["json_vs_free_output_tok_s"] = out["json_output_tok_s"] / out["free_output_tok_s"]
+    out["json_vs_free_request_s"] = out["json_request_s"] / out["free_request_s"]
+    return out
 
 
 def main() -> None:
@@ -68,6 +98,7 @@ def main() -> None:
             res[f"concurrent{n}_ttft_median_ms"] = statistics.median(r[0] for r in results) * 1e3
             res[f"concurrent{n}_decode_ms_per_token_median"] = statistics.median(
                 (a[-1] - a[0]) / (len(a) - 1) * 1e3 for _, a in results)
+        res.update(structured_vs_free(server.target, vocab))
     finally:
         server.stop()
     print(json.dumps(res, indent=1))
