@@ -35,9 +35,8 @@ class Pending:
     """Branches of one request waiting for their grammar."""
 
     reqs: list
+    key: tuple[str, str]
     future: Future
-    deadline: float
-    started: float
 
 
 class GrammarBackend:
@@ -46,26 +45,31 @@ class GrammarBackend:
         self.model_dir, self.vocab_size, self.stop_ids = model_dir, vocab_size, list(stop_ids)
         self.timeout_s = timeout_s
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar")
-        self._compiler_future: Future | None = None
+        # The compiler (tokenizer vocab → xgrammar) is built in the background from the start, so
+        # the first constrained request does not pay for it; its build does not count against any
+        # request's compile deadline.
+        self._compiler_future: Future = self.pool.submit(self._compiler)
         self._cache: dict[tuple[str, str], Future] = {}
+        self._started: dict[tuple[str, str], float] = {}  # when each compile began
         self.pending: list[Pending] = []
         self.compile_ms: list[float] = []  # recent compile times, for metrics
 
     # ---- compilation -----------------------------------------------------------------------
     def _compiler(self):
-        """Built once, lazily (loads the tokenizer vocab): a scheduler with no constrained
-        request never imports xgrammar or transformers."""
+        """Built once, in the pool (loads the tokenizer vocab)."""
+        t0 = time.perf_counter()
         import xgrammar as xgr
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.model_dir)
         info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
-        return xgr.GrammarCompiler(info, max_threads=2)
+        compiler = xgr.GrammarCompiler(info, max_threads=2)
+        log.info("grammar_compiler_ready", seconds=round(time.perf_counter() - t0, 3))
+        return compiler
 
-    def _compile(self, c: Constraint):
-        if self._compiler_future is None:
-            self._compiler_future = self.pool.submit(self._compiler)
+    def _compile(self, key: tuple[str, str], c: Constraint):
         compiler = self._compiler_future.result()
+        self._started[key] = time.monotonic()
         t0 = time.perf_counter()
         try:
             # compact JSON (no free whitespace between tokens): a model cannot wander off into
@@ -91,9 +95,8 @@ class GrammarBackend:
         key = (c.kind, c.value if c.kind != "choice" else "\x00".join(c.choices))
         fut = self._cache.get(key)
         if fut is None:
-            fut = self._cache[key] = self.pool.submit(self._compile, c)
-        now = time.monotonic()
-        self.pending.append(Pending(reqs, fut, now + self.timeout_s, now))
+            fut = self._cache[key] = self.pool.submit(self._compile, key, c)
+        self.pending.append(Pending(reqs, key, fut))
 
     def poll(self) -> tuple[list[list], list[tuple[list, str]]]:
         """(branch lists now ready with matchers attached, (branch list, error) pairs)."""
@@ -109,7 +112,7 @@ class GrammarBackend:
                 for r in p.reqs:
                     r.matcher = self._matcher(compiled)
                 ready.append(p.reqs)
-            elif now > p.deadline:
+            elif now - self._started.get(p.key, now) > self.timeout_s:
                 failed.append((p.reqs, f"grammar compilation took longer than {self.timeout_s:.0f} s"))
             else:
                 still.append(p)

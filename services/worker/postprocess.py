@@ -42,7 +42,7 @@ class StepSampler:
         raw = logits.clone() if want_lp else logits  # logprobs report the model's own distribution
         if b.mask_rows:
             where = {int(i): k for k, i in enumerate(sel)}
-            apply_bitmask(logits, np.frombuffer(b.bitmask, dtype="<i4").reshape(len(from_i32(b.mask_rows)), -1),
+            apply_bitmask(logits, np.frombuffer(b.bitmask, dtype="<i4").reshape(len(from_i32(b.mask_rows)), -1).copy(),
                           [where[int(i)] for i in from_i32(b.mask_rows)])
         pen = [k for k, p in enumerate(params) if p.penalized]
         if pen:
