@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import grpc
@@ -35,11 +36,17 @@ def _call(fn, *args, **kw):
         raise ServerError(e.code().name, e.details() or "") from None
 
 
-class Backend:
-    """Talks to ``banyan serve`` at ``address`` (host:port). Thread-safe: programs run in parallel
-    (run_batch, fork) share one channel."""
+DEFAULT_ADDRESS = "localhost:50051"
 
-    def __init__(self, address: str = "localhost:50051", timeout: float = 600.0, api_key: str = "") -> None:
+
+class Backend:
+    """Talks to ``banyan serve`` at ``address`` (host:port; default ``$BANYAN_ADDRESS``, else
+    localhost:50051). Thread-safe: programs run in parallel (run_batch, fork) share one channel.
+    Usable as a context manager (closes the channel)."""
+
+    def __init__(self, address: str | None = None, timeout: float = 600.0, api_key: str = "") -> None:
+        address = address or os.environ.get("BANYAN_ADDRESS") or DEFAULT_ADDRESS
+        self.address = address
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.GenerationServiceStub(self.channel)
         self.timeout = timeout
@@ -47,6 +54,12 @@ class Backend:
 
     def close(self) -> None:
         self.channel.close()
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def chat_ids(self, messages: list[tuple[str, str]], add_generation_prompt: bool) -> list[int]:
         chat = pb.ChatInput(messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
@@ -80,7 +93,8 @@ class Backend:
 _default: Backend | None = None
 
 
-def set_default_backend(backend: Backend) -> None:
+def set_default_backend(backend: Backend | None) -> None:
+    """The backend ``run`` / ``run_batch`` use when given none (``None`` clears it)."""
     global _default
     _default = backend
 

@@ -23,6 +23,7 @@ class ProgramState:
         self._open: tuple[str, str] | None = None  # the turn being written
         self.values: dict[str, Any] = {}
         self.results: dict[str, GenResult] = {}  # usage of each gen, by name
+        self.scores: dict[str, pb.ScoreResponse] = {}  # the server's scores of each select, by name
 
     # ---- user API --------------------------------------------------------------------------
     def __iadd__(self, expr: Any) -> ProgramState:
@@ -42,12 +43,14 @@ class ProgramState:
 
     def fork(self, k: int) -> ForkGroup:
         """``k`` copies that continue independently (their shared prefix is cached server-side)."""
+        if k < 1:
+            raise ValueError(f"fork needs k >= 1, got {k}")
         return ForkGroup([self._copy() for _ in range(k)])
 
     # ---- execution -------------------------------------------------------------------------
     def _copy(self) -> ProgramState:
         c = copy.copy(self)
-        c._turns, c.values, c.results = list(self._turns), dict(self.values), dict(self.results)
+        c._turns, c.values, c.results, c.scores = list(self._turns), dict(self.values), dict(self.results), dict(self.scores)
         return c
 
     def _add(self, expr: Any) -> None:
@@ -55,12 +58,16 @@ class ProgramState:
             self._append(expr)
         elif isinstance(expr, Role):
             if self._open is not None:
-                self._turns.append(self._open)
+                raise ValueError(f"roles do not nest: {expr.role}(...) inside {self._open[0]}(...)")
+            if self._text:
+                raise ValueError("this program started as plain text: a state is either plain text or chat turns")
             self._open = (expr.role, "")
-            for part in expr.parts:
-                self._add(part)
-            self._turns.append(self._open)
-            self._open = None
+            try:
+                for part in expr.parts:
+                    self._add(part)
+                self._turns.append(self._open)
+            finally:  # a failed part drops the unfinished turn: the state stays usable
+                self._open = None
         elif isinstance(expr, Gen):
             self._gen(expr)
         elif isinstance(expr, Select):
@@ -80,7 +87,7 @@ class ProgramState:
         if self._open is None and not self._turns:
             return self.backend.text_ids(self._text, add_special_tokens=True)
         if self._open is None:
-            return self.backend.chat_ids(self._turns, add_generation_prompt=True)
+            raise ValueError("in a chat program, gen/select go inside an assistant turn: s += assistant(gen(...))")
         role, partial = self._open
         if role != "assistant":
             raise ValueError("gen/select inside a chat program belong in an assistant turn")
@@ -102,12 +109,13 @@ class ProgramState:
         self._append(res.text)
 
     def _select(self, s: Select) -> None:
-        scores = self.backend.score(self._prompt_ids(), s.choices).scores
-        values = [x.logprob_mean if s.method == "mean" else x.logprob_sum for x in scores]
-        best = max(range(len(values)), key=values.__getitem__)
+        resp = self.backend.score(self._prompt_ids(), s.choices)
+        values = [x.logprob_mean if s.method == "mean" else x.logprob_sum for x in resp.scores]
+        best = max(range(len(values)), key=values.__getitem__)  # ties: the first choice
         if s.name:
             self.values[s.name] = s.choices[best]
             self.values[f"{s.name}_scores"] = values
+            self.scores[s.name] = resp
         self._append(s.choices[best])
 
 
@@ -125,6 +133,11 @@ class ForkGroup:
         """Run ``fn(index, state)`` on every branch concurrently."""
         with ThreadPoolExecutor(len(self.states)) as pool:
             list(pool.map(lambda p: fn(*p), enumerate(self.states)))
+
+    def join(self) -> list[ProgramState]:
+        """The branches, finished (every ``+=`` on a group or a branch runs to completion before it
+        returns, so there is nothing to wait for); read their values with ``branch["name"]``."""
+        return list(self.states)
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]

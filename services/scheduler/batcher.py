@@ -94,6 +94,7 @@ class Batcher:
         self.kv.release(r)
         running.remove(r)
         r.status, r.retractions = Status.WAITING, r.retractions + 1
+        r.prompt_logprobs.clear()  # a scoring request recomputes every scored position on resuming
         waiting.appendleft(r)
         self.retractions += 1
         self.new_token_ratio = INIT_RATIO

@@ -67,6 +67,8 @@ class Scorer:
         out = []
         for i, c in enumerate(continuations):
             ids = full(c)
+            if ids == base:
+                raise InvalidArgument(f"continuations[{i}] adds no tokens to the prompt")
             start = max(1, min(_common_prefix(base, ids), len(ids) - 1))  # merged tokens count as the answer's
             if len(ids) >= info.context_length:
                 raise InvalidArgument(f"continuations[{i}]: prompt + continuation exceed the context window")
