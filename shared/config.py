@@ -69,6 +69,9 @@ class SchedulerConfig(CommonConfig):
     schedule_policy: str = field(default="lpm", metadata={"help": "fcfs | lpm | dfs-weight"})
     page_size: int = field(default=1, metadata={"help": "KV page size in tokens (prefix-cache granularity)"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
+    disable_jump_forward: bool = field(default=False, metadata={
+        "help": "structured output: sample every token even where the grammar allows only one continuation"})
+    metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -62,6 +62,7 @@ class GrammarBackend:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = tok  # encodes jump-forward strings
         info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
         compiler = xgr.GrammarCompiler(info, max_threads=2)
         log.info("grammar_compiler_ready", seconds=round(time.perf_counter() - t0, 3))
@@ -133,6 +134,20 @@ class GrammarBackend:
         for i, m in enumerate(matchers):
             m.fill_next_token_bitmask(mask, i)
         return mask.numpy()
+
+    def jump_forward(self, matcher, budget: int) -> list[int]:
+        """Tokens of the one continuation the grammar allows now (e.g. ``", "age": `` between two
+        JSON values), already accepted by ``matcher``; [] when the next token is a real choice.
+        The caller appends them without sampling: they are computed as a prefill chunk next step."""
+        forced = matcher.find_jump_forward_string()
+        if not forced or budget <= 0:
+            return []
+        out: list[int] = []
+        for t in self.tokenizer.encode(forced, add_special_tokens=False)[:budget]:
+            if not matcher.accept_token(t):
+                break
+            out.append(t)
+        return out
 
     def only_stop_left(self, matcher) -> bool:
         """The grammar is complete and cannot continue: only stop tokens are allowed next."""

@@ -71,7 +71,10 @@ class Scheduler:
         self.running: list[Req] = []
         self.outbox: dict[bytes, list[TokenOut]] = {}
         self.aborts: list[Req] = []
+        self.jump_forward_tokens = 0  # output tokens appended by jump-forward (not sampled)
         self.counters = Counters()
+        self.metrics = SchedulerMetrics()
+        self.tracer = make_tracer("scheduler", cfg.otlp_endpoint)
         self.stopping = False
         self.kv: KVManager
         self.batcher: Batcher
@@ -265,17 +268,26 @@ class Scheduler:
                 continue
             if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
                 c.prefill_cached += r.cached_tokens
+                c.prompt += len(r.prompt)
                 self._finish(r, "length")
                 continue
             if not r.output:
                 c.prefill_cached += r.cached_tokens
-                stage("first_token", r.rid, index=r.index, ttft_ms=round(r.wait_ms(), 3))
+                c.prompt += len(r.prompt)
+                stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(r.wait_ms(), 3))
             r.output.append(tok)
             r.unsent += 1
             if r.params.logprobs:
                 lps.take(i, r)
             reason = self._grammar_finish(r, tok) if r.matcher is not None else ""
             reason = reason or r.check_finished(self.info.context_length)
+            if not reason and r.matcher is not None and self.jump_forward_ok(r):
+                forced = self.grammar.jump_forward(r.matcher, r.remaining_new_tokens)
+                if forced:
+                    r.output += forced
+                    r.unsent += len(forced)
+                    self.jump_forward_tokens += len(forced)
+                    reason = self._grammar_done(r) or r.check_finished(self.info.context_length)
             if reason:
                 self._finish(r, reason)
             else:
@@ -297,9 +309,14 @@ class Scheduler:
         if not r.matcher.accept_token(tok):
             log.error("grammar_rejected_token", request_id=r.rid, token=tok)
             return "stop"
-        if r.matcher.is_terminated() or self.grammar.only_stop_left(r.matcher):
-            return "stop"
-        return ""
+        return self._grammar_done(r)
+
+    def _grammar_done(self, r: Req) -> str:
+        return "stop" if r.matcher.is_terminated() or self.grammar.only_stop_left(r.matcher) else ""
+
+    def jump_forward_ok(self, r: Req) -> bool:
+        """Forced tokens carry no logprobs and are not seen by the worker's penalty counts."""
+        return not (self.cfg.disable_jump_forward or r.params.logprobs or r.params.penalized)
 
     def _apply_aborts(self) -> None:
         """Aborts take effect between steps (a running request may be in the batch in flight)."""
@@ -351,7 +368,8 @@ class Scheduler:
                     steps=self.batcher.step if ready else 0, prefill_computed_tokens=c.prefill_computed,
                     prefill_cached_tokens=c.prefill_cached, decode_tokens=c.decode,
                     retractions=self.batcher.retractions if ready else 0,
-                    evicted_tokens=self.kv.evicted_tokens if ready else 0)
+                    evicted_tokens=self.kv.evicted_tokens if ready else 0,
+                    jump_forward_tokens=self.jump_forward_tokens)
 
     def _shutdown(self) -> None:
         log.info("scheduler_stop", running=len(self.running), waiting=len(self.waiting))

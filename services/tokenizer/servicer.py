@@ -166,4 +166,5 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                                   prefill_computed_tokens=load.prefill_computed_tokens,
                                   prefill_cached_tokens=load.prefill_cached_tokens, decode_tokens=load.decode_tokens,
                                   retractions=load.retractions, evicted_tokens=load.evicted_tokens,
-                                  kv_evictable_tokens=load.kv_evictable)
+                                  kv_evictable_tokens=load.kv_evictable,
+                                  jump_forward_tokens=load.jump_forward_tokens)

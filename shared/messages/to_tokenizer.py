@@ -59,6 +59,7 @@ class Load(msgspec.Struct, tag="load", frozen=True):
     decode_tokens: int
     retractions: int
     evicted_tokens: int
+    jump_forward_tokens: int = 0  # structured output: tokens appended without sampling
 
 
 ToTokenizer = ModelInfo | TokenOutBatch | Load

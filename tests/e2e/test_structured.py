@@ -158,3 +158,14 @@ def test_bad_grammars_fail_alone(stub):
     assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH and rest[-1].usage.completion_tokens == 400
     texts, _ = gen(stub, regex=r"ok|fine")  # the same server keeps serving constrained requests
     assert texts[0] in ("ok", "fine")
+
+
+def test_jump_forward_appends_forced_text_without_sampling(stub):
+    before = stub.GetLoad(pb.GetLoadRequest())
+    texts, resps = gen(stub, "Record:", json_schema=json.dumps(SCHEMA), sp=dict(temperature=0.0))
+    after = stub.GetLoad(pb.GetLoadRequest())
+    jsonschema.validate(json.loads(texts[0]), SCHEMA)
+    forced = after.jump_forward_tokens - before.jump_forward_tokens
+    completion = finals(resps)[0].usage.completion_tokens
+    assert forced > 0  # e.g. '{"name": "' and '", "age": ' come from the grammar
+    assert after.steps - before.steps < completion  # fewer model steps than output tokens

@@ -267,7 +267,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens")
+    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens", "jump_forward_tokens")
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +280,7 @@ class GetLoadResponse(_message.Message):
     RETRACTIONS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_EVICTABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_running_requests: int
     num_waiting_requests: int
     kv_free_tokens: int
@@ -292,4 +293,5 @@ class GetLoadResponse(_message.Message):
     retractions: int
     evicted_tokens: int
     kv_evictable_tokens: int
-    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ...) -> None: ...
+    jump_forward_tokens: int
+    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ...) -> None: ...
