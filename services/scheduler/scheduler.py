@@ -73,8 +73,6 @@ class Scheduler:
         self.aborts: list[Req] = []
         self.jump_forward_tokens = 0  # output tokens appended by jump-forward (not sampled)
         self.counters = Counters()
-        self.metrics = SchedulerMetrics()
-        self.tracer = make_tracer("scheduler", cfg.otlp_endpoint)
         self.stopping = False
         self.kv: KVManager
         self.batcher: Batcher
