@@ -266,13 +266,11 @@ class Scheduler:
                 continue
             if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
                 c.prefill_cached += r.cached_tokens
-                c.prompt += len(r.prompt)
                 self._finish(r, "length")
                 continue
             if not r.output:
                 c.prefill_cached += r.cached_tokens
-                c.prompt += len(r.prompt)
-                stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(r.wait_ms(), 3))
+                stage("first_token", r.rid, index=r.index, ttft_ms=round(r.wait_ms(), 3))
             r.output.append(tok)
             r.unsent += 1
             if r.params.logprobs:
