@@ -40,7 +40,15 @@ def stream(stub, ids: list[int], n: int) -> tuple[float, list[float]]:
     return arrivals[0] - t0, arrivals
 
 
-def structured_vs_free(target: str, vocab: int, num: int = 256, concurrency: int = 64) -> dict[str, float]:
+def load(target: str) -> pb.GetLoadResponse:
+    import grpc
+
+    with grpc.insecure_channel(target) as ch:
+        return pb_grpc.GenerationServiceStub(ch).GetLoad(pb.GetLoadRequest())
+
+
+def structured_vs_free(target: str, vocab: int, num: int = 256, concurrency: int = 64,
+                       json_only: bool = False) -> dict[str, float]:
     """The same JSON-schema workload constrained and unconstrained (same prompts, same max tokens):
     output tokens/s of each through ``banyan bench``'s client."""
     import asyncio
@@ -48,7 +56,8 @@ def structured_vs_free(target: str, vocab: int, num: int = 256, concurrency: int
     constrained = datasets.json_requests(num, 256, 128, vocab)
     free = [dataclasses.replace(r, json_schema="") for r in constrained]
     out: dict[str, float] = {}
-    for name, reqs in (("free", free), ("json", constrained)):
+    runs = (("free", free), ("json", constrained)) if not json_only else (("json", constrained),)
+    for name, reqs in runs:
         async def go(reqs=reqs):
             backend = GrpcBackend(target)
             try:
@@ -57,13 +66,19 @@ def structured_vs_free(target: str, vocab: int, num: int = 256, concurrency: int
             finally:
                 await backend.close()
 
+        before = load(target)
         s = asyncio.run(go())
+        after = load(target)
+        out[f"{name}_steps"] = after.steps - before.steps
+        out[f"{name}_jump_forward_tokens"] = after.jump_forward_tokens - before.jump_forward_tokens
+        out[f"{name}_tokens_per_request_step"] = s["total_output_tokens"] / max(1, after.steps - before.steps)
         out[f"{name}_output_tok_s"] = s["output_throughput"]
         out[f"{name}_request_s"] = s["request_throughput"]
         out[f"{name}_failed"] = s["failed"]
         out[f"{name}_mean_output_tokens"] = s["total_output_tokens"] / max(1, s["completed"])
-    out["json_vs_free_output_tok_s"] = out["json_output_tok_s"] / out["free_output_tok_s"]
-    out["json_vs_free_request_s"] = out["json_request_s"] / out["free_request_s"]
+    if not json_only:
+        out["json_vs_free_output_tok_s"] = out["json_output_tok_s"] / out["free_output_tok_s"]
+        out["json_vs_free_request_s"] = out["json_request_s"] / out["free_request_s"]
     return out
 
 
@@ -73,6 +88,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--log", type=Path, default=Path("/tmp/bench_serve.log"))
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--jump-forward-off-too", action="store_true",
+                    help="also run the JSON workload on a server with --disable-jump-forward")
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -101,6 +118,14 @@ def main() -> None:
         res.update(structured_vs_free(server.target, vocab))
     finally:
         server.stop()
+    if args.jump_forward_off_too:
+        server = Server(args.model, args.log.with_name("serve_nojf.log"), *extra, "--disable-jump-forward",
+                        *args.serve_args)
+        try:
+            off = structured_vs_free(server.target, vocab, json_only=True)
+            res.update({f"nojf_{k}": v for k, v in off.items()})
+        finally:
+            server.stop()
     print(json.dumps(res, indent=1))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))

@@ -41,7 +41,7 @@ if [[ $STEPS == *bench* ]]; then
 fi
 if [[ $STEPS == *serve* ]]; then
   t0=$SECONDS
-  timeout 300 python3 benchmarks/bench_serve.py --model "$MODEL" --out "$OUT/serve.json" --log "$OUT/serve_server.log" \
+  timeout 420 python3 benchmarks/bench_serve.py --model "$MODEL" --out "$OUT/serve.json" --log "$OUT/serve_server.log" --jump-forward-off-too \
     >"$OUT/serve.log" 2>&1 || status=1
   tail -12 "$OUT/serve.log"
   echo "serve: $((SECONDS - t0)) s"
