@@ -18,13 +18,20 @@ def serve(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="banyan serve",
                                  description="Serve a model: scheduler, worker and tokenizer replicas on this host")
     add_arguments(ap, TokenizerConfig, skip=_ENDPOINTS)
-    add_arguments(ap, SchedulerConfig, skip=_ENDPOINTS + ("model", "log_level"))
-    add_arguments(ap, WorkerConfig, skip=_ENDPOINTS + ("model", "log_level", "tp_size", "tp_rank"))
+    common = ("model", "log_level", "otlp_endpoint", "metrics_port")
+    add_arguments(ap, SchedulerConfig, skip=_ENDPOINTS + common)
+    add_arguments(ap, WorkerConfig, skip=_ENDPOINTS + common + ("tp_size", "tp_rank"))
     ap.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=int(os.environ.get("BANYAN_TP_SIZE", 1)),
                     help="tensor-parallel ranks: one worker process each [env BANYAN_TP_SIZE, default 1]")
     ap.add_argument("--num-tokenizers", type=int, default=1, help="tokenizer replicas sharing the gRPC and HTTP ports")
     ap.add_argument("--ready-file", default="",
-                    help="once serving, write the gRPC port here (the HTTP port, or -1, on line 2)")
+                    help="once serving, write the gRPC port here (then one a line: the HTTP port or -1, the "
+                         "scheduler's and the worker's metrics ports or 0)")
+    for service in ("scheduler", "worker"):
+        env = f"BANYAN_{service.upper()}_METRICS_PORT"
+        ap.add_argument(f"--{service}-metrics-port", type=int, default=int(os.environ.get(env, 0)),
+                        help=f"Prometheus /metrics port of the {service} (0 = a free port, logged; -1 = none) "
+                             f"[env {env}, default 0]")
     ns = ap.parse_args(argv)
     if ns.num_tokenizers < 1:
         ap.error("--num-tokenizers must be >= 1")
@@ -33,7 +40,8 @@ def serve(argv: list[str]) -> int:
         ns.dist_init_addr = f"127.0.0.1:{free_port()}"
     cfg = ServeConfig(tokenizer=from_namespace(TokenizerConfig, ns), scheduler=from_namespace(SchedulerConfig, ns),
                       worker=from_namespace(WorkerConfig, ns), num_tokenizers=ns.num_tokenizers,
-                      ready_file=ns.ready_file)
+                      ready_file=ns.ready_file, scheduler_metrics_port=ns.scheduler_metrics_port,
+                      worker_metrics_port=ns.worker_metrics_port)
     return Launcher(cfg).run()
 
 

@@ -29,6 +29,9 @@ def _check(cond: bool, msg: str) -> None:
 class CommonConfig:
     model: str = field(default="", metadata={"help": "HF model directory (empty: the embedded demo model)"})
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+    otlp_endpoint: str = field(default="", metadata={
+        "help": "export OpenTelemetry spans to this OTLP endpoint (grpc host:4317, or http/protobuf with "
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL; needs the otel extra; empty: no export)"})
 
     def __post_init__(self) -> None:
         _check(self.log_level in ("debug", "info", "warning", "error"), f"bad log level {self.log_level!r}")
@@ -80,6 +83,7 @@ class SchedulerConfig(CommonConfig):
         _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
         _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight"), f"bad schedule_policy {self.schedule_policy!r}")
         _check(self.page_size >= 1, "page_size must be >= 1")
+        _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ class WorkerConfig(CommonConfig):
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (one worker process each)"})
     tp_rank: int = field(default=0, metadata={"help": "this worker's tensor-parallel rank (0 talks to the scheduler)"})
     dist_init_addr: str = field(default="", metadata={"help": "host:port of rank 0's torch.distributed store (tp > 1)"})
+    metrics_port: int = field(default=0, metadata={
+        "help": "serve Prometheus /metrics on this HTTP port (rank 0; 0: off)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -113,6 +119,7 @@ class WorkerConfig(CommonConfig):
         _check(self.tp_size >= 1, "tp_size must be >= 1")
         _check(0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is not in [0, {self.tp_size})")
         _check(self.tp_size == 1 or ":" in self.dist_init_addr, "tp_size > 1 needs dist_init_addr (host:port)")
+        _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
 
 
 def _parse(tp: typing.Any, raw: str) -> typing.Any:

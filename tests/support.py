@@ -83,12 +83,24 @@ class Server:
         lines = ready.read_text().split()
         self.http_port = int(lines[1]) if len(lines) > 1 else -1
         self.http_url = f"http://127.0.0.1:{self.http_port}"
+        # Prometheus /metrics of the scheduler and worker rank 0 (0: none); the tokenizers' is on http_url
+        self.scheduler_metrics_port = int(lines[2]) if len(lines) > 2 else 0
+        self.worker_metrics_port = int(lines[3]) if len(lines) > 3 else 0
 
     def channel(self, own_connection: bool = False) -> grpc.Channel:
         """A channel; ``own_connection`` opens a new TCP connection instead of sharing the
         process-wide subchannel pool (the kernel spreads new connections over the replicas)."""
         opts = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
         return grpc.insecure_channel(self.target, options=opts)
+
+    def metrics(self, service: str = "tokenizer") -> str:
+        """The Prometheus text of ``service`` (tokenizer | scheduler | worker)."""
+        import urllib.request
+
+        port = {"tokenizer": self.http_port, "scheduler": self.scheduler_metrics_port,
+                "worker": self.worker_metrics_port}[service]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
 
     def log_text(self) -> str:
         self._log.flush()

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.logging import get_logger, stage
 from shared.messages.common import i32
@@ -42,6 +42,7 @@ class Scheduled:
     num_tokens: int
     prefill_tokens: int
     msg: ForwardBatch
+    queue_s: list[float] = field(default_factory=list)  # queue times of requests scheduled for the first time
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ class Batcher:
         waiting.appendleft(r)
         self.retractions += 1
         self.new_token_ratio = INIT_RATIO
-        stage("retracted", r.rid, index=r.index, output_tokens=len(r.output), kv_available=self.kv.available())
+        stage("retracted", r.rid, trace_id=r.trace_id, index=r.index, output_tokens=len(r.output),
+              kv_available=self.kv.available())
 
     # ---- admission -------------------------------------------------------------------------
     def _reserved(self, running: list[Req]) -> float:
@@ -133,9 +135,13 @@ class Batcher:
             running.append(r)
             scratch.insert(r.ns, key, range(len(key)))
             new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots),
-                                   output_ids=i32(r.output) if r.output and r.params.penalized else b""))
-            stage("scheduled", r.rid, index=r.index, queue_ms=round(r.wait_ms(), 3), prompt_tokens=len(r.prompt),
-                  cached_tokens=len(r.slots), retractions=r.retractions)
+                                   output_ids=i32(r.output) if r.output and r.params.penalized else b"",
+                                   traceparent=r.traceparent))
+            queue_ms = r.wait_ms()
+            if not r.retractions:
+                plan.queue_s.append(queue_ms / 1e3)
+            stage("scheduled", r.rid, trace_id=r.trace_id, index=r.index, queue_ms=round(queue_ms, 3),
+                  prompt_tokens=len(r.prompt), cached_tokens=len(r.slots), retractions=r.retractions)
             budget -= plan.add(r, kv, min(r.to_compute, lim.chunked_prefill_size, budget))
         return new_reqs
 
@@ -145,7 +151,8 @@ class Batcher:
             step=self.step, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
             sample=i32(plan.sample), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
-        return Scheduled(self.step, plan.reqs, plan.extend, plan.sample, len(plan.ids), plan.prefill_tokens, msg)
+        return Scheduled(self.step, plan.reqs, plan.extend, plan.sample, len(plan.ids), plan.prefill_tokens, msg,
+                         plan.queue_s)
 
 
 class _Plan:
@@ -159,6 +166,7 @@ class _Plan:
         self.ids: list[int] = []
         self.slots: list[int] = []
         self.prefill_tokens = 0
+        self.queue_s: list[float] = []
 
     def add(self, r: Req, kv: KVManager, n: int) -> int:
         """Schedule up to ``n`` of ``r``'s uncomputed tokens (fewer if the pool is short)."""

@@ -24,7 +24,8 @@ class Req:
     params: SamplingParams
     index: int = 0  # branch of a parallel-sampling (n > 1) request
     ns: str = ""  # cache namespace: requests in different namespaces never share KV
-    traceparent: str = ""
+    traceparent: str = ""  # W3C trace context it arrived with
+    span: Any = None  # its ``schedule`` span (shared.tracing.Span): queued → finished
     output: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     row: int = -1  # req_to_token row while running
@@ -42,6 +43,10 @@ class Req:
     unsent_top_ids: list[list[int]] = field(default_factory=list)
     unsent_top_logprobs: list[list[float]] = field(default_factory=list)
     prompt_logprobs: list[float] = field(default_factory=list)  # scoring requests
+
+    @property
+    def trace_id(self) -> str:
+        return self.traceparent[3:35]
 
     @property
     def seq(self) -> list[int]:

@@ -20,9 +20,11 @@ from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut,
 from shared.messages.to_worker import Shutdown, ToWorker, WorkerSetup
 from shared.transport import DealerQueue, RouterQueue
 from shared.model_path import resolve_model
+from shared.tracing import ensure, make_tracer
 from services.scheduler.batcher import Batcher, Limits, Scheduled
 from services.scheduler.grammar import GrammarBackend
 from services.scheduler.kv import KVManager
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.policy import POLICIES
 from services.scheduler.request import Req, Status
 
@@ -33,6 +35,7 @@ class Counters(msgspec.Struct):
     prefill_computed: int = 0
     prefill_cached: int = 0
     decode: int = 0
+    prompt: int = 0  # prompt tokens of the branches prefilled (prefill_cached of them came from the cache)
 
 
 class _StepLogprobs:
@@ -73,6 +76,8 @@ class Scheduler:
         self.aborts: list[Req] = []
         self.jump_forward_tokens = 0  # output tokens appended by jump-forward (not sampled)
         self.counters = Counters()
+        self.metrics = SchedulerMetrics()
+        self.tracer = make_tracer("scheduler", cfg.otlp_endpoint)
         self.stopping = False
         self.kv: KVManager
         self.batcher: Batcher
@@ -84,6 +89,7 @@ class Scheduler:
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
         log.info("scheduler_start", tokenizer_endpoint=self.cfg.tokenizer_endpoint,
                  worker_endpoint=self.cfg.worker_endpoint)
+        self.metrics.serve(self.cfg.metrics_port)
         while not self.stopping:
             busy = bool(self.waiting or self.running)
             compiling = self.info is not None and bool(self.grammar.pending)
@@ -97,6 +103,7 @@ class Scheduler:
             if sched is None:
                 if not busy:
                     self.kv.check_integrity(self.running)
+                    self._update_metrics([])
                 continue
             sched.msg = self._with_extras(sched)
             self.worker.send(sched.msg)
@@ -110,6 +117,7 @@ class Scheduler:
                         self._finish(r, "error", error=f"worker failed: {out.message}", code="internal")
             self._apply_aborts()
             self._flush()
+            self._update_metrics(sched.queue_s)
         self._shutdown()
 
     def _poll(self, timeout_ms: int) -> None:
@@ -158,7 +166,8 @@ class Scheduler:
             self.tok.send(ident, self._load(msg.token))
 
     def _on_generate(self, ident: bytes, msg: GenerateReq) -> None:
-        stage("queued", msg.rid, prompt_tokens=len(msg.input_ids), n=msg.n, traceparent=msg.traceparent)
+        traceparent = ensure(msg.traceparent)
+        stage("queued", msg.rid, trace_id=traceparent[3:35], prompt_tokens=len(msg.input_ids), n=msg.n)
         err = self._reject_reason(msg)
         if err:
             code, text = err
@@ -171,8 +180,9 @@ class Scheduler:
             params = msg.params
             if i and params.seed is not None:
                 params = msgspec.structs.replace(params, seed=params.seed + i)
+            span = self.tracer.start("schedule", traceparent, request_id=msg.rid, index=i)
             branches.append(Req(rid=msg.rid, replica=ident, prompt=list(msg.input_ids), params=params, index=i,
-                                ns=msg.cache_ns, traceparent=msg.traceparent))
+                                ns=msg.cache_ns, traceparent=span.traceparent, span=span))
         self.groups[msg.rid] = branches
         if msg.constraint is not None:
             self.grammar.submit(branches, msg.constraint)  # joins the queue once compiled
@@ -181,6 +191,11 @@ class Scheduler:
 
     def _poll_grammars(self) -> None:
         ready, failed = self.grammar.poll()
+        times = self.grammar.compile_ms
+        if times:
+            n = len(times)  # (compile threads append)
+            self.metrics.grammar_compiled([ms / 1e3 for ms in times[:n]])
+            del times[:n]
         for branches in ready:
             self.waiting.extend(r for r in branches if r.status is Status.WAITING and not r.aborted)
         for branches, error in failed:
@@ -266,11 +281,13 @@ class Scheduler:
                 continue
             if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
                 c.prefill_cached += r.cached_tokens
+                c.prompt += len(r.prompt)
                 self._finish(r, "length")
                 continue
             if not r.output:
                 c.prefill_cached += r.cached_tokens
-                stage("first_token", r.rid, index=r.index, ttft_ms=round(r.wait_ms(), 3))
+                c.prompt += len(r.prompt)
+                stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(r.wait_ms(), 3))
             r.output.append(tok)
             r.unsent += 1
             if r.params.logprobs:
@@ -333,8 +350,11 @@ class Scheduler:
             self.groups.pop(r.rid, None)
         self._emit(r.replica, self._out(r, finish=reason, error=error, error_code=code, prompt_tokens=len(r.prompt),
                                         completion_tokens=len(r.output)))
-        stage("finished", r.rid, index=r.index, finish_reason=reason, completion_tokens=len(r.output),
-              cached_tokens=r.cached_tokens, e2e_ms=round(r.wait_ms(), 3))
+        stage("finished", r.rid, trace_id=r.trace_id, index=r.index, finish_reason=reason,
+              completion_tokens=len(r.output), cached_tokens=r.cached_tokens, e2e_ms=round(r.wait_ms(), 3))
+        if r.span is not None:
+            r.span.end(finish_reason=reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
+                       cached_tokens=r.cached_tokens, retractions=r.retractions)
 
     @staticmethod
     def _out(r: Req, **final) -> TokenOut:
@@ -353,6 +373,12 @@ class Scheduler:
         for ident, outs in self.outbox.items():
             self.tok.send(ident, TokenOutBatch(outs=outs))
         self.outbox.clear()
+
+    def _update_metrics(self, queue_times: list[float]) -> None:
+        c, kv = self.counters, self.kv
+        waiting = len(self.waiting) + sum(len(p.reqs) for p in self.grammar.pending)
+        self.metrics.step(len(self.running), waiting, kv.pool_size, kv.slots.num_free, kv.evictable,
+                          self.batcher.retractions, c.prompt, c.prefill_cached, queue_times)
 
     def _load(self, token: str) -> Load:
         ready = self.info is not None
@@ -379,5 +405,7 @@ class Scheduler:
         if self.info is not None:
             self.grammar.close()
         self.worker.send(Shutdown())
+        self.metrics.close()
+        self.tracer.shutdown()
         time.sleep(0.1)
         self.ctx.destroy(linger=0)

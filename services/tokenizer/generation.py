@@ -1,14 +1,18 @@
 """One generation, independent of the API front: submit to the scheduler, detokenize each branch
-incrementally, apply stop strings, and abort downstream when the caller goes away."""
+incrementally, apply stop strings, and abort downstream when the caller goes away. Its latencies
+and token counts go to the metrics once it ends; its ``generate`` span covers received → sent."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from shared.errors import BY_WIRE_CODE, Internal
 from shared.logging import stage
+from shared.tracing import Trace, Tracer
 from services.tokenizer.detokenizer import IncrementalDetokenizer
+from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.text import TextProcessor
 from services.tokenizer.validation import Prepared
@@ -58,20 +62,36 @@ class _Branch:
         self.generated = 0
         self.cached = 0
         self.done = False
+        self.finish = ""
+        self.started = False  # the scheduler took it (an output arrived)
+        self.last = 0.0  # when its last tokens arrived
+        self.gaps: list[float] = []  # inter-token latencies
 
 
 class Generator:
-    def __init__(self, text: TextProcessor, client: SchedulerClient) -> None:
+    def __init__(self, text: TextProcessor, client: SchedulerClient, metrics: TokenizerMetrics | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.text = text
         self.client = client
+        self.metrics = metrics
+        self.tracer = tracer or Tracer()
 
-    async def stream(self, p: Prepared, rid: str, traceparent: str = "") -> AsyncIterator[Chunk]:
+    async def stream(self, p: Prepared, rid: str, trace: Trace | None = None) -> AsyncIterator[Chunk]:
         """Chunks of every branch as they come; ends when all branches are done. Closing the
-        iterator early (client cancel, disconnect, deadline) aborts the request downstream."""
-        queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, traceparent, p.constraint)
+        iterator early (client cancel, disconnect, deadline) aborts the request downstream.
+        ``trace``: the request's trace context and when it was received (default: now, a new trace)."""
+        trace = trace or Trace.incoming(None)
+        span = self.tracer.start("generate", trace.traceparent, trace.start_ns, request_id=rid,
+                                 prompt_tokens=len(p.input_ids), n=p.n)
         branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, p.input_ids, p.skip_special_tokens, p.stop))
                     for _ in range(p.n)]
         live = p.n
+        first = 0.0
+        try:
+            queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, span.traceparent, p.constraint)
+        except Exception:
+            self._ended(trace, span, p, branches, first, "error")
+            raise
         try:
             async for out in self.client.stream(queue):
                 b = branches[out.index]
@@ -79,7 +99,19 @@ class Generator:
                     continue
                 if out.finish == "error":
                     live = 0
+                    for x in branches:
+                        x.finish = x.finish or "error"
                     raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
+                b.started = True
+                if out.token_ids:
+                    now = time.monotonic()
+                    if not first:
+                        first = now
+                        if self.metrics is not None:
+                            self.metrics.ttft.observe(now - trace.start)
+                    if b.last:
+                        b.gaps.append(now - b.last)
+                    b.last = now
                 b.generated += len(out.token_ids)
                 b.cached = max(b.cached, out.cached_tokens)
                 text = b.detok.push(out.token_ids)
@@ -88,6 +120,7 @@ class Generator:
                     yield Chunk(out.index, out.token_ids, text, logprobs=lps)
                     continue
                 b.done, live = True, live - 1
+                b.finish = "stop" if b.detok.stopped else out.finish
                 usage = Usage(len(p.input_ids), b.generated, b.cached)
                 if b.detok.stopped:
                     if not out.finish:
@@ -100,10 +133,26 @@ class Generator:
                     yield Chunk(out.index, out.token_ids, text + b.detok.finish(), out.finish, usage,
                                 matched_stop_token_id=stop_id, logprobs=lps)
                 if live == 0:
-                    stage("sent", rid, completion_tokens=sum(x.generated for x in branches))
+                    stage("sent", rid, trace_id=trace.trace_id, completion_tokens=sum(x.generated for x in branches))
                     return
         finally:
             self.client.release(rid)
             if live:  # the caller went away (cancel, deadline, disconnect): free its KV
                 self.client.abort(rid)
-                stage("cancelled", rid, completion_tokens=sum(x.generated for x in branches))
+                stage("cancelled", rid, trace_id=trace.trace_id,
+                      completion_tokens=sum(x.generated for x in branches))
+            self._ended(trace, span, p, branches, first, "abort")
+
+    def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float, unfinished: str) -> None:
+        """Metrics and span of a request that ended; branches without a finish reason get ``unfinished``."""
+        reasons = [b.finish or unfinished for b in branches]
+        started = [b for b in branches if b.started]
+        prompt = len(p.input_ids) if started else 0
+        generated = sum(b.generated for b in branches)
+        if self.metrics is not None:
+            done = all(b.done for b in branches)
+            self.metrics.request_ended(time.monotonic() - trace.start if done else None,
+                                       [g for b in branches for g in b.gaps], prompt, generated,
+                                       min((b.cached for b in started), default=0), reasons)
+        span.end(finish_reason=",".join(sorted(set(reasons))), completion_tokens=generated,
+                 ttft_s=first - trace.start if first else -1.0)

@@ -16,6 +16,7 @@ from shared.logging import get_logger
 from shared.model_path import resolve_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+from shared.tracing import make_tracer
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.http.app import create_app
 from services.tokenizer.http.server import HttpServer
@@ -39,7 +40,8 @@ async def run(cfg: TokenizerConfig) -> None:
     server = grpc.aio.server(interceptors=[*interceptors, ErrorInterceptor()],
                              options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                                       ("grpc.max_send_message_length", MAX_MESSAGE)])
-    pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(text, client), server)
+    metrics, tracer = TokenizerMetrics(), make_tracer("tokenizer", cfg.otlp_endpoint)
+    pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(text, client, metrics, tracer), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -48,7 +50,7 @@ async def run(cfg: TokenizerConfig) -> None:
     port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
     http = None
     if cfg.http_port >= 0:
-        app = create_app(text, client, api_key, TokenizerMetrics())
+        app = create_app(text, client, api_key, metrics, tracer)
         http = HttpServer(app, cfg.host, cfg.http_port, cfg.grace_seconds, app.state.frontend.abort_all)
     http_port = http.port if http else -1
     await server.start()
@@ -91,6 +93,7 @@ async def run(cfg: TokenizerConfig) -> None:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await asyncio.gather(server.stop(cfg.grace_seconds), *([http.stop()] if http is not None else []))
     await client.close()
+    tracer.shutdown()
     log.info("tokenizer_stopped")
     if failed:
         raise SystemExit(1)

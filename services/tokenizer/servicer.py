@@ -12,8 +12,10 @@ from shared.messages.common import Constraint
 from shared.messages.to_tokenizer import ModelInfo
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+from shared.tracing import Trace, Tracer
 from services.tokenizer import tokens, validation
 from services.tokenizer.generation import Chunk, Generator
+from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.scoring import Scorer
 from services.tokenizer.text import Message, TextProcessor
@@ -87,10 +89,11 @@ def _response(rid: str, c: Chunk) -> pb.GenerateResponse:
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
-    def __init__(self, text: TextProcessor, client: SchedulerClient) -> None:
+    def __init__(self, text: TextProcessor, client: SchedulerClient, metrics: TokenizerMetrics | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.text = text
         self.client = client
-        self.generator = Generator(text, client)
+        self.generator = Generator(text, client, metrics, tracer)
         self.scorer = Scorer(text, client)
 
     def _info(self) -> ModelInfo:
@@ -100,12 +103,13 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         rid = request.request_id or uuid.uuid4().hex
-        stage("received", rid)
+        trace = Trace.incoming(_traceparent(context))
+        stage("received", rid, trace_id=trace.trace_id)
         p = validation.prepare(_prompt(request), _sampling(request.sampling_params), self.text, self._info(),
                                request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
                                constraint=_constraint(request))
-        stage("tokenized", rid, prompt_tokens=len(p.input_ids), n=p.n)
-        stream = self.generator.stream(p, rid, _traceparent(context))
+        stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.input_ids), n=p.n)
+        stream = self.generator.stream(p, rid, trace)
         try:
             async for chunk in stream:
                 yield _response(rid, chunk)
@@ -114,12 +118,13 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
         rid = request.request_id or uuid.uuid4().hex
-        stage("received", rid, rpc="Score")
+        trace = Trace.incoming(_traceparent(context))
+        stage("received", rid, trace_id=trace.trace_id, rpc="Score")
         if len(request.request_id) > validation.MAX_REQUEST_ID or len(request.cache_salt) > validation.MAX_CACHE_SALT:
             raise InvalidArgument("request_id and cache_salt must have at most 256 characters")
         prompt_len, seqs = self.scorer.sequences(_prompt(request), list(request.continuations), self._info())
-        scores = await self.scorer.score(rid, seqs, request.cache_salt, _traceparent(context))
-        stage("sent", rid, continuations=len(scores))
+        scores = await self.scorer.score(rid, seqs, request.cache_salt, trace.traceparent)
+        stage("sent", rid, trace_id=trace.trace_id, continuations=len(scores))
         return pb.ScoreResponse(request_id=rid, prompt_tokens=prompt_len, scores=[
             pb.ContinuationScore(tokens=[pb.TokenLogprob(token_id=t, logprob=lp) for t, lp in zip(s.token_ids, s.logprobs)],
                                  logprob_sum=s.total, logprob_mean=s.mean, cached_tokens=s.cached_tokens)

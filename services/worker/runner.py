@@ -19,6 +19,7 @@ from shared.config import WorkerConfig
 from shared.logging import get_logger, stage
 from shared.messages.common import SamplingParams, from_i32
 from shared.messages.to_worker import ForwardBatch
+from shared.tracing import Span, Tracer
 from services.worker.attention import make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch
 from services.worker.cuda_graph import NUM_INPUTS, DecodeGraphs
@@ -54,8 +55,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, cfg: WorkerConfig, model_dir: str, tp: TPGroup | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, model_dir: str, tp: TPGroup | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.tp = tp or TPGroup()
+        self.tracer = tracer or Tracer()
         self.device = resolve_device(cfg.device, self.tp.rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -80,7 +83,7 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device)
         self.post = StepSampler(self.sampler, self.spec.vocab_size, self.device)
-        self.rids: dict[int, str] = {}  # by row, for the stage log
+        self.rids: dict[int, tuple[str, str, Span]] = {}  # by row: request id, trace id, ``forward`` span
         self._scores: dict = {}  # prompt-logprob fields of the last step, if it had scoring requests
         log.info("model_loaded", model=os.path.basename(model_dir.rstrip("/")), arch=self.spec.architecture,
                  device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), pool_size=self.pool_size,
@@ -183,13 +186,23 @@ class ModelRunner:
             hidden = hidden[torch.from_numpy(last).to(self.device)]
         return self.model.compute_logits(hidden)  # (N, V)
 
+    def end_spans(self) -> None:
+        """End the spans of requests still holding rows (stopping: a row is released with the next
+        batch, which may never come)."""
+        for _, _, span in self.rids.values():
+            span.end()
+
     def _admit(self, b: ForwardBatch) -> None:
         for row in b.released_rows:
             self.post.release(row)
-            stage("worker_released", self.rids.pop(row, ""), row=row)
+            rid, trace_id, span = self.rids.pop(row, ("", "", Span("")))
+            stage("worker_released", rid, trace_id=trace_id, row=row)
+            span.end()
         for nr in b.new_reqs:
-            self.rids[nr.row] = nr.rid
-            stage("worker_admitted", nr.rid, row=nr.row, step=b.step)
+            trace_id = nr.traceparent[3:35]
+            self.rids[nr.row] = (nr.rid, trace_id, self.tracer.start("forward", nr.traceparent, request_id=nr.rid,
+                                                                      row=nr.row))
+            stage("worker_admitted", nr.rid, trace_id=trace_id, row=nr.row, step=b.step)
             self.post.admit(nr)
             prefix = torch.from_numpy(from_i32(nr.prefix_slots).copy())
             self.req_to_token[nr.row, : prefix.numel()] = prefix.to(self.device)

@@ -17,7 +17,9 @@ from shared.messages.codec import Codec
 from shared.messages.common import i32
 from shared.messages.to_scheduler import StepOutput, ToScheduler, WorkerError, WorkerReady
 from shared.messages.to_worker import ForwardBatch, Shutdown, ToWorker, WorkerSetup
+from shared.tracing import make_tracer
 from shared.transport import DealerQueue
+from services.worker.metrics import WorkerMetrics
 from services.worker.runner import ModelRunner, resolve_device
 from services.worker.tp import Relay, init_tp
 
@@ -30,14 +32,16 @@ def serve(cfg: WorkerConfig, model_dir: str, model_name: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     tp, relay = init_tp(cfg, cuda)
+    tracer = make_tracer("worker", cfg.otlp_endpoint if tp.rank == 0 else "")  # one span per request: rank 0's
     try:
-        runner = ModelRunner(cfg, model_dir, tp)
+        runner = ModelRunner(cfg, model_dir, tp, tracer)
         if tp.rank == 0:
             _lead(cfg, runner, relay, model_name)
         else:
             assert relay is not None
             _follow(runner, relay)
     finally:
+        tracer.shutdown()
         if tp.size > 1:
             dist.destroy_process_group()
 
@@ -53,6 +57,8 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    metrics = WorkerMetrics()
+    metrics.serve(cfg.metrics_port)
     spec = runner.spec
     q.send(WorkerReady(model=model_name, architecture=spec.architecture, vocab_size=spec.vocab_size,
                        context_length=runner.context_length, pool_size=runner.pool_size,
@@ -75,9 +81,11 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
             except Exception as e:  # one bad batch fails its requests, never the process
                 log.exception("batch_failed", step=msg.step)
                 q.send(WorkerError(step=msg.step, message=f"{type(e).__name__}: {e}"))
+                metrics.failures.inc()
                 continue
-            q.send(StepOutput(step=msg.step, next_ids=i32(next_ids),
-                              forward_ms=(time.perf_counter() - t0) * 1e3, **extra))
+            seconds = time.perf_counter() - t0
+            q.send(StepOutput(step=msg.step, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
+            metrics.step(seconds, len(msg.rows) // 4, len(msg.input_ids) // 4)
         elif isinstance(msg, WorkerSetup):
             runner.setup(msg.max_running_requests)
         elif isinstance(msg, Shutdown):
@@ -85,6 +93,8 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     if relay is not None and not isinstance(msg, Shutdown):
         relay.send(Shutdown())
     log.info("worker_stop")
+    runner.end_spans()
+    metrics.close()
     ctx.destroy(linger=0)
 
 

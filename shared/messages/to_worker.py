@@ -21,6 +21,7 @@ class NewReq(msgspec.Struct, frozen=True):
     params: SamplingParams
     prefix_slots: bytes = b""  # int32: KV slots of the cached prefix (matched in the scheduler)
     output_ids: bytes = b""  # int32: tokens already generated (a retracted request resuming; penalties)
+    traceparent: str = ""  # W3C trace context (the scheduler's span of the request): stage logs, worker span
 
 
 class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):

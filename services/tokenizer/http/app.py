@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from shared.errors import InvalidArgument, Unavailable
 from shared.logging import stage
 from shared.messages.to_tokenizer import ModelInfo
+from shared.tracing import Trace, Tracer
 from services.tokenizer import tokens, validation
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.generation import Chunk, Generator
@@ -45,9 +46,10 @@ def _event(data: str) -> str:
 class Frontend:
     """What the routes share: the text processor, the generator and the model being served."""
 
-    def __init__(self, text: TextProcessor, client: SchedulerClient) -> None:
+    def __init__(self, text: TextProcessor, client: SchedulerClient, metrics: TokenizerMetrics | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.text, self.client = text, client
-        self.generator = Generator(text, client)
+        self.generator = Generator(text, client, metrics, tracer)
         self.token_texts = convert.TokenTexts(text)
         self.created = int(time.time())
         self.in_flight: set[str] = set()  # request ids of the generations being answered
@@ -71,11 +73,11 @@ class Frontend:
     async def generate(self, request: Request, prepared: list[Prepared], rid: str, object_id: str, fmt: Format,
                        stream: bool, include_usage: bool) -> Response:
         n = prepared[0].n
-        traceparent = request.headers.get("traceparent", "")
+        trace: Trace = request.state.trace  # one trace for the HTTP request, a span per prompt
         rids = [rid] if len(prepared) == 1 else [f"{rid}-{i}" for i in range(len(prepared))]
         for r, p in zip(rids, prepared):
-            stage("tokenized", r, prompt_tokens=len(p.input_ids), n=p.n)
-        streams = [self.generator.stream(p, r, traceparent) for p, r in zip(prepared, rids)]
+            stage("tokenized", r, trace_id=trace.trace_id, prompt_tokens=len(p.input_ids), n=p.n)
+        streams = [self.generator.stream(p, r, trace) for p, r in zip(prepared, rids)]
         outputs = self._tracked(rids, merge(streams))
         created, model, headers = int(time.time()), self.model().model, {"X-Request-Id": rid}
         if not stream:
@@ -138,17 +140,21 @@ class Frontend:
 
 
 def _request_id(request: Request, prefix: str) -> str:
+    """The request id (X-Request-Id or a new one); the trace context (traceparent or a new one) goes
+    to ``request.state.trace``."""
     rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-    stage("received", rid, api=prefix)
+    trace = request.state.trace = Trace.incoming(request.headers.get("traceparent"))
+    stage("received", rid, trace_id=trace.trace_id, api=prefix)
     return rid
 
 
-def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, metrics: TokenizerMetrics) -> FastAPI:
+def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, metrics: TokenizerMetrics,
+               tracer: Tracer | None = None) -> FastAPI:
     app = FastAPI(title="Banyan", version="1", summary="OpenAI-compatible API of a Banyan tokenizer replica",
                   redoc_url=None)
     errors.install(app)
     app.add_middleware(Edge, api_key=api_key, metrics=metrics)
-    front = Frontend(text, client)
+    front = Frontend(text, client, metrics, tracer)
     app.state.frontend = front
 
     @app.exception_handler(ClientGone)

@@ -1,0 +1,78 @@
+"""Prometheus metrics of the scheduler, updated once per step (never per token), served on
+``--metrics-port`` (``GET /metrics``) by prometheus_client's HTTP server thread.
+
+- ``banyan:queue_time_seconds``: queued → first scheduled, per request branch (a retracted
+  request resuming is not observed again).
+- ``banyan:num_running_requests`` / ``banyan:num_waiting_requests``: after each step (waiting
+  includes requests whose grammar is compiling).
+- ``banyan:kv_cache_usage``: the fraction of the KV pool held by running requests (their own slots
+  and the cached prefixes they lock). Cached prefixes nobody holds are reclaimable on demand and
+  do not count (vLLM's ``kv_cache_usage_perc`` counts the same way); they are
+  ``banyan:kv_cache_evictable_tokens``.
+- ``banyan:cache_hit_rate``: prompt tokens whose KV came from the prefix cache ÷ prompt tokens,
+  over every request prefilled since start (for a windowed rate, divide the ``rate()`` of the
+  tokenizer's ``banyan:cached_tokens_total`` by that of ``banyan:prompt_tokens_total``).
+- ``banyan:retractions_total``, ``banyan:grammar_compile_seconds``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from shared.logging import get_logger
+
+log = get_logger("scheduler")
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+                 320.0, 640.0)
+COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.queue_time = Histogram("banyan:queue_time_seconds", "Time from queued to first scheduled",
+                                    buckets=QUEUE_BUCKETS, registry=r)
+        self.running = Gauge("banyan:num_running_requests", "Request branches running (in the batch)", registry=r)
+        self.waiting = Gauge("banyan:num_waiting_requests", "Request branches waiting to be scheduled", registry=r)
+        self.kv_usage = Gauge("banyan:kv_cache_usage",
+                              "Fraction of the KV pool held by running requests (evictable cache excluded)",
+                              registry=r)
+        self.kv_evictable = Gauge("banyan:kv_cache_evictable_tokens",
+                                  "KV slots holding cached prefixes no request holds (reclaimable)", registry=r)
+        self.hit_rate = Gauge("banyan:cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens, "
+                              "since start", registry=r)
+        self.retractions = Counter("banyan:retractions", "Requests retracted (KV to the cache, back to the queue)",
+                                   registry=r)
+        self.grammar_compile = Histogram("banyan:grammar_compile_seconds", "Structured-output grammar compile time",
+                                         buckets=COMPILE_BUCKETS, registry=r)
+        self._retractions = 0
+        self._server = None
+
+    def serve(self, port: int) -> None:
+        """Start the HTTP server thread (``port`` 0: none)."""
+        if port:
+            self._server, _ = start_http_server(port, registry=self.registry)
+            log.info("metrics_listening", port=port)
+
+    def step(self, running: int, waiting: int, kv_pool: int, kv_free: int, kv_evictable: int, retractions: int,
+             prompt_tokens: int, cached_tokens: int, queue_times: list[float]) -> None:
+        """One update per scheduler step (or idle pass), from the scheduler's own counters."""
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set((kv_pool - kv_free - kv_evictable) / kv_pool if kv_pool else 0.0)
+        self.kv_evictable.set(kv_evictable)
+        if prompt_tokens:
+            self.hit_rate.set(cached_tokens / prompt_tokens)
+        if retractions > self._retractions:
+            self.retractions.inc(retractions - self._retractions)
+            self._retractions = retractions
+        for q in queue_times:
+            self.queue_time.observe(q)
+
+    def grammar_compiled(self, seconds: list[float]) -> None:
+        for s in seconds:
+            self.grammar_compile.observe(s)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()

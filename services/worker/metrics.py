@@ -1,0 +1,39 @@
+"""Prometheus metrics of worker rank 0, one update per step, served on ``--metrics-port``
+(``GET /metrics``) by prometheus_client's HTTP server thread."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from shared.logging import get_logger
+
+log = get_logger("worker")
+FORWARD_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.forward = Histogram("banyan:forward_time_seconds", "Worker time per step: forward, sampling, outputs",
+                                 buckets=FORWARD_BUCKETS, registry=r)
+        self.batch_size = Histogram("banyan:forward_batch_size", "Requests per step", buckets=BATCH_BUCKETS, registry=r)
+        self.tokens = Counter("banyan:forward_tokens", "Tokens computed (prompt chunks + decode)", registry=r)
+        self.failures = Counter("banyan:forward_failures", "Steps that failed (their requests fail)", registry=r)
+        self._server = None
+
+    def serve(self, port: int) -> None:
+        """Start the HTTP server thread (``port`` 0: none)."""
+        if port:
+            self._server, _ = start_http_server(port, registry=self.registry)
+            log.info("metrics_listening", port=port)
+
+    def step(self, seconds: float, batch_size: int, tokens: int) -> None:
+        self.forward.observe(seconds)
+        self.batch_size.observe(batch_size)
+        self.tokens.inc(tokens)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
