@@ -45,14 +45,15 @@ class GrammarBackend:
         self.model_dir, self.vocab_size, self.stop_ids = model_dir, vocab_size, list(stop_ids)
         self.timeout_s = timeout_s
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar")
-        # The compiler (tokenizer vocab → xgrammar) is built in the background from the start, so
-        # the first constrained request does not pay for it; its build does not count against any
-        # request's compile deadline.
+        # The compiler (tokenizer vocab → xgrammar) is built at start-up (``wait_ready``), before the
+        # engine serves: the first constrained request does not pay for it, and its Python-heavy
+        # build does not compete with the scheduling loop for the GIL while requests run.
         self._compiler_future: Future = self.pool.submit(self._compiler)
         self._cache: dict[tuple[str, str], Future] = {}
         self._started: dict[tuple[str, str], float] = {}  # when each compile began
         self.pending: list[Pending] = []
         self.compile_ms: list[float] = []  # recent compile times, for metrics
+        self._batch = None  # xgrammar's multi-threaded bitmask filler, made on first use
 
     # ---- compilation -----------------------------------------------------------------------
     def _compiler(self):
@@ -67,6 +68,14 @@ class GrammarBackend:
         compiler = xgr.GrammarCompiler(info, max_threads=2)
         log.info("grammar_compiler_ready", seconds=round(time.perf_counter() - t0, 3))
         return compiler
+
+    def wait_ready(self) -> None:
+        """Block until the compiler is built (seconds for a 128k vocabulary). A failure is logged
+        here and reported to each constrained request."""
+        try:
+            self._compiler_future.result()
+        except Exception:
+            log.exception("grammar_compiler_failed")
 
     def _compile(self, key: tuple[str, str], c: Constraint):
         compiler = self._compiler_future.result()
@@ -127,12 +136,17 @@ class GrammarBackend:
 
     # ---- per step --------------------------------------------------------------------------
     def bitmask(self, matchers: list) -> np.ndarray:
-        """One int32 row of allowed-token bits per matcher: (N, ceil(V / 32))."""
+        """One int32 row of allowed-token bits per matcher: (N, ceil(V / 32)), filled by xgrammar's
+        own threads (one row per matcher, in parallel, outside the GIL)."""
         import xgrammar as xgr
 
         mask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
-        for i, m in enumerate(matchers):
-            m.fill_next_token_bitmask(mask, i)
+        if len(matchers) == 1:
+            matchers[0].fill_next_token_bitmask(mask, 0)
+        else:
+            if self._batch is None:
+                self._batch = xgr.BatchGrammarMatcher()
+            self._batch.batch_fill_next_token_bitmask(matchers, mask)
         return mask.numpy()
 
     def jump_forward(self, matcher, budget: int) -> list[int]:

@@ -259,6 +259,7 @@ class Scheduler:
                               eos_token_ids=w.eos_token_ids, device=w.device, dtype=w.dtype)
         log.info("worker_ready", **{k: getattr(w, k) for k in w.__struct_fields__})
         self.grammar = GrammarBackend(resolve_model(cfg.model)[0], w.vocab_size, w.eos_token_ids)
+        self.grammar.wait_ready()  # before serving: building it later would contend with the loop
         for ident in self.hellos:
             self.tok.send(ident, self.info)
         self.hellos.clear()
