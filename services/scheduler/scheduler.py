@@ -99,6 +99,7 @@ class Scheduler:
             if compiling:
                 self._poll_grammars()
             self._apply_aborts()
+            self._flush()  # aborts of requests that are not in the next batch end their streams now
             sched = self.batcher.build(self.running, self.waiting)
             if sched is None:
                 if not busy:
