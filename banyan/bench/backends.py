@@ -21,6 +21,7 @@ class Result:
     itl: list[float] = field(default_factory=list)  # gaps between later token arrivals
     latency: float = 0.0
     error: str = ""
+    token_times: list[float] = field(default_factory=list)  # perf_counter() at each token's arrival
 
 
 class GrpcBackend:
@@ -50,6 +51,7 @@ class GrpcBackend:
             async for chunk in self.stub.Generate(req):
                 now = time.perf_counter()
                 if chunk.token_ids:
+                    res.token_times += [now] * len(chunk.token_ids)
                     if res.output_len == 0:
                         res.ttft = now - t0
                     else:
@@ -100,6 +102,7 @@ class OpenAIBackend:
                     data = json.loads(line[5:])
                     now = time.perf_counter()
                     if data.get("choices") and data["choices"][0].get("text"):
+                        res.token_times.append(now)
                         if chunks == 0:
                             res.ttft = now - t0
                         else:

@@ -37,7 +37,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench-result.json", help="JSON results (a PNG is written beside it)")
+    ap.add_argument("--output-json", "--out", dest="out", default="bench-result.json",
+                    help="JSON results (the PNG plots are written beside it)")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 

@@ -42,7 +42,7 @@ async def run(backend, requests: list[BenchRequest], request_rate: float, max_co
     duration = time.perf_counter() - start
     if bar is not None:
         bar.close()
-    return summarize(results, duration)
+    return summarize(results, duration, start)
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -59,7 +59,16 @@ def _dist(xs: list[float]) -> dict:
             "p99": _pct(ms, 99)}
 
 
-def summarize(results: list[Result], duration: float) -> dict:
+def _throughput_over_time(results: list[Result], start: float, duration: float) -> list[float]:
+    """Output tokens per second in one-second bins from the start of the run."""
+    bins = [0.0] * (int(duration) + 1)
+    for r in results:
+        for t in r.token_times:
+            bins[min(len(bins) - 1, max(0, int(t - start)))] += 1
+    return bins
+
+
+def summarize(results: list[Result], duration: float, start: float = 0.0) -> dict:
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_len for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
@@ -80,6 +89,7 @@ def summarize(results: list[Result], duration: float) -> dict:
         "e2e_ms": _dist([r.latency for r in ok]),
         "latencies_s": [r.latency for r in ok],
         "ttfts_s": [r.ttft for r in ok],
+        "output_tok_s_per_second": _throughput_over_time(ok, start, duration) if start else [],
     }
 
 
@@ -95,13 +105,15 @@ def table(summary: dict) -> str:
     ]
     for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E latency")):
         d = s[key]
-        rows.append((f"{name} mean / p50 / p99 (ms)", f"{d['mean']:.2f} / {d['p50']:.2f} / {d['p99']:.2f}"))
+        rows.append((f"{name} mean / p50 / p90 / p99 (ms)",
+                     f"{d['mean']:.2f} / {d['p50']:.2f} / {d['p90']:.2f} / {d['p99']:.2f}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def plot(summary: dict, path: str) -> bool:
-    """Latency and TTFT distributions as a PNG; False when matplotlib is not installed."""
+    """Latency CDFs (TTFT, end to end) and output throughput over time as a PNG; False when
+    matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -109,11 +121,15 @@ def plot(summary: dict, path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    axes[0].hist([x * 1e3 for x in summary["ttfts_s"]], bins=30)
-    axes[0].set(title="Time to first token", xlabel="ms", ylabel="requests")
-    axes[1].hist([x for x in summary["latencies_s"]], bins=30)
-    axes[1].set(title="End-to-end latency", xlabel="s")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key, title, scale, unit in ((axes[0], "ttfts_s", "Time to first token", 1e3, "ms"),
+                                        (axes[1], "latencies_s", "End-to-end latency", 1.0, "s")):
+        xs = sorted(x * scale for x in summary[key])
+        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))])
+        ax.set(title=f"{title} (CDF)", xlabel=unit, ylabel="fraction of requests")
+    series = summary.get("output_tok_s_per_second") or []
+    axes[2].plot(range(len(series)), series)
+    axes[2].set(title="Output throughput over time", xlabel="s since start", ylabel="tokens/s")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
