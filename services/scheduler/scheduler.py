@@ -102,7 +102,6 @@ class Scheduler:
             self._flush()  # aborts of requests that are not in the next batch end their streams now
             sched = self.batcher.build(self.running, self.waiting)
             if sched is None:
-                self._flush()  # what the aborts above finished (nothing may run now, so no step flushes it)
                 if not busy:
                     self.kv.check_integrity(self.running)
                     self._update_metrics([])
