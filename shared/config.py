@@ -72,6 +72,8 @@ class SchedulerConfig(CommonConfig):
     schedule_policy: str = field(default="lpm", metadata={"help": "fcfs | lpm | dfs-weight"})
     page_size: int = field(default=1, metadata={"help": "KV page size in tokens (prefix-cache granularity)"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
+    max_queued_requests: int = field(default=0, metadata={
+        "help": "requests waiting beyond this many are refused with RESOURCE_EXHAUSTED / 429 (0: no limit)"})
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "structured output: sample every token even where the grammar allows only one continuation"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
@@ -83,6 +85,7 @@ class SchedulerConfig(CommonConfig):
         _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
         _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight"), f"bad schedule_policy {self.schedule_policy!r}")
         _check(self.page_size >= 1, "page_size must be >= 1")
+        _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
 
 

@@ -22,7 +22,10 @@ class Unavailable(BanyanError):
 
 
 class ResourceExhausted(BanyanError):
+    """Overload: the client should retry after ``retry_after_s`` (gRPC RetryInfo, HTTP Retry-After)."""
+
     code = "RESOURCE_EXHAUSTED"
+    retry_after_s = 1.0
 
 
 class Internal(BanyanError):

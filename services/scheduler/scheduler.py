@@ -232,6 +232,10 @@ class Scheduler:
             return "unavailable", "the model is not loaded yet"
         if msg.rid in self.groups:
             return "already_exists", f"request_id {msg.rid!r} is already in flight"
+        queued = len(self.waiting) + sum(len(p.reqs) for p in self.grammar.pending)
+        if self.cfg.max_queued_requests and queued + msg.n > self.cfg.max_queued_requests:
+            return "resource_exhausted", (f"the queue is full ({queued} requests waiting, limit "
+                                          f"{self.cfg.max_queued_requests}): retry later")
         need = len(msg.input_ids) + msg.params.max_new_tokens
         if need > self.kv.pool_size:
             return "invalid_argument", (f"prompt ({len(msg.input_ids)}) + max_tokens "

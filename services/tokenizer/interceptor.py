@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from shared.errors import BanyanError
+from shared.errors import BanyanError, ResourceExhausted
 from shared.logging import get_logger
 from services.tokenizer.auth import ApiKey
 
@@ -13,7 +13,22 @@ log = get_logger("tokenizer")
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)  # callable without the API key
 
 
+def _retry_status(e: ResourceExhausted):
+    """RESOURCE_EXHAUSTED with a google.rpc.RetryInfo detail (standard client retry hint)."""
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import code_pb2, error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    detail = any_pb2.Any()
+    secs = int(e.retry_after_s)
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
+        seconds=secs, nanos=int((e.retry_after_s - secs) * 1e9))))
+    return rpc_status.to_status(status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(e), details=[detail]))
+
+
 async def _abort(context: grpc.aio.ServicerContext, e: Exception, method: str) -> None:
+    if isinstance(e, ResourceExhausted):
+        await context.abort_with_status(_retry_status(e))
     if isinstance(e, BanyanError):
         await context.abort(getattr(grpc.StatusCode, e.code), str(e))
     log.exception("rpc_failed", method=method)
