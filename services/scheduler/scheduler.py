@@ -13,7 +13,7 @@ import zmq
 from shared.config import SchedulerConfig
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
-from shared.messages.common import from_f32, from_i32, i32
+from shared.messages.common import from_i32
 from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOutput, ToScheduler,
                                           TokenizerHello, WorkerError, WorkerReady)
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
@@ -27,6 +27,7 @@ from services.scheduler.kv import KVManager
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.policy import POLICIES
 from services.scheduler.request import Req, Status
+from services.scheduler.step_io import StepLogprobs, take_prompt_logprobs, token_out, with_extras
 
 log = get_logger("scheduler")
 
@@ -36,25 +37,6 @@ class Counters(msgspec.Struct):
     prefill_cached: int = 0
     decode: int = 0
     prompt: int = 0  # prompt tokens of the branches prefilled (prefill_cached of them came from the cache)
-
-
-class _StepLogprobs:
-    """Logprob arrays of one StepOutput, decoded only if some request asked for them."""
-
-    def __init__(self, out: StepOutput) -> None:
-        self.lp = from_f32(out.logprobs) if out.logprobs else None
-        k = out.top_k
-        self.top_ids = from_i32(out.top_ids).reshape(-1, k) if k else None
-        self.top_lp = from_f32(out.top_logprobs).reshape(-1, k) if k else None
-
-    def take(self, i: int, r: Req) -> None:
-        if self.lp is None:
-            return
-        r.unsent_logprobs.append(float(self.lp[i]))
-        n = r.params.top_logprobs
-        if n and self.top_ids is not None:
-            r.unsent_top_ids.append(self.top_ids[i, :n].tolist())
-            r.unsent_top_logprobs.append(self.top_lp[i, :n].tolist())
 
 
 class Scheduler:
@@ -106,7 +88,7 @@ class Scheduler:
                     self.kv.check_integrity(self.running)
                     self._update_metrics([])
                 continue
-            sched.msg = self._with_extras(sched)
+            sched.msg = with_extras(sched, self.grammar)
             self.worker.send(sched.msg)
             out = self._await_step(sched.step)
             if isinstance(out, StepOutput):
@@ -205,28 +187,6 @@ class Scheduler:
         if failed:
             self._flush()
 
-    def _with_extras(self, sched: Scheduled):
-        """Attach what only some steps need: the allowed-token bitmask of every constrained request
-        that samples, and the positions whose logprobs scoring requests want."""
-        extra = {}
-        rows = [i for i, (r, s) in enumerate(zip(sched.reqs, sched.sample)) if s and r.matcher is not None]
-        if rows:
-            mask = self.grammar.bitmask([sched.reqs[i].matcher for i in rows])
-            extra.update(mask_rows=i32(rows), bitmask=mask.tobytes())
-        score = [(i, r) for i, r in enumerate(sched.reqs) if r.params.prompt_logprobs_from > 0]
-        if score:
-            starts = from_i32(sched.msg.prefix_lens)
-            rows, first, nxt = [], [], []
-            for i, r in score:
-                end = int(starts[i]) + sched.extend[i]  # positions starts[i] .. end-1 are computed now
-                if end - 1 >= r.params.prompt_logprobs_from - 1:
-                    rows.append(i)
-                    first.append(max(r.params.prompt_logprobs_from - 1, int(starts[i])))
-                    nxt.append(r.tokens(end, end + 1)[0] if end < len(r.prompt) else -1)
-            if rows:
-                extra.update(score_rows=i32(rows), score_from=i32(first), score_next=i32(nxt))
-        return msgspec.structs.replace(sched.msg, **extra) if extra else sched.msg
-
     def _reject_reason(self, msg: GenerateReq) -> tuple[str, str] | None:
         if self.info is None:
             return "unavailable", "the model is not loaded yet"
@@ -275,8 +235,8 @@ class Scheduler:
         c.prefill_computed += sched.prefill_tokens
         c.decode += sched.num_tokens - sched.prefill_tokens
         assert self.info is not None
-        lps = _StepLogprobs(out)
-        self._take_prompt_logprobs(sched, out)
+        lps = StepLogprobs(out)
+        take_prompt_logprobs(sched, out)
         for i, (r, n, sample, tok) in enumerate(zip(sched.reqs, sched.extend, sched.sample,
                                                     from_i32(out.next_ids).tolist())):
             if r.status is not Status.RUNNING:
@@ -310,18 +270,7 @@ class Scheduler:
             if reason:
                 self._finish(r, reason)
             else:
-                self._emit(r.replica, self._out(r))
-
-    @staticmethod
-    def _take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:
-        if not out.prompt_logprob_counts:
-            return
-        values = from_f32(out.prompt_logprobs).tolist()
-        rows = from_i32(sched.msg.score_rows).tolist()
-        pos = 0
-        for i, n in zip(rows, from_i32(out.prompt_logprob_counts).tolist()):
-            sched.reqs[i].prompt_logprobs.extend(values[pos:pos + n])
-            pos += n
+                self._emit(r.replica, token_out(r))
 
     def _grammar_finish(self, r: Req, tok: int) -> str:
         """Advance the matcher; "stop" when the grammar ended (EOS taken, or nothing but EOS left)."""
@@ -354,23 +303,13 @@ class Scheduler:
         group = self.groups.get(r.rid, [])
         if all(b.status is Status.FINISHED for b in group):
             self.groups.pop(r.rid, None)
-        self._emit(r.replica, self._out(r, finish=reason, error=error, error_code=code, prompt_tokens=len(r.prompt),
+        self._emit(r.replica, token_out(r, finish=reason, error=error, error_code=code, prompt_tokens=len(r.prompt),
                                         completion_tokens=len(r.output)))
         stage("finished", r.rid, trace_id=r.trace_id, index=r.index, finish_reason=reason,
               completion_tokens=len(r.output), cached_tokens=r.cached_tokens, e2e_ms=round(r.wait_ms(), 3))
         if r.span is not None:
             r.span.end(finish_reason=reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
                        cached_tokens=r.cached_tokens, retractions=r.retractions)
-
-    @staticmethod
-    def _out(r: Req, **final) -> TokenOut:
-        """The tokens (and logprobs) ``r`` produced since its last output."""
-        out = TokenOut(rid=r.rid, index=r.index, token_ids=r.output[len(r.output) - r.unsent:],
-                       cached_tokens=r.cached_tokens, logprobs=r.unsent_logprobs, top_ids=r.unsent_top_ids,
-                       top_logprobs=r.unsent_top_logprobs,
-                       prompt_logprobs=r.prompt_logprobs if final else [], **final)
-        r.unsent, r.unsent_logprobs, r.unsent_top_ids, r.unsent_top_logprobs = 0, [], [], []
-        return out
 
     def _emit(self, ident: bytes, out: TokenOut) -> None:
         self.outbox.setdefault(ident, []).append(out)

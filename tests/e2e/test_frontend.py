@@ -370,7 +370,6 @@ def test_scoring_request_retracted_mid_prefill_reports_each_position_once():
     it as decoding); the pool runs dry, it is retracted, resumes from the cache and recomputes its
     scored positions: each logprob must be reported once, not once per attempt."""
     from collections import deque
-    from types import SimpleNamespace
 
     import numpy as np
 
@@ -378,7 +377,7 @@ def test_scoring_request_retracted_mid_prefill_reports_each_position_once():
     from services.scheduler.kv import KVManager
     from services.scheduler.policy import POLICIES
     from services.scheduler.request import Req
-    from services.scheduler.scheduler import Scheduler
+    from services.scheduler.step_io import take_prompt_logprobs, with_extras
     from services.worker.postprocess import score_positions
     from shared.messages.common import SamplingParams, f32, i32
     from shared.messages.to_scheduler import StepOutput
@@ -389,7 +388,6 @@ def test_scoring_request_retracted_mid_prefill_reports_each_position_once():
     decoders = [Req(rid=f"d{i}", replica=b"t", prompt=[300 + i, 400 + i], params=SamplingParams(max_new_tokens=12))
                 for i in range(20)]
     running, waiting = [], deque(decoders)
-    scheduler = SimpleNamespace(grammar=None)  # _with_extras needs it only for constrained requests
     done, hog = [], None
 
     def step():
@@ -397,13 +395,13 @@ def test_scoring_request_retracted_mid_prefill_reports_each_position_once():
         s = b.build(running, waiting)
         if s is None:
             return False
-        s.msg = Scheduler._with_extras(scheduler, s)
+        s.msg = with_extras(s, None)  # the grammar backend is needed only for constrained requests
         out = StepOutput(step=s.step, next_ids=i32([5] * len(s.reqs)))
         if s.msg.score_rows:  # what the worker returns: one value per scored position
             _, targets, counts = score_positions(s.msg)
             out = StepOutput(step=s.step, next_ids=out.next_ids, prompt_logprob_counts=i32(counts),
                              prompt_logprobs=f32(np.arange(len(targets), dtype=np.float32)))
-        Scheduler._take_prompt_logprobs(s, out)
+        take_prompt_logprobs(s, out)
         for r, n, sample in zip(s.reqs, s.extend, s.sample):
             if n > 1 or not r.output:
                 b.kv.cache_prefix(r)

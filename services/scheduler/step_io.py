@@ -1,0 +1,77 @@
+"""What the scheduler adds to a batch before sending it, and reads back from a step's output:
+grammar bitmasks and scoring positions down; logprobs and prompt logprobs up; TokenOut messages."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.messages.common import from_f32, from_i32, i32
+from shared.messages.to_scheduler import StepOutput
+from shared.messages.to_tokenizer import TokenOut
+from shared.messages.to_worker import ForwardBatch
+from services.scheduler.batcher import Scheduled
+from services.scheduler.grammar import GrammarBackend
+from services.scheduler.request import Req
+
+
+class StepLogprobs:
+    """Logprob arrays of one StepOutput, decoded only if some request asked for them."""
+
+    def __init__(self, out: StepOutput) -> None:
+        self.lp = from_f32(out.logprobs) if out.logprobs else None
+        k = out.top_k
+        self.top_ids = from_i32(out.top_ids).reshape(-1, k) if k else None
+        self.top_lp = from_f32(out.top_logprobs).reshape(-1, k) if k else None
+
+    def take(self, i: int, r: Req) -> None:
+        if self.lp is None:
+            return
+        r.unsent_logprobs.append(float(self.lp[i]))
+        n = r.params.top_logprobs
+        if n and self.top_ids is not None:
+            r.unsent_top_ids.append(self.top_ids[i, :n].tolist())
+            r.unsent_top_logprobs.append(self.top_lp[i, :n].tolist())
+
+
+def with_extras(sched: Scheduled, grammar: GrammarBackend | None) -> ForwardBatch:
+    """Attach what only some steps need: the allowed-token bitmask of every constrained request
+    that samples, and the positions whose logprobs scoring requests want."""
+    extra = {}
+    rows = [i for i, (r, s) in enumerate(zip(sched.reqs, sched.sample)) if s and r.matcher is not None]
+    if rows:
+        mask = grammar.bitmask([sched.reqs[i].matcher for i in rows])
+        extra.update(mask_rows=i32(rows), bitmask=mask.tobytes())
+    score = [(i, r) for i, r in enumerate(sched.reqs) if r.params.prompt_logprobs_from > 0]
+    if score:
+        starts = from_i32(sched.msg.prefix_lens)
+        rows, first, nxt = [], [], []
+        for i, r in score:
+            end = int(starts[i]) + sched.extend[i]  # positions starts[i] .. end-1 are computed now
+            if end - 1 >= r.params.prompt_logprobs_from - 1:
+                rows.append(i)
+                first.append(max(r.params.prompt_logprobs_from - 1, int(starts[i])))
+                nxt.append(r.tokens(end, end + 1)[0] if end < len(r.prompt) else -1)
+        if rows:
+            extra.update(score_rows=i32(rows), score_from=i32(first), score_next=i32(nxt))
+    return msgspec.structs.replace(sched.msg, **extra) if extra else sched.msg
+
+
+def take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:
+    if not out.prompt_logprob_counts:
+        return
+    values = from_f32(out.prompt_logprobs).tolist()
+    rows = from_i32(sched.msg.score_rows).tolist()
+    pos = 0
+    for i, n in zip(rows, from_i32(out.prompt_logprob_counts).tolist()):
+        sched.reqs[i].prompt_logprobs.extend(values[pos:pos + n])
+        pos += n
+
+
+def token_out(r: Req, **final) -> TokenOut:
+    """The tokens (and logprobs) ``r`` produced since its last output."""
+    out = TokenOut(rid=r.rid, index=r.index, token_ids=r.output[len(r.output) - r.unsent:],
+                   cached_tokens=r.cached_tokens, logprobs=r.unsent_logprobs, top_ids=r.unsent_top_ids,
+                   top_logprobs=r.unsent_top_logprobs,
+                   prompt_logprobs=r.prompt_logprobs if final else [], **final)
+    r.unsent, r.unsent_logprobs, r.unsent_top_ids, r.unsent_top_logprobs = 0, [], [], []
+    return out
