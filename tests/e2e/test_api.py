@@ -24,12 +24,6 @@ def server(demo_dir, tmp_path_factory):
     assert s.stop() == 0, s.log_text()[-3000:]
 
 
-@pytest.fixture(scope="module")
-def stub(server):
-    with server.channel() as ch:
-        yield pb_grpc.GenerationServiceStub(ch)
-
-
 def gen(stub, text="Once upon a time", timeout=60, request_id="", **sp):
     req = pb.GenerateRequest(text=text, request_id=request_id, sampling_params=pb.SamplingParams(**sp))
     return list(stub.Generate(req, timeout=timeout))

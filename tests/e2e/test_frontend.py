@@ -19,7 +19,6 @@ import banyan as bn
 from support import ROOT, Server, free_port
 from services.scheduler.batcher import DEDUP_MIN_TOKENS
 from shared.proto.banyan.v1 import generation_pb2 as pb
-from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
 sys.path.insert(0, str(ROOT / "examples"))
 import document_qa  # noqa: E402
@@ -43,12 +42,6 @@ def server(demo_dir, tmp_path_factory):
 def backend(server):
     with bn.Backend(server.target) as b:
         yield b
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with server.channel() as ch:
-        yield pb_grpc.GenerationServiceStub(ch)
 
 
 @pytest.fixture(scope="module")

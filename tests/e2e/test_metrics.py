@@ -25,12 +25,6 @@ def server(demo_dir, tmp_path_factory):
     assert s.stop() == 0, s.log_text()[-3000:]
 
 
-@pytest.fixture(scope="module")
-def stub(server):
-    with server.channel() as ch:
-        yield pb_grpc.GenerationServiceStub(ch)
-
-
 def scrape(server, service="tokenizer") -> dict[tuple, float]:
     """{(sample name, sorted labels): value}."""
     out = {}

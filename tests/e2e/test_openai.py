@@ -40,12 +40,6 @@ def client(server):
         yield c
 
 
-@pytest.fixture(scope="module")
-def stub(server):
-    with server.channel() as ch:
-        yield pb_grpc.GenerationServiceStub(ch)
-
-
 AUTH = [("authorization", f"Bearer {KEY}")]
 
 

@@ -14,7 +14,6 @@ import pytest
 
 from support import ROOT, Server, make_tiny_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
-from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
 LLAMA3 = ROOT.parent / "shared" / "assets" / "tokenizers" / "llama3"
 
@@ -59,12 +58,6 @@ def server(demo_dir, tmp_path_factory):
     s = Server(str(model), tmp / "server.log")
     yield s
     assert s.stop() == 0, s.log_text()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with server.channel() as ch:
-        yield pb_grpc.GenerationServiceStub(ch)
 
 
 def gen(stub, prompt="Answer:", max_tokens=160, **kw) -> tuple[list[str], list[pb.GenerateResponse]]:

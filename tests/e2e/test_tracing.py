@@ -16,7 +16,6 @@ import requests
 
 from support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
-from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
 OTEL = importlib.util.find_spec("opentelemetry.sdk") is not None and \
     importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc") is not None
@@ -74,12 +73,6 @@ def server(demo_dir, tmp_path_factory, collector):
                env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
     yield s
     assert s.stop() == 0, s.log_text()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with server.channel() as ch:
-        yield pb_grpc.GenerationServiceStub(ch)
 
 
 def stage_lines(server, rid: str, timeout: float = 5.0) -> list[dict]:
