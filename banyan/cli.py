@@ -23,10 +23,14 @@ def serve(argv: list[str]) -> int:
     add_arguments(ap, WorkerConfig, skip=_ENDPOINTS + common + ("tp_size", "tp_rank"))
     ap.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=int(os.environ.get("BANYAN_TP_SIZE", 1)),
                     help="tensor-parallel ranks: one worker process each [env BANYAN_TP_SIZE, default 1]")
+    ap.add_argument("--dp", "--dp-size", dest="dp_size", type=int, default=int(os.environ.get("BANYAN_DP_SIZE", 1)),
+                    help="data-parallel groups: each a scheduler + --tp worker ranks with its own KV pool; the "
+                         "tokenizers route each request by prefix affinity and load [env BANYAN_DP_SIZE, default 1]")
     ap.add_argument("--num-tokenizers", type=int, default=1, help="tokenizer replicas sharing the gRPC and HTTP ports")
     ap.add_argument("--ready-file", default="",
                     help="once serving, write the gRPC port here (then one a line: the HTTP port or -1, the "
-                         "scheduler's and the worker's metrics ports or 0)")
+                         "scheduler's and the worker's metrics ports or 0; with --dp > 1 those of group 0, then "
+                         "the schedulers' and the workers' of every group, comma-separated)")
     for service in ("scheduler", "worker"):
         env = f"BANYAN_{service.upper()}_METRICS_PORT"
         ap.add_argument(f"--{service}-metrics-port", type=int, default=int(os.environ.get(env, 0)),
@@ -35,13 +39,15 @@ def serve(argv: list[str]) -> int:
     ns = ap.parse_args(argv)
     if ns.num_tokenizers < 1:
         ap.error("--num-tokenizers must be >= 1")
+    if ns.dp_size < 1:
+        ap.error("--dp must be >= 1")
     setup_logging("launcher", ns.log_level)
     if ns.tp_size > 1 and not ns.dist_init_addr:  # the ranks meet on a free local port
         ns.dist_init_addr = f"127.0.0.1:{free_port()}"
     cfg = ServeConfig(tokenizer=from_namespace(TokenizerConfig, ns), scheduler=from_namespace(SchedulerConfig, ns),
                       worker=from_namespace(WorkerConfig, ns), num_tokenizers=ns.num_tokenizers,
                       ready_file=ns.ready_file, scheduler_metrics_port=ns.scheduler_metrics_port,
-                      worker_metrics_port=ns.worker_metrics_port)
+                      worker_metrics_port=ns.worker_metrics_port, dp=ns.dp_size)
     return Launcher(cfg).run()
 
 

@@ -1,5 +1,6 @@
-"""``banyan serve``: start the scheduler, the worker ranks and N tokenizer replicas on one host,
-supervise them, and stop them in order (tokenizers drain first) on SIGINT/SIGTERM."""
+"""``banyan serve``: start the scheduler, the worker ranks and N tokenizer replicas on one host
+(``--dp N``: N scheduler + worker groups, every tokenizer connected to all of them), supervise
+them, and stop them in order (tokenizers drain first) on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -30,11 +31,35 @@ class ServeConfig:
     startup_timeout: float = 600.0
     scheduler_metrics_port: int = 0  # Prometheus /metrics of the scheduler: 0 = a free port, -1 = none
     worker_metrics_port: int = 0  # … of worker rank 0
+    dp: int = 1  # data-parallel groups: one scheduler + tp worker ranks each, own endpoints and KV pool
 
 
-def _metrics_port(port: int) -> int:
-    """A service's ``metrics_port`` (0 = off) from a launcher setting (0 = a free port, -1 = off)."""
-    return free_port() if port == 0 else max(port, 0)
+def _metrics_port(port: int, group: int = 0) -> int:
+    """A service's ``metrics_port`` (0 = off) from a launcher setting (0 = a free port, -1 = off;
+    a fixed port is group 0's, group g gets port + g)."""
+    if port == 0:
+        return free_port()
+    return port + group if port > 0 else 0
+
+
+def _group_gpus(worker: WorkerConfig, dp: int) -> list[dict[str, str]]:
+    """Per group, the environment of its worker ranks: with dp > 1 on CUDA (device auto or cuda),
+    its own tp_size GPUs through CUDA_VISIBLE_DEVICES; nothing otherwise (an explicit cuda:N or
+    cpu is used by every group as given)."""
+    if dp == 1 or worker.device not in ("auto", "cuda"):
+        return [{} for _ in range(dp)]
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0 and worker.device == "auto":
+        return [{} for _ in range(dp)]
+    need = dp * worker.tp_size
+    if count < need:
+        raise RuntimeError(f"--dp {dp} × --tp {worker.tp_size} needs {need} GPUs; {count} are visible")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(count)]
+    tp = worker.tp_size
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[g * tp:(g + 1) * tp])} for g in range(dp)]
 
 
 def free_port() -> int:
@@ -72,28 +97,40 @@ class Launcher:
     def run(self) -> int:
         cfg = self.cfg
         resolve_model(cfg.worker.model)  # builds the demo model once, before the services start
+        try:
+            gpus = _group_gpus(cfg.worker, cfg.dp)
+        except RuntimeError as e:
+            log.error("bad_dp", error=str(e))
+            return 1
         run_dir = tempfile.mkdtemp(prefix="banyan-")
-        tok_ep, wrk_ep = f"ipc://{run_dir}/scheduler.ipc", f"ipc://{run_dir}/worker.ipc"
         port = cfg.tokenizer.grpc_port or free_port()
         http_port = cfg.tokenizer.http_port or free_port()  # -1 (no HTTP) stays
-        sched_metrics = _metrics_port(cfg.scheduler_metrics_port)
-        worker_metrics = _metrics_port(cfg.worker_metrics_port)
+        sched_metrics = [_metrics_port(cfg.scheduler_metrics_port, g) for g in range(cfg.dp)]
+        worker_metrics = [_metrics_port(cfg.worker_metrics_port, g) for g in range(cfg.dp)]
         # tokenizer replicas write their metrics here; a scrape of any of them sums all (multiprocess mode)
         metrics_dir = os.path.join(run_dir, "tokenizer-metrics")
         os.makedirs(metrics_dir)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self._spawn("scheduler", "services.scheduler", replace(cfg.scheduler, tokenizer_endpoint=tok_ep,
-                                                               worker_endpoint=wrk_ep, metrics_port=sched_metrics))
-        wcfg = replace(cfg.worker, scheduler_endpoint=wrk_ep)
-        for rank in range(wcfg.tp_size):  # one process per tensor-parallel rank; rank 0 talks to the scheduler
-            self._spawn(f"worker-{rank}", "services.worker",
-                        replace(wcfg, tp_rank=rank, metrics_port=worker_metrics if rank == 0 else 0))
+        tok_eps = []
+        for g in range(cfg.dp):  # dp = 1: the names and endpoints of a single group, as always
+            sfx = f"-{g}" if cfg.dp > 1 else ""
+            tok_ep, wrk_ep = f"ipc://{run_dir}/scheduler{sfx}.ipc", f"ipc://{run_dir}/worker{sfx}.ipc"
+            tok_eps.append(tok_ep)
+            self._spawn(f"scheduler{sfx}", "services.scheduler",
+                        replace(cfg.scheduler, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep,
+                                metrics_port=sched_metrics[g]))
+            wcfg = replace(cfg.worker, scheduler_endpoint=wrk_ep)
+            if g and wcfg.tp_size > 1:  # each group's ranks meet on their own port
+                wcfg = replace(wcfg, dist_init_addr=f"{wcfg.dist_init_addr.rsplit(':', 1)[0]}:{free_port()}")
+            for rank in range(wcfg.tp_size):  # one process per tensor-parallel rank; rank 0 talks to the scheduler
+                self._spawn(f"worker{sfx}-{rank}", "services.worker",
+                            replace(wcfg, tp_rank=rank, metrics_port=worker_metrics[g] if rank == 0 else 0), gpus[g])
         port_files = []
         for i in range(cfg.num_tokenizers):
             pf = os.path.join(run_dir, f"tokenizer-{i}.port")
             port_files.append(pf)
-            tcfg = replace(cfg.tokenizer, scheduler_endpoint=tok_ep, grpc_port=port, http_port=http_port,
+            tcfg = replace(cfg.tokenizer, scheduler_endpoint=",".join(tok_eps), grpc_port=port, http_port=http_port,
                            port_file=pf, replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
             self._spawn(f"tokenizer-{i}", "services.tokenizer", tcfg, {MULTIPROC_ENV: metrics_dir})
         deadline = time.monotonic() + cfg.startup_timeout
@@ -106,13 +143,18 @@ class Launcher:
                 return 1
             if not ready and all(os.path.exists(pf) for pf in port_files):
                 ready = True
-                log.info("serving", grpc_port=port, http_port=http_port, tokenizers=cfg.num_tokenizers)
-                log.info("metrics_ports", tokenizer=http_port, scheduler=sched_metrics, worker=worker_metrics)
+                log.info("serving", grpc_port=port, http_port=http_port, tokenizers=cfg.num_tokenizers, dp=cfg.dp)
+                one = cfg.dp == 1  # a port, or a list of one per group
+                log.info("metrics_ports", tokenizer=http_port, scheduler=sched_metrics[0] if one else sched_metrics,
+                         worker=worker_metrics[0] if one else worker_metrics)
                 http = f", OpenAI-compatible HTTP on port {http_port}" if http_port > 0 else ""
                 print(f"Banyan is serving gRPC on port {port}{http}", file=sys.stderr, flush=True)
                 if cfg.ready_file:  # lines: gRPC port, HTTP port (-1: none), scheduler and worker metrics
-                    with open(cfg.ready_file + ".tmp", "w") as f:  # ports (0: none); never seen half-written
-                        f.write(f"{port}\n{http_port}\n{sched_metrics}\n{worker_metrics}\n")
+                    lines = [port, http_port, sched_metrics[0], worker_metrics[0]]  # ports (0: none) of group 0
+                    if not one:  # then every group's, comma-separated
+                        lines += [",".join(map(str, sched_metrics)), ",".join(map(str, worker_metrics))]
+                    with open(cfg.ready_file + ".tmp", "w") as f:  # never seen half-written
+                        f.write("".join(f"{x}\n" for x in lines))
                     os.replace(cfg.ready_file + ".tmp", cfg.ready_file)
             if not ready and time.monotonic() > deadline:
                 log.error("startup_timeout", seconds=cfg.startup_timeout)

@@ -41,7 +41,8 @@ class CommonConfig:
 class TokenizerConfig(CommonConfig):
     host: str = field(default="0.0.0.0", metadata={"help": "gRPC listen host"})
     grpc_port: int = field(default=50051, metadata={"help": "gRPC listen port (0 = pick a free port)"})
-    scheduler_endpoint: str = field(default="tcp://127.0.0.1:5557", metadata={"help": "scheduler ZMQ endpoint"})
+    scheduler_endpoint: str = field(default="tcp://127.0.0.1:5557", metadata={
+        "help": "scheduler ZMQ endpoint; with data parallelism one per group, comma-separated (group 0 first)"})
     replica_id: str = field(default="", metadata={"help": "replica identity (empty: host-pid)"})
     port_file: str = field(default="", metadata={
         "help": "once serving, write the bound gRPC port to this file (the HTTP port, or -1, on line 2)"})
@@ -50,12 +51,36 @@ class TokenizerConfig(CommonConfig):
         "help": "OpenAI-compatible HTTP listen port (0 = pick a free port, -1 = no HTTP)"})
     api_key: str = field(default="", repr=False, metadata={
         "help": "require 'Authorization: Bearer KEY' on HTTP and gRPC (health stays open; empty: no key)"})
+    # data-parallel routing (several scheduler endpoints): see services/tokenizer/router.py
+    router_block_tokens: int = field(default=32, metadata={
+        "help": "DP routing: prefix blocks of this many tokens (a multiple of the schedulers' --page-size)"})
+    router_max_blocks: int = field(default=1 << 18, metadata={
+        "help": "DP routing: prefix blocks remembered per group at most (LRU; also bounded by its KV pool)"})
+    router_balance_abs: int = field(default=32, metadata={
+        "help": "DP routing: prefix affinity yields to load when a group has this many more requests in "
+                "flight than the least loaded one …"})
+    router_balance_rel: float = field(default=1.5, metadata={"help": "… and this many times as many"})
+    router_probe_interval: float = field(default=1.0, metadata={
+        "help": "DP routing: seconds between load probes of each group (others' load, dead groups; 0: none)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(0 <= self.grpc_port < 65536, f"grpc_port out of range: {self.grpc_port}")
+        eps = self.scheduler_endpoints
+        _check(len(eps) >= 1 and len(set(eps)) == len(eps),
+               f"scheduler_endpoint needs distinct, non-empty endpoints: {self.scheduler_endpoint!r}")
+        _check(self.router_block_tokens >= 1, "router_block_tokens must be >= 1")
+        _check(self.router_max_blocks >= 1, "router_max_blocks must be >= 1")
+        _check(self.router_balance_abs >= 0, "router_balance_abs must be >= 0")
+        _check(self.router_balance_rel >= 1.0, "router_balance_rel must be >= 1")
+        _check(self.router_probe_interval >= 0, "router_probe_interval must be >= 0")
         _check(-1 <= self.http_port < 65536, f"http_port out of range: {self.http_port}")
         _check(self.api_key == self.api_key.strip(), "api_key must not start or end with whitespace")
+
+    @property
+    def scheduler_endpoints(self) -> list[str]:
+        """One per data-parallel group."""
+        return [e.strip() for e in self.scheduler_endpoint.split(",") if e.strip()]
 
     @property
     def identity(self) -> str:

@@ -136,11 +136,11 @@ class Generator:
                     stage("sent", rid, trace_id=trace.trace_id, completion_tokens=sum(x.generated for x in branches))
                     return
         finally:
-            self.client.release(rid)
             if live:  # the caller went away (cancel, deadline, disconnect): free its KV
                 self.client.abort(rid)
                 stage("cancelled", rid, trace_id=trace.trace_id,
                       completion_tokens=sum(x.generated for x in branches))
+            self.client.release(rid)
             self._ended(trace, span, p, branches, first, "abort")
 
     def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float, unfinished: str) -> None:

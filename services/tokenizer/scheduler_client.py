@@ -1,101 +1,261 @@
-"""The tokenizer replica's async link to the scheduler: one DEALER socket, one reader task that
-routes each ``TokenOut`` to the stream waiting for it."""
+"""The tokenizer replica's async link to the scheduler groups: one DEALER socket per group (one
+group, or N with data parallelism), one reader task per socket that routes each ``TokenOut`` to
+the stream waiting for it, and a ``Router`` that picks the group of each new request.
+
+With several groups: the replica is ready once every group has sent its ``ModelInfo`` and they
+agree on the model (they must: any group may answer any request); a probe task asks each group
+for its ``Load`` every ``probe_interval`` seconds, which feeds the router the other replicas'
+load and notices a group that stops answering (``DOWN_AFTER_S``): that group's requests in flight
+end with UNAVAILABLE, new ones go to the other groups, and it is used again once it answers.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
+import msgspec
 import zmq.asyncio
 
+from shared.config import ConfigError
 from shared.errors import AlreadyExists, Unavailable
-from shared.logging import get_logger
+from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
 from shared.messages.common import Constraint, SamplingParams
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
+from shared.tracing import trace_id
 from shared.transport import AsyncDealerQueue
+from services.tokenizer.router import Route, Router
 
 log = get_logger("tokenizer")
+DOWN_AFTER_S = 10.0  # a group that answers no load probe for this long is routed around
+AGREE = ("model", "architecture", "vocab_size", "context_length", "max_running_requests", "eos_token_ids", "dtype")
+
+
+@dataclass
+class _Flight:
+    queue: asyncio.Queue[TokenOut]
+    group: int
+    n: int
+
+
+class _Link:
+    """One scheduler group."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, identity: str) -> None:
+        self.endpoint = endpoint
+        self.q: AsyncDealerQueue = AsyncDealerQueue(ctx, endpoint, Codec(ToTokenizer), Codec(ToScheduler),
+                                                    identity=identity)
+        self.info: ModelInfo | None = None
+        self.answered = time.monotonic()  # when it last answered a load probe
+        self.up = True
+
+
+def merge_info(infos: list[ModelInfo]) -> ModelInfo:
+    """One ``ModelInfo`` for all groups: they must agree on the model and the per-request limits;
+    the pool is the smallest (a request runs in one group); devices are listed once each."""
+    first = infos[0]
+    for g, i in enumerate(infos[1:], 1):
+        diff = [f for f in AGREE if getattr(i, f) != getattr(first, f)]
+        if diff:
+            raise ConfigError(f"data-parallel group {g} differs from group 0 in {', '.join(diff)}: "
+                              f"{[getattr(i, f) for f in diff]} != {[getattr(first, f) for f in diff]}")
+    return msgspec.structs.replace(first, pool_size=min(i.pool_size for i in infos),
+                                   device=",".join(dict.fromkeys(i.device for i in infos)))
+
+
+def total_load(loads: list[Load]) -> Load:
+    """The sum of the groups' loads (counters and KV slots)."""
+    fields = [f for f in Load.__struct_fields__ if f != "token"]
+    return Load(token=loads[0].token, **{f: sum(getattr(x, f) for x in loads) for f in fields})
 
 
 class SchedulerClient:
-    def __init__(self, endpoint: str, identity: str) -> None:
+    def __init__(self, endpoints: list[str] | str, identity: str, router: Router | None = None,
+                 probe_interval: float = 1.0) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         self.identity = identity
         self.ctx = zmq.asyncio.Context()
-        self.q: AsyncDealerQueue = AsyncDealerQueue(self.ctx, endpoint, Codec(ToTokenizer), Codec(ToScheduler),
-                                                    identity=identity)
+        self.links = [_Link(self.ctx, e, identity) for e in endpoints]
+        self.router = router or Router(len(self.links))
+        assert len(self.router.groups) == len(self.links)
+        self.probe_interval = probe_interval if len(self.links) > 1 else 0.0
         self.info: ModelInfo | None = None
-        self.ready = asyncio.Event()
-        self._streams: dict[str, asyncio.Queue[TokenOut]] = {}
+        self.ready = asyncio.Event()  # serving: every group said hello once, and one is up now
+        self.on_health: Callable[[bool], None] | None = None  # called when ``ready`` changes later
+        self._failed: ConfigError | None = None
+        self._changed = asyncio.Event()
+        self._streams: dict[str, _Flight] = {}
         self._loads: dict[str, asyncio.Future[Load]] = {}
-        self._reader: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self.closing = False
 
     async def start(self) -> None:
-        self._reader = asyncio.create_task(self._read())
-        self.q.send(TokenizerHello(replica=self.identity))
+        self._tasks = [asyncio.create_task(self._read(g)) for g in range(len(self.links))]
+        if self.probe_interval > 0:
+            self._tasks.append(asyncio.create_task(self._probe()))
+        for link in self.links:
+            link.q.send(TokenizerHello(replica=self.identity))
 
-    async def _read(self) -> None:
+    async def wait_ready(self) -> None:
+        """Until every group is ready; raises ``ConfigError`` when the groups disagree."""
+        while not self.ready.is_set() and self._failed is None:
+            self._changed.clear()
+            await self._changed.wait()
+        if self._failed is not None:
+            raise self._failed
+
+    async def _read(self, g: int) -> None:
+        link = self.links[g]
         while True:
-            msg = await self.q.recv()
+            msg = await link.q.recv()
             if isinstance(msg, TokenOutBatch):
                 for out in msg.outs:
-                    stream = self._streams.get(out.rid)
-                    if stream is not None:
-                        stream.put_nowait(out)
+                    flight = self._streams.get(out.rid)
+                    if flight is not None and flight.group == g:
+                        flight.queue.put_nowait(out)
             elif isinstance(msg, Load):
                 fut = self._loads.pop(msg.token, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
             elif isinstance(msg, ModelInfo):
-                self.info = msg
-                self.ready.set()
-                log.info("scheduler_ready", model=msg.model, context_length=msg.context_length)
+                link.info, link.answered = msg, time.monotonic()
+                self.router.set_pool(g, msg.pool_size)
+                log.info("scheduler_ready", group=g, model=msg.model, context_length=msg.context_length,
+                         pool_size=msg.pool_size)
+                self._all_ready()
 
+    def _all_ready(self) -> None:
+        infos = [link.info for link in self.links]
+        if self.info is not None or any(i is None for i in infos):
+            return
+        try:
+            self.info = merge_info(infos)
+        except ConfigError as e:
+            self._failed = e
+            log.error("scheduler_groups_disagree", error=str(e))
+        else:
+            self.ready.set()
+        self._changed.set()
+
+    # ---- requests ------------------------------------------------------------------------------
     def in_flight(self, rid: str) -> bool:
         return rid in self._streams
 
+    def route(self, input_ids: list[int], cache_ns: str = "") -> Route:
+        """The group for a prompt (remembered as having its prefix from now on)."""
+        try:
+            return self.router.route(input_ids, cache_ns)
+        except LookupError as e:
+            raise Unavailable("no data-parallel group is answering") from e
+
     def submit(self, rid: str, input_ids: list[int], params: SamplingParams, n: int = 1, cache_ns: str = "",
-               traceparent: str = "", constraint: Constraint | None = None) -> asyncio.Queue[TokenOut]:
-        """Send a request; returns the queue its outputs arrive on. Call ``release`` when done."""
+               traceparent: str = "", constraint: Constraint | None = None,
+               route: Route | None = None) -> asyncio.Queue[TokenOut]:
+        """Send a request to ``route``'s group (default: the router's choice); returns the queue
+        its outputs arrive on. Call ``release`` when done."""
         if self.info is None or self.closing:
             raise Unavailable("the engine is not ready" if self.info is None else "the engine is shutting down")
         if rid in self._streams:
             raise AlreadyExists(f"request_id {rid!r} is already in flight")
+        route = route or self.route(input_ids, cache_ns)
+        if not self.links[route.group].up:
+            raise Unavailable(f"data-parallel group {route.group} is not answering")
         queue: asyncio.Queue[TokenOut] = asyncio.Queue()
-        self._streams[rid] = queue
-        self.q.send(GenerateReq(rid=rid, input_ids=input_ids, params=params, n=n, cache_ns=cache_ns,
-                                constraint=constraint, traceparent=traceparent))
+        self._streams[rid] = _Flight(queue, route.group, n)
+        self.router.started(route.group, n)
+        stage("routed", rid, trace_id=trace_id(traceparent), group=route.group, reason=route.reason,
+              matched_tokens=route.matched_tokens)
+        self.links[route.group].q.send(GenerateReq(rid=rid, input_ids=input_ids, params=params, n=n,
+                                                   cache_ns=cache_ns, constraint=constraint, traceparent=traceparent))
         return queue
 
     def abort(self, rid: str, reason: str = "abort", index: int = -1) -> None:
-        """Stop a request (``index`` ≥ 0: one branch of an n > 1 request)."""
-        self.q.send(AbortReq(rid=rid, reason=reason, index=index))
+        """Stop a request (``index`` ≥ 0: one branch of an n > 1 request). A request no longer in
+        flight here (released already) is aborted in every group: the one holding it stops it."""
+        flight = self._streams.get(rid)
+        msg = AbortReq(rid=rid, reason=reason, index=index)
+        for g in [flight.group] if flight is not None else range(len(self.links)):
+            self.links[g].q.send(msg)
 
     def release(self, rid: str) -> None:
-        self._streams.pop(rid, None)
-
-    async def load(self, timeout: float = 5.0) -> Load:
-        token = uuid.uuid4().hex
-        fut: asyncio.Future[Load] = asyncio.get_running_loop().create_future()
-        self._loads[token] = fut
-        self.q.send(LoadReq(token=token))
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError as e:
-            raise Unavailable("the scheduler did not answer") from e
-        finally:
-            self._loads.pop(token, None)
+        flight = self._streams.pop(rid, None)
+        if flight is not None:
+            self.router.ended(flight.group, flight.n)
 
     async def stream(self, queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:
         """Outputs of all branches as they come; the caller stops when every branch is done."""
         while True:
             yield await queue.get()
 
+    # ---- load ----------------------------------------------------------------------------------
+    async def _load_of(self, g: int, timeout: float) -> Load:
+        token = uuid.uuid4().hex
+        fut: asyncio.Future[Load] = asyncio.get_running_loop().create_future()
+        self._loads[token] = fut
+        self.links[g].q.send(LoadReq(token=token))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError as e:
+            which = "the scheduler" if len(self.links) == 1 else f"data-parallel group {g}"
+            raise Unavailable(f"{which} did not answer") from e
+        finally:
+            self._loads.pop(token, None)
+
+    async def loads(self, timeout: float = 5.0) -> list[Load]:
+        """Each group's load, in group order."""
+        return list(await asyncio.gather(*(self._load_of(g, timeout) for g in range(len(self.links)))))
+
+    async def load(self, timeout: float = 5.0) -> Load:
+        """The load of all groups together."""
+        return total_load(await self.loads(timeout))
+
+    async def _probe(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval)
+            await asyncio.gather(*(self._probe_one(g) for g, link in enumerate(self.links) if link.info is not None))
+
+    async def _probe_one(self, g: int) -> None:
+        link, mine = self.links[g], self.router.groups[g].in_flight
+        try:
+            load = await self._load_of(g, max(self.probe_interval, 1.0))
+        except Unavailable:
+            if link.up and time.monotonic() - link.answered > DOWN_AFTER_S:
+                self._set_up(g, False)
+            return
+        link.answered = time.monotonic()
+        self.router.observed(g, load.num_running + load.num_waiting, mine)
+        if not link.up:
+            self._set_up(g, True)
+
+    def _set_up(self, g: int, up: bool) -> None:
+        link = self.links[g]
+        link.up = up
+        self.router.set_up(g, up)
+        if up:
+            log.warning("group_up", group=g, endpoint=link.endpoint)
+        else:
+            log.error("group_down", group=g, endpoint=link.endpoint, seconds=DOWN_AFTER_S)
+            for rid, flight in list(self._streams.items()):
+                if flight.group == g:  # end them: the client may retry, and another group will take it
+                    link.q.send(AbortReq(rid=rid))
+                    for i in range(flight.n):
+                        flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish="error", error_code="unavailable",
+                                                         error=f"data-parallel group {g} stopped answering"))
+        serving = any(link.up for link in self.links)
+        if serving != self.ready.is_set() and self.info is not None:
+            (self.ready.set if serving else self.ready.clear)()
+            if self.on_health is not None:
+                self.on_health(serving)
+
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-        self.q.close()
+        for t in self._tasks:
+            t.cancel()
+        for link in self.links:
+            link.q.close()
         self.ctx.term()

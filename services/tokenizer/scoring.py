@@ -77,10 +77,12 @@ class Scorer:
 
     async def score(self, rid: str, seqs: list[tuple[list[int], int]], cache_ns: str = "",
                     traceparent: str = "") -> list[Scored]:
+        route = self.client.route(seqs[0][0], cache_ns)  # one group for all: they share the prompt's KV
+
         async def one(i: int, ids: list[int], start: int) -> Scored:
             sub = f"{rid}.{i}"
             params = SamplingParams(temperature=0.0, max_new_tokens=0, prompt_logprobs_from=start)
-            queue = self.client.submit(sub, ids, params, cache_ns=cache_ns, traceparent=traceparent)
+            queue = self.client.submit(sub, ids, params, cache_ns=cache_ns, traceparent=traceparent, route=route)
             done = False
             try:
                 async for out in self.client.stream(queue):
@@ -93,9 +95,9 @@ class Scorer:
                             raise Internal(f"expected {len(ids) - start} prompt logprobs, got {len(out.prompt_logprobs)}")
                         return Scored(ids[start:], list(out.prompt_logprobs), out.cached_tokens)
             finally:
-                self.client.release(sub)
                 if not done:
                     self.client.abort(sub)
+                self.client.release(sub)
             raise Internal("scoring stream ended early")
 
         return list(await asyncio.gather(*(one(i, ids, s) for i, (ids, s) in enumerate(seqs))))

@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shared.config import TokenizerConfig
+from shared.config import ConfigError, TokenizerConfig
 from shared.logging import get_logger
 from shared.model_path import resolve_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
@@ -22,6 +22,7 @@ from services.tokenizer.http.app import create_app
 from services.tokenizer.http.server import HttpServer
 from services.tokenizer.interceptor import AuthInterceptor, ErrorInterceptor
 from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.router import Router
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.servicer import GenerationServicer
 from services.tokenizer.text import TextProcessor
@@ -34,7 +35,9 @@ MAX_MESSAGE = 64 << 20
 async def run(cfg: TokenizerConfig) -> None:
     model_dir, _ = resolve_model(cfg.model)
     text = TextProcessor(model_dir)
-    client = SchedulerClient(cfg.scheduler_endpoint, cfg.identity)
+    router = Router(len(cfg.scheduler_endpoints), cfg.router_block_tokens, cfg.router_max_blocks,
+                    cfg.router_balance_abs, cfg.router_balance_rel)
+    client = SchedulerClient(cfg.scheduler_endpoints, cfg.identity, router, cfg.router_probe_interval)
     api_key = ApiKey(cfg.api_key)
     interceptors = [AuthInterceptor(api_key)] if api_key.required else []
     server = grpc.aio.server(interceptors=[*interceptors, ErrorInterceptor()],
@@ -74,10 +77,26 @@ async def run(cfg: TokenizerConfig) -> None:
     if http is not None:
         http.start().add_done_callback(http_ended)
 
-    async def mark_ready() -> None:
-        await client.ready.wait()
+    async def set_health(serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await health_servicer.set(name, status)
+
+    async def mark_ready() -> None:
+        nonlocal failed
+        try:
+            await client.wait_ready()
+        except ConfigError:  # the data-parallel groups serve different models (logged): fail the replica
+            failed = True
+            stop.set()
+            return
+
+        def health_changed(serving: bool) -> None:  # every data-parallel group down, or one back
+            if not stop.is_set():
+                loop.create_task(set_health(serving))
+
+        client.on_health = health_changed
+        await set_health(True)
         if cfg.port_file:  # written once serving, so launchers can wait on it
             with open(cfg.port_file + ".tmp", "w") as f:
                 f.write(f"{port}\n{http_port}\n")

@@ -9,14 +9,14 @@ import grpc
 from shared.errors import InvalidArgument, Unavailable
 from shared.logging import stage
 from shared.messages.common import Constraint
-from shared.messages.to_tokenizer import ModelInfo
+from shared.messages.to_tokenizer import Load, ModelInfo
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 from shared.tracing import Trace, Tracer
 from services.tokenizer import tokens, validation
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.metrics import TokenizerMetrics
-from services.tokenizer.scheduler_client import SchedulerClient
+from services.tokenizer.scheduler_client import SchedulerClient, total_load
 from services.tokenizer.scoring import Scorer
 from services.tokenizer.text import Message, TextProcessor
 from services.tokenizer.validation import Prompt, SamplingRequest
@@ -152,7 +152,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return pb.GetModelInfoResponse(model=i.model, architecture=i.architecture, vocab_size=i.vocab_size,
                                        context_length=i.context_length, kv_pool_tokens=i.pool_size,
                                        max_running_requests=i.max_running_requests, device=i.device,
-                                       dtype=i.dtype, eos_token_ids=i.eos_token_ids)
+                                       dtype=i.dtype, eos_token_ids=i.eos_token_ids,
+                                       data_parallel_size=len(self.client.links))
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
         if not request.request_id:
@@ -164,12 +165,17 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def GetLoad(self, request, context) -> pb.GetLoadResponse:
         self._info()
-        load = await self.client.load()
-        return pb.GetLoadResponse(num_running_requests=load.num_running, num_waiting_requests=load.num_waiting,
-                                  kv_free_tokens=load.kv_free, kv_used_tokens=load.kv_used,
-                                  kv_pool_tokens=load.kv_pool, steps=load.steps,
-                                  prefill_computed_tokens=load.prefill_computed_tokens,
-                                  prefill_cached_tokens=load.prefill_cached_tokens, decode_tokens=load.decode_tokens,
-                                  retractions=load.retractions, evicted_tokens=load.evicted_tokens,
-                                  kv_evictable_tokens=load.kv_evictable,
-                                  jump_forward_tokens=load.jump_forward_tokens)
+        loads = await self.client.loads()
+        resp = _load(total_load(loads))
+        if len(loads) > 1:
+            resp.groups.extend(_load(x) for x in loads)
+        return resp
+
+
+def _load(load: Load) -> pb.GetLoadResponse:
+    return pb.GetLoadResponse(num_running_requests=load.num_running, num_waiting_requests=load.num_waiting,
+                              kv_free_tokens=load.kv_free, kv_used_tokens=load.kv_used, kv_pool_tokens=load.kv_pool,
+                              steps=load.steps, prefill_computed_tokens=load.prefill_computed_tokens,
+                              prefill_cached_tokens=load.prefill_cached_tokens, decode_tokens=load.decode_tokens,
+                              retractions=load.retractions, evicted_tokens=load.evicted_tokens,
+                              kv_evictable_tokens=load.kv_evictable, jump_forward_tokens=load.jump_forward_tokens)

@@ -191,7 +191,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model", "architecture", "vocab_size", "context_length", "kv_pool_tokens", "max_running_requests", "device", "dtype", "eos_token_ids")
+    __slots__ = ("model", "architecture", "vocab_size", "context_length", "kv_pool_tokens", "max_running_requests", "device", "dtype", "eos_token_ids", "data_parallel_size")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class GetModelInfoResponse(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
     vocab_size: int
@@ -210,7 +211,8 @@ class GetModelInfoResponse(_message.Message):
     device: str
     dtype: str
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    data_parallel_size: int
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., data_parallel_size: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -267,7 +269,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens", "jump_forward_tokens")
+    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens", "jump_forward_tokens", "groups")
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +283,7 @@ class GetLoadResponse(_message.Message):
     EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_EVICTABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     num_running_requests: int
     num_waiting_requests: int
     kv_free_tokens: int
@@ -294,4 +297,5 @@ class GetLoadResponse(_message.Message):
     evicted_tokens: int
     kv_evictable_tokens: int
     jump_forward_tokens: int
-    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GetLoadResponse]
+    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GetLoadResponse, _Mapping]]] = ...) -> None: ...

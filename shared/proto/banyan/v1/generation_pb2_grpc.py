@@ -121,7 +121,8 @@ class GenerationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetLoad(self, request, context):
-        """Reports the engine's current load: requests running and waiting, KV cache use.
+        """Reports the engine's current load: requests running and waiting, KV cache use (summed over
+        data-parallel groups, with each group's own in groups).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
