@@ -89,6 +89,17 @@ def test_independent_replicas_agree_on_new_prefixes():
     assert r1.route([5, 6, 7]).group == r2.route([5, 6, 7]).group
 
 
+def test_matches_count_leading_blocks_per_group():
+    r = Router(3, B)
+    h = block_hashes(prompt(20, 10 * B), "", B)
+    r._record(0, h[:3])
+    r._record(1, h[:10])
+    r._record(2, h[1:6])  # without the first block nothing after it can be reused
+    assert r.matches(h) == [3, 10, 0]
+    assert r.matches(h[:2]) == [2, 2, 0]
+    assert r.matches(block_hashes(prompt(21, 4 * B), "", B)) == [0, 0, 0]
+
+
 def test_longest_match_wins():
     r = Router(2, B)
     a = prompt(1, 64)
