@@ -22,6 +22,8 @@ rm -rf "$SRC" && mkdir -p "$SRC"
 cp "$HERE/main.go" "$SRC/"
 export GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$GOPATH_DIR:/usr/share/gocode"
 cd "$SRC"
+unformatted="$(gofmt -l main.go)"
+[ -z "$unformatted" ] || { echo "not gofmt-formatted: $unformatted" >&2; exit 1; }
 go vet .
 go build -o "$BUILD/banyan-client" .
 echo "built $BUILD/banyan-client"
