@@ -102,6 +102,26 @@ def idle(stub) -> pb.GetLoadResponse:
     raise AssertionError(f"the groups never became idle: {l}")
 
 
+def test_each_group_gets_its_own_gpus(monkeypatch):
+    import torch
+
+    from banyan.launcher import _group_gpus
+    from shared.config import WorkerConfig
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    tp2 = WorkerConfig(tp_size=2, dist_init_addr="127.0.0.1:1")
+    assert _group_gpus(tp2, 2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert _group_gpus(WorkerConfig(), 1) == [{}]  # dp 1: untouched
+    assert _group_gpus(WorkerConfig(device="cuda:1"), 2) == [{}, {}]  # an explicit device is shared
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    assert _group_gpus(WorkerConfig(device="cuda"), 4) == [{"CUDA_VISIBLE_DEVICES": d} for d in "3567"]
+    with pytest.raises(RuntimeError, match="needs 6 GPUs"):
+        _group_gpus(tp2, 3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert _group_gpus(WorkerConfig(), 2) == [{}, {}]  # no GPU: every group on the CPU
+
+
 def test_serving_info_load_health_and_metrics(server, stub):
     info = stub.GetModelInfo(pb.GetModelInfoRequest())
     assert info.data_parallel_size == 2 and info.kv_pool_tokens > 0
