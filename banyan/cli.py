@@ -34,8 +34,8 @@ def serve(argv: list[str]) -> int:
     for service in ("scheduler", "worker"):
         env = f"BANYAN_{service.upper()}_METRICS_PORT"
         ap.add_argument(f"--{service}-metrics-port", type=int, default=int(os.environ.get(env, 0)),
-                        help=f"Prometheus /metrics port of the {service} (0 = a free port, logged; -1 = none) "
-                             f"[env {env}, default 0]")
+                        help=f"Prometheus /metrics port of the {service} (0 = a free port, logged; -1 = none; "
+                             f"with --dp, group g gets this port + g) [env {env}, default 0]")
     ns = ap.parse_args(argv)
     if ns.num_tokenizers < 1:
         ap.error("--num-tokenizers must be >= 1")
