@@ -43,7 +43,7 @@ from dataclasses import dataclass
 class Route:
     """Where a request goes. ``reason``: ``prefix`` (the longest cached prefix), ``hash`` (a prefix
     no group holds: rendezvous order), ``load`` (the preferred group was far busier than another),
-    ``only`` (one group up), ``pinned`` (the caller chose, e.g. the continuations of one Score)."""
+    ``only`` (one group up)."""
 
     group: int
     matched_tokens: int  # prompt tokens the chosen group probably has cached (block-aligned)
@@ -158,7 +158,7 @@ class Router:
         loads = self.loads()
         least = min(loads[g] for g in up)
         candidates = [g for g in up if not self._far_above(loads[g], least)]
-        key = hashes[0] if hashes else block_hashes(ids, ns, max(1, len(ids)))[0] if ids else 0
+        key = hashes[0] if hashes else (block_hashes(ids, ns, len(ids))[0] if ids else 0)  # short: all of it
         order = {g: i for i, g in enumerate(rendezvous(key, up))}
         best = max(candidates, key=lambda g: (depth[g], -loads[g] if depth[g] else 0, -order[g]))
         # what it would have been without the load guard: is the choice a load decision?
