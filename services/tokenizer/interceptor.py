@@ -1,5 +1,6 @@
 """Server interceptors: the API key check (UNAUTHENTICATED) and the mapping of Banyan's errors
-to gRPC status codes, for every RPC."""
+to gRPC status codes, for every RPC. Request bytes that do not parse (invalid UTF-8 in a string
+field, a corrupt message) are INVALID_ARGUMENT naming the bad field, not UNKNOWN."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import grpc
 
 from shared.errors import BanyanError, ResourceExhausted
 from shared.logging import get_logger
+from services.tokenizer import wire
 from services.tokenizer.auth import ApiKey
 
 log = get_logger("tokenizer")
@@ -35,6 +37,34 @@ async def _abort(context: grpc.aio.ServicerContext, e: Exception, method: str) -
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
 
 
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse; the handler answers INVALID_ARGUMENT."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserializer):
+    """``deserializer`` (a message class's ``FromString``) that returns ``_Undecodable`` instead of
+    raising (gRPC would answer UNKNOWN)."""
+    message_class = getattr(deserializer, "__self__", None)
+    if deserializer is None or not hasattr(message_class, "DESCRIPTOR"):
+        return deserializer
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception:  # DecodeError; anything else a parser may raise on hostile bytes
+            return _Undecodable(wire.explain(message_class.DESCRIPTOR, data))
+
+    return deserialize
+
+
+async def _check_decoded(request, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -45,6 +75,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary(request, context):
+                await _check_decoded(request, context)
                 try:
                     return await inner(request, context)
                 except grpc.aio.AbortError:
@@ -52,11 +83,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as e:
                     await _abort(context, e, method)
 
-            return handler._replace(unary_unary=unary)
+            return handler._replace(unary_unary=unary, request_deserializer=_tolerant(handler.request_deserializer))
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
+                await _check_decoded(request, context)
                 try:
                     async for item in inner_stream(request, context):
                         yield item
@@ -65,7 +97,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as e:
                     await _abort(context, e, method)
 
-            return handler._replace(unary_stream=stream)
+            return handler._replace(unary_stream=stream, request_deserializer=_tolerant(handler.request_deserializer))
         return handler
 
 

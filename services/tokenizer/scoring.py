@@ -52,6 +52,7 @@ class Scorer:
             raise InvalidArgument(f"continuations: 1..{MAX_CONTINUATIONS} are needed, got {len(continuations)}")
         if not all(continuations):
             raise InvalidArgument("continuations must not be empty strings")
+        validation.check_text_size(sum(map(len, continuations)), info, "the continuations")
         base = validation.input_ids(prompt, self.text, info)
         if prompt.text is not None:
             def full(c: str) -> list[int]:

@@ -140,7 +140,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         else:
             raise InvalidArgument("one of text or chat is required")
         add = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        ids = tokens.tokenize(self.text, prompt, add_special_tokens=add)
+        ids = tokens.tokenize(self.text, prompt, self._info(), add_special_tokens=add)
         return pb.TokenizeResponse(token_ids=ids, tokens=self.text.tokens(ids))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from shared.errors import InvalidArgument
@@ -26,6 +27,11 @@ MAX_CACHE_SALT = 256
 MAX_TOP_LOGPROBS = 20
 MAX_GRAMMAR_CHARS = 256 * 1024
 MAX_CHOICES = 1024
+# Text longer than this many characters per token of the context window cannot be a prompt; it is
+# refused before tokenizing (tokenizing costs ~1 µs a character on the replica's event loop).
+MAX_CHARS_PER_TOKEN = 64
+SAMPLING_EPS = 1e-5  # temperatures below this are greedy (dividing logits by them overflows)
+ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -83,17 +89,38 @@ def check_messages(messages: list[Message], name: str = "messages") -> None:
     _require(len(messages) > 0, f"{name} must not be empty")
     for i, m in enumerate(messages):
         _require(bool(m.role), f"{name}[{i}].role must not be empty")
+        _require(ROLE.fullmatch(m.role) is not None,
+                 f"{name}[{i}].role {m.role[:80]!r} is not a role name (1-64 letters, digits, '_' or '-', "
+                 "starting with a letter, e.g. system, user, assistant, tool)")
+
+
+def max_text_chars(info: ModelInfo) -> int:
+    return info.context_length * MAX_CHARS_PER_TOKEN
+
+
+def check_text_size(chars: int, info: ModelInfo, what: str = "the prompt text") -> None:
+    limit = max_text_chars(info)
+    _require(chars <= limit, f"{what} has {chars} characters, more than any prompt that fits the context "
+                             f"window of {info.context_length} tokens can have (at most {limit})")
+
+
+def check_chat_size(messages: list[Message], info: ModelInfo) -> None:
+    _require(len(messages) <= info.context_length,
+             f"{len(messages)} chat messages cannot fit the context window of {info.context_length} tokens")
+    check_text_size(sum(len(m.role) + len(m.content) for m in messages), info, "the chat messages")
 
 
 def input_ids(prompt: Prompt, text: TextProcessor, info: ModelInfo) -> list[int]:
     if prompt.text is not None:
         _require(len(prompt.text) > 0, "the prompt text must not be empty")
+        check_text_size(len(prompt.text), info)
         ids = text.encode(prompt.text)
     elif prompt.token_ids is not None:
         ids = list(prompt.token_ids)
         _check_vocab("token ids", ids, info.vocab_size)
     elif prompt.messages is not None:
         check_messages(prompt.messages)
+        check_chat_size(prompt.messages, info)
         ids = text.encode_chat(prompt.messages, prompt.add_generation_prompt)
     else:
         raise InvalidArgument("a prompt is required: text, token ids or chat messages")
@@ -118,6 +145,8 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
     for name, v in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
         _require(math.isfinite(v), f"{prefix}{name} must be a finite number, got {v}")
     _require(temperature >= 0, f"{prefix}temperature must be >= 0, got {temperature}")
+    if temperature < SAMPLING_EPS:
+        temperature = 0.0
     _require(0 < top_p <= 1, f"{prefix}top_p must be in (0, 1], got {top_p}")
     _require(top_k >= -1, f"{prefix}top_k must be -1 (off), 0 (off) or >= 1, got {top_k}")
     _require(0 <= min_p <= 1, f"{prefix}min_p must be in [0, 1], got {min_p}")

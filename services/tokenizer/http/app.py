@@ -204,7 +204,7 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         else:
             prompt = Prompt(messages=convert.messages(body.messages or []),
                             add_generation_prompt=body.add_generation_prompt)
-        ids = tokens.tokenize(text, prompt, body.add_special_tokens)
+        ids = tokens.tokenize(text, prompt, info, body.add_special_tokens)
         return api.TokenizeResponse(tokens=ids, token_strs=text.tokens(ids), count=len(ids),
                                     max_model_len=info.context_length)
 

@@ -76,8 +76,15 @@ def _field(loc: tuple) -> str:
                     if not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS)))
 
 
+def _rank(kind: str) -> int:
+    """Which of a union's failures explains the problem best: a failed rule ("must be valid
+    Unicode"), then a broken bound ("greater than or equal to 0"), then a type mismatch ("should
+    be a valid string") from the union members the value was never meant for."""
+    return 0 if kind == "value_error" else 2 if kind.endswith("_type") else 1
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    by_field: dict[str, list[str]] = {}  # a union's members fail at one field: one line per field
+    by_field: dict[str, list[tuple[int, str]]] = {}  # a union's members fail at one field: one line per field
     for err in exc.errors():
         if err.get("type") == "json_invalid":
             return f"invalid JSON body: {err.get('ctx', {}).get('error', err['msg'])}", None
@@ -88,14 +95,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
         msgs = by_field.setdefault(_field(tuple(err.get("loc", ()))), [])
-        if err.get("type") == "value_error":
-            msgs.insert(0, msg)  # a failed rule beats "is not a list" from the other union members
-        elif msg not in msgs:
-            msgs.append(msg)
-    parts = [f"{name}: {msgs[0]}" if name else msgs[0] for name, msgs in by_field.items()]
+        if msg not in (m for _, m in msgs):
+            msgs.append((_rank(str(err.get("type", ""))), msg))
+    first = {name: min(msgs, key=lambda m: m[0]) for name, msgs in by_field.items()}  # ties: the earliest
+    first = dict(sorted(first.items(), key=lambda item: item[1][0]))  # stable: else in order
+    parts = [f"{name}: {msg}" if name else msg for name, (_, msg) in first.items()]
     more = len(parts) - _MAX_LISTED
     text = "; ".join(parts[:_MAX_LISTED]) + (f" (and {more} more)" if more > 0 else "")
-    return text or "invalid request", next(iter(by_field), None) or None
+    return text or "invalid request", next(iter(first), None) or None
 
 
 def install(app: FastAPI) -> None:
@@ -107,7 +114,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_req: Request, exc: HTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        response = ApiError(exc.status_code, str(exc.detail), type=type_).response()
+        detail = str(exc.detail)
+        if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "error parsing the body"
+            detail = f"the body is not valid UTF-8: {exc.__cause__}"
+        response = ApiError(exc.status_code, detail, type=type_).response()
         response.headers.update(exc.headers or {})  # e.g. Allow on 405
         return response
 
