@@ -45,9 +45,11 @@ install_engine() {
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     CLEANUP+=(/usr/sbin/policy-rc.d)
   fi
-  apt-get update -q >/dev/null || die "apt-get update failed"
-  apt-get install -y -q --no-install-recommends docker.io containerd runc iptables docker-compose \
-    debootstrap ca-certificates >/dev/null || die "apt-get install of the Docker engine failed"
+  mkdir -p "$STATE"
+  local apt=(apt-get -q -o DPkg::Lock::Timeout=600)   # wait for another apt/dpkg, don't fail
+  { "${apt[@]}" update && "${apt[@]}" install -y --no-install-recommends docker.io containerd runc \
+      iptables docker-compose debootstrap ca-certificates; } >"$STATE/apt.log" 2>&1 \
+    || { tail -n 30 "$STATE/apt.log" >&2; die "apt-get install of the Docker engine failed (log: $STATE/apt.log)"; }
 }
 
 start_daemon() {
