@@ -5,11 +5,12 @@
 #   docker build --build-arg BASE_IMAGE=banyan-base:bookworm ...      # what scripts/docker_ci.sh does
 #
 # Layers go from the slowest-changing to the fastest: OS packages → torch (from docker/wheels/ when
-# a CPU wheel lies there, else the PyTorch CPU index) → the dependencies named in pyproject.toml →
-# Banyan's own code. Editing code rebuilds only the last two small layers. No `# syntax=` line:
-# it would make BuildKit pull a frontend image; the daemon's built-in frontend reads this file.
+# a CPU wheel lies there, else the PyTorch CPU index) → the third-party dependencies, keyed on the
+# dependency list alone (not on the rest of pyproject.toml) → Banyan's code. Editing code rebuilds
+# only the last small layers. No `# syntax=` line: it would make BuildKit pull a frontend image; the
+# daemon's built-in frontend reads this file.
 ARG BASE_IMAGE=debian:bookworm-slim
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS python
 
 # Python 3.11 from Debian in a venv (Debian's own Python is PEP 668 "externally managed").
 RUN apt-get update \
@@ -23,8 +24,19 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
     PIP_DEFAULT_TIMEOUT=120
 
+# The dependency list (+ the otel extra, so BANYAN_OTLP_ENDPOINT works) out of pyproject.toml: the
+# layer below that installs it is rebuilt only when this file's content changes.
+FROM python AS requirements
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['otel']))" > /requirements.txt
+
+FROM python
+LABEL org.opencontainers.image.title="banyan" org.opencontainers.image.vendor="banyan" \
+      org.opencontainers.image.description="Banyan LLM serving engine: tokenizer, scheduler and worker (CPU)"
+
 # torch, CPU build. The optional `ca` secret is a CA bundle for pip behind a TLS-inspecting proxy;
-# it is mounted for this step only and never stored in a layer.
+# it is mounted for these steps only and never stored in a layer.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN --mount=type=bind,source=docker/wheels,target=/wheels \
@@ -34,17 +46,14 @@ RUN --mount=type=bind,source=docker/wheels,target=/wheels \
     if [ -n "$wheel" ]; then pip install "$wheel"; \
     else pip install --index-url "$TORCH_INDEX" --extra-index-url https://pypi.org/simple "torch==${TORCH_VERSION}"; fi
 
-# Third-party dependencies (+ the otel extra, so BANYAN_OTLP_ENDPOINT works), from pyproject.toml
-# alone: this layer is rebuilt only when the dependency list changes. xgrammar pulls in triton
-# (1 GB) for its GPU kernels only; its CPU path (what the worker uses here) runs without it.
-COPY pyproject.toml /tmp/pyproject.toml
+# Third-party dependencies. xgrammar pulls in triton (1 GB) for its GPU kernels only; its CPU path
+# (what the worker uses here) runs without it.
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    set -e; python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['otel']))" > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt "torch==${TORCH_VERSION}" "setuptools>=68" \
+    set -e; pip install -r /tmp/requirements.txt "torch==${TORCH_VERSION}" "setuptools>=68" \
  && pip uninstall -y triton \
- && rm /tmp/requirements.txt /tmp/pyproject.toml
+ && rm /tmp/requirements.txt
 
 # Banyan itself (no dependency resolution: they are all above), then the demo model, built once
 # here so that no container builds it at start-up.

@@ -10,8 +10,8 @@
 #   bash scripts/docker_ci.sh            # all four steps
 #   bash scripts/docker_ci.sh engine     # steps 1-2 only
 #
-# The CPU torch wheel (torch 2.13.0+cpu) is taken from this host's pip find-links (or the pip cache)
-# and copied into docker/wheels/ (git- but not docker-ignored) so the image never pulls the
+# The CPU torch wheel (torch 2.13.0+cpu) comes from this host's pip configuration (find-links,
+# local indexes) into docker/wheels/ (git- but not docker-ignored), so the image never pulls the
 # multi-GB CUDA build from PyPI; the host's CA bundle goes into the build as a BuildKit secret.
 # Exit status 0 only when the images exist; any failure says which step and why.
 set -euo pipefail
@@ -27,6 +27,7 @@ export DOCKER_BUILDKIT=1
 
 log() { printf '[docker_ci %(%T)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+mkdir -p "$STATE"
 CLEANUP=()
 trap 'rm -rf "${CLEANUP[@]}"' EXIT
 
@@ -45,7 +46,6 @@ install_engine() {
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     CLEANUP+=(/usr/sbin/policy-rc.d)
   fi
-  mkdir -p "$STATE"
   local apt=(apt-get -q -o DPkg::Lock::Timeout=600)   # wait for another apt/dpkg, don't fail
   { "${apt[@]}" update && "${apt[@]}" install -y --no-install-recommends docker.io containerd runc \
       iptables docker-compose debootstrap ca-certificates; } >"$STATE/apt.log" 2>&1 \
@@ -54,7 +54,6 @@ install_engine() {
 
 start_daemon() {
   if "$DOCKER" info >/dev/null 2>&1; then return 0; fi
-  mkdir -p "$STATE"
   log "starting dockerd (log: $STATE/dockerd.log)"
   # setsid + redirected fds: the daemon outlives this script without holding the caller's pipes.
   setsid dockerd >"$STATE/dockerd.log" 2>&1 </dev/null &
@@ -101,26 +100,19 @@ EOF
     || die "docker import of the rootfs failed"
 }
 
-# The CPU torch wheel: already in the context, else from pip's find-links (config or
-# PIP_FIND_LINKS), else pip's cache. None found: the Dockerfile falls back to the PyTorch CPU index.
+# The CPU torch wheel for the image's Python (3.11): pip resolves `torch==2.13.0+cpu` through this
+# host's own configuration (find-links, local indexes, cache). PyPI has no `+cpu` build, so this
+# never downloads the multi-GB CUDA one; with no local copy the Dockerfile uses the PyTorch CPU index.
 stage_torch_wheel() {
-  local dest="$ROOT/docker/wheels" name="torch-$TORCH_VERSION+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+  local dest="$ROOT/docker/wheels"
   mkdir -p "$dest"
-  [[ -f $dest/$name ]] && return 0
-  local dirs=() d
-  for d in ${PIP_FIND_LINKS:-} $(python3 -m pip config get global.find-links 2>/dev/null || true) \
-           "$(python3 -m pip cache dir 2>/dev/null || true)"; do
-    d="${d#file://}"
-    [[ -d $d ]] && dirs+=("$d")
-  done
-  local found=""
-  ((${#dirs[@]})) && found="$(find "${dirs[@]}" -name "$name" -print -quit 2>/dev/null || true)"
-  if [[ -z $found ]]; then
-    log "no local $name: the image will download torch from the PyPI CPU index"
-    return 0
+  compgen -G "$dest/torch-$TORCH_VERSION+cpu-cp311-*.whl" >/dev/null && return 0
+  if python3 -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version 3.11 \
+       --abi cp311 --platform manylinux_2_28_x86_64 -d "$dest" "torch==$TORCH_VERSION+cpu" >"$STATE/pip-download.log" 2>&1; then
+    log "torch $TORCH_VERSION+cpu wheel staged in docker/wheels/"
+  else
+    log "no local torch $TORCH_VERSION+cpu wheel (see $STATE/pip-download.log): the image downloads it from the PyTorch CPU index"
   fi
-  log "copying $found into the build context"
-  cp "$found" "$dest/$name.tmp" && mv "$dest/$name.tmp" "$dest/$name"
 }
 
 build_images() {
@@ -130,6 +122,8 @@ build_images() {
   local args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" "${secret[@]}")
   build banyan:cpu "$ROOT/Dockerfile" "$ROOT" "${args[@]}"
   build banyan-proxy "$ROOT/deploy/proxy/Dockerfile" "$ROOT/deploy/proxy" "${args[@]}"
+  # Images that the new builds replaced (ours only: they carry this label).
+  "$DOCKER" image prune -f --filter label=org.opencontainers.image.vendor=banyan >/dev/null || true
 }
 
 # build TAG DOCKERFILE CONTEXT ARGS...: full output in $STATE/build-<name>.log, its tail on failure.
