@@ -2,12 +2,18 @@
 # The GPU checks and benchmarks in one go, on the H200 host (repo root; the environment bundle in
 # .gpucache/, the Llama 3 tokenizer in .assets/llama3 — both git-ignored, carried with the tree):
 #
-#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve]     (default: tests bench)
+#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b]   (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
 # 2. tests:  pytest -m gpu tests/gpu (parity vs HF fp32, FlashInfer vs torch, graphs vs eager)
 # 3. bench:  benchmarks/bench_worker.py (ModelRunner.execute vs HF generate, same model, same run)
 # 4. serve:  benchmarks/bench_serve.py (end to end through banyan serve)
+# 5. suite:  benchmarks/gpu/suite.py, the performance issue's W1–W5 + HF baselines (~12 min in all);
+#    under a 10-minute command limit run it in two calls: suite-a (W1, W2, HF; ~6 min) and suite-b
+#    (W3, W4, W5; ~7 min), each writing $OUT/suite/suite_<workloads>.json; the table of both is
+#    merged when both are there (else: python -m benchmarks.gpu.suite --merge A.json B.json --out D).
+#    $SUITE_ARGS go to the suite (e.g. "--hf-subset 64"), $SERVE_ARGS to banyan serve. A timeout
+#    (SIGTERM) stops the servers and prints the table of what finished; the JSON has it too.
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/banyan-gpu}
@@ -45,6 +51,21 @@ if [[ $STEPS == *serve* ]]; then
     >"$OUT/serve.log" 2>&1 || status=1
   tail -12 "$OUT/serve.log"
   echo "serve: $((SECONDS - t0)) s"
+fi
+if [[ $STEPS =~ suite(-[ab])? ]]; then
+  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=530 ;; suite-b) W=W3,W4,W5 T=530 ;; *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # word splitting of the extra flags is intended
+  timeout $T python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads "$W" ${SUITE_ARGS:-} \
+    -- ${SERVE_ARGS:-} >"$OUT/suite_${W//,/-}.log" 2>&1 || status=1
+  grep '^\[suite\]' "$OUT/suite_${W//,/-}.log" | tail -20
+  if [[ -f $OUT/suite/suite_W1-W2-HF.json && -f $OUT/suite/suite_W3-W4-W5.json ]]; then
+    python3 -m benchmarks.gpu.suite --merge "$OUT/suite/suite_W1-W2-HF.json" "$OUT/suite/suite_W3-W4-W5.json" \
+      --out "$OUT/suite" | sed -n '/^## /,$p'
+  else
+    sed -n '/^## Banyan GPU suite/,$p' "$OUT/suite_${W//,/-}.log"
+  fi
+  echo "suite: $((SECONDS - t0)) s"
 fi
 [[ -f $OUT/parity.json ]] && cat "$OUT/parity.json"
 exit $status

@@ -1,0 +1,340 @@
+"""The GPU benchmark suite of the performance issue, in one go on the one-H200 host: the
+random-weight Llama-3.1-8B-shaped model (Llama 3 tokenizer), HF transformers baselines in their
+own process first, then ``banyan serve`` (extra flags after ``--``) for
+
+  W1  batch-1 decode, in 128 / out 256: ms/token (median token gap), TTFT
+  W2  offline: 1,024 requests, in 256–2,048 / out 64–512, all at once: output and total tok/s
+  W3  shared prefix, 32 groups × 32 (2,048-token system prompt + 128 question, out 256): radix cache
+      on, then a second server with --disable-radix-cache: tok/s, speedup, hit rate vs optimum
+  W4  JSON schema (256 requests), then the same workload unconstrained with the same output lengths
+  W5  Poisson arrivals at three rates (W2 lengths, 200 requests each): TTFT/ITL p50/p99
+  HF  HF ``generate`` (static batches) and continuous batching on W1 and the first W2 requests
+
+    python -m benchmarks.gpu.suite --out /tmp/banyan-gpu/suite                     # everything
+    python -m benchmarks.gpu.suite --workloads W1,W2,HF --out D                    # two invocations,
+    python -m benchmarks.gpu.suite --workloads W3,W4,W5 --out D                    #  then one table:
+    python -m benchmarks.gpu.suite --merge D/suite_W1-W2-HF.json D/suite_W3-W4-W5.json --out D
+    python -m benchmarks.gpu.suite --tiny --scale 0.02 --length-scale 0.1 ...      # CPU, 2 layers
+
+Writes ``suite_<tag>.json`` (raw numbers, sizes, limits, versions, commit; rewritten after every
+workload) and ``suite_<tag>.md`` under --out; the markdown table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from benchmarks.gpu import suite_report as report  # noqa: E402
+from benchmarks.gpu import suite_workloads as wl  # noqa: E402
+from benchmarks.gpu.make_model import build  # noqa: E402
+
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "HF")
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=16384)
+TOKENIZERS = (ROOT / ".assets/llama3", ROOT.parent / "shared/assets/tokenizers/llama3")
+COUNTS = ("w2_num", "w3_groups", "w4_num", "w5_num")
+LENGTHS = ("w1_input", "w1_output", "w2_input", "w2_output", "w3_system", "w3_question", "w3_output", "w4_input",
+           "w4_output")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="", help="HF model dir, built when absent (default /tmp/llama8b; "
+                    "--tiny: /tmp/banyan-suite-tiny)")
+    ap.add_argument("--tokenizer", type=Path, default=None, help="Llama 3 tokenizer dir (default: "
+                    ".assets/llama3, else the team folder's)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/banyan-gpu/suite"))
+    ap.add_argument("--tag", default="", help="file name part (default: the workloads, e.g. W1-W2-HF)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
+    ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (Llama 3 vocab) on the CPU")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies the request counts (W2–W5)")
+    ap.add_argument("--length-scale", type=float, default=1.0, help="multiplies every input/output length")
+    for f in dataclasses.fields(wl.Sizes):
+        if f.name.endswith(("_input", "_output")) and isinstance(f.default, tuple):
+            ap.add_argument("--" + f.name.replace("_", "-"), type=_range, default=None, help="MIN:MAX tokens")
+        elif f.name == "w5_rates":
+            ap.add_argument("--w5-rates", default=None, help="req/s list, e.g. 4,8,16; x0.5 = half W2's req/s")
+        else:
+            ap.add_argument("--" + f.name.replace("_", "-"), type=int, default=None, help=f"default {f.default}")
+    ap.add_argument("--hf-engines", default="generate,cb", help="HF baselines: generate and/or cb")
+    ap.add_argument("--hf-timeout", type=float, default=420.0, help="seconds for the HF process")
+    ap.add_argument("--hbm-bw", type=float, default=report.HBM_BYTES_S, help="bytes/s for the limits")
+    ap.add_argument("--peak-flops", type=float, default=report.BF16_FLOP_S, help="FLOP/s for the limits")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, help="suite JSONs to merge into one table")
+    ap.add_argument("serve_args", nargs="*", help="extra `banyan serve` flags (after --)")
+    return ap
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    return int(lo), int(hi or lo)
+
+
+def sizes_from(args) -> wl.Sizes:
+    base, kw = wl.Sizes(), {}
+    for f in dataclasses.fields(wl.Sizes):
+        v = getattr(base, f.name)
+        if f.name in COUNTS:
+            v = max(1, round(v * args.scale))
+        elif f.name in LENGTHS:
+            v = tuple(max(1, round(x * args.length_scale)) for x in v) if isinstance(v, tuple) \
+                else max(1, round(v * args.length_scale))
+        kw[f.name] = v
+    kw["hf_subset"] = min(base.hf_subset, kw["w2_num"])
+    for f in dataclasses.fields(wl.Sizes):
+        given = getattr(args, f.name)
+        if given is not None:
+            kw[f.name] = tuple(given.split(",")) if f.name == "w5_rates" else given
+    return wl.Sizes(**kw)
+
+
+def environment(args, model: str) -> dict:
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.tiny else \
+        f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device, "model": model, "tiny": args.tiny,
+            "git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "argv": sys.argv[1:], "serve_args": args.serve_args, "python": platform.python_version(),
+            "versions": {p: version(p) for p in ("torch", "transformers", "flashinfer-python", "xgrammar", "grpcio",
+                                                 "numpy")}}
+
+
+def worker_counters(server) -> dict | None:
+    """The worker's GPU busy/idle second counters (None when its metrics have no idle counter)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not server.worker_metrics_port:
+        return None
+    sums = {"idle": 0.0, "busy": 0.0}
+    found = False
+    for fam in text_string_to_metric_families(server.metrics("worker")):
+        for kind in sums:
+            if f"gpu_{kind}" in fam.name:
+                found |= kind == "idle"
+                sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
+    return sums if found else None
+
+
+class Suite:
+    def __init__(self, args) -> None:
+        self.args, self.sizes = args, sizes_from(args)
+        self.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+        unknown = set(self.workloads) - set(WORKLOADS)
+        if unknown:
+            raise SystemExit(f"--workloads: unknown {sorted(unknown)} (choose from {', '.join(WORKLOADS)})")
+        self.tokenizer = args.tokenizer or next((t for t in TOKENIZERS if (t / "tokenizer.json").exists()), None)
+        self.model = args.model or ("/tmp/banyan-suite-tiny" if args.tiny else "/tmp/llama8b")
+        self.device = "cpu" if args.tiny else "cuda"
+        args.out.mkdir(parents=True, exist_ok=True)
+        tag = args.tag or "-".join(self.workloads)
+        self.json_path, self.md_path = args.out / f"suite_{tag}.json", args.out / f"suite_{tag}.md"
+        self.doc: dict = {"meta": environment(args, self.model), "config": dataclasses.asdict(self.sizes),
+                          "workloads": self.workloads, "results": {}, "limits": {}, "gpu_idle": {}, "timings_s": {}}
+        self.t0 = time.perf_counter()
+        self.failed = False
+        self.facts: dict = {}
+
+    def save(self) -> None:
+        self.json_path.write_text(json.dumps(self.doc, indent=1))
+
+    def phase(self, name: str, fn, store: str | None = None):
+        """Run ``fn``, print its wall time, keep its result (under results[store]) or its error."""
+        t = time.perf_counter()
+        print(f"[suite] {name} ...", flush=True)
+        try:
+            out = fn()
+        except Exception as e:  # one workload's failure is recorded and reported, the others still run
+            self.failed = True
+            traceback.print_exc()
+            out = {"error": f"{e!r}"[:1000]}
+        dt = time.perf_counter() - t
+        self.doc["timings_s"][name] = dt
+        if store:
+            self.doc["results"][store] = out
+        print(f"[suite] {name}: {dt:.1f} s (elapsed {time.perf_counter() - self.t0:.0f} s)", flush=True)
+        self.save()
+        return out
+
+    # ------------------------------------------------------------------ steps
+
+    def build_model(self) -> None:
+        if self.tokenizer is None:
+            raise SystemExit(f"no Llama 3 tokenizer (looked in {', '.join(map(str, TOKENIZERS))}); pass --tokenizer")
+        shape = TINY_SHAPE if self.args.tiny else {}
+        build(Path(self.model), self.tokenizer, device=self.device, **shape)
+
+    def hf(self) -> dict:
+        s, vocab = self.sizes, self.facts["vocab"]
+        reqs = {"w1": {"prompts": wl.w1_prompts(s, vocab)[:s.hf_w1_runs], "output_len": s.w1_output},
+                "w2": [{"prompt_ids": r.prompt_ids, "output_len": r.output_len}
+                       for r in wl.w2_requests(s, vocab)[:s.hf_subset]]}
+        spec, out = self.args.out / "hf_requests.json", self.json_path.with_name(self.json_path.stem + "_hf.json")
+        spec.write_text(json.dumps(reqs))
+        log = self.json_path.with_name(self.json_path.stem + "_hf.log")
+        cmd = [sys.executable, "-m", "benchmarks.gpu.hf_baselines", "--model", self.model, "--requests", str(spec),
+               "--out", str(out), "--device", self.device, "--batch-size", str(s.hf_batch),
+               "--engines", self.args.hf_engines]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+        with open(log, "w") as f:
+            r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=self.args.hf_timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"HF baselines exited {r.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+        res = json.loads(out.read_text())
+        for k in ("generate_w1", "generate_w2", "cb_w1", "cb_w2"):
+            if "error" in res.get(k, {}):
+                self.failed = True
+                print(f"[suite] HF {k} failed: {res[k]['error']}", flush=True)
+        return res
+
+    def server(self, name: str, *flags: str):
+        from support import Server
+
+        args = ["--http-port", "-1", *(["--device", "cpu"] if self.args.tiny else []), *flags, *self.args.serve_args]
+        s = Server(self.model, self.args.out / f"server_{name}.log", *args)
+        try:
+            wl.warm_up(s.target, self.facts["vocab"], json_too="W4" in self.workloads)
+        except BaseException:
+            s.stop()
+            raise
+        return s
+
+    def serve_workloads(self) -> None:
+        s, vocab = self.sizes, self.facts["vocab"]
+        todo = [w for w in ("W1", "W2", "W3", "W4", "W5") if w in self.workloads]
+        if not todo:
+            return
+        server = self.phase("start server", lambda: self.server("main"))
+        if isinstance(server, dict):  # the error: every server workload carries it
+            self.doc["results"].update({w: server for w in todo})
+            return
+        try:
+            fns = {"W1": lambda: wl.w1(server.target, s, vocab), "W2": lambda: wl.w2(server.target, s, vocab),
+                   "W3": lambda: _w3_on(wl.w3(server.target, s, vocab)),
+                   "W4": lambda: wl.w4(server.target, s, vocab),
+                   "W5": lambda: wl.w5(server.target, s, vocab, _req_s(self.doc["results"].get("W2")))}
+            for w in todo:
+                before = self.counters(server)
+                self.phase(w, fns[w], store=w)
+                after = self.counters(server)
+                if before is not None and after is not None:
+                    idle, busy = after["idle"] - before["idle"], after["busy"] - before["busy"]
+                    self.doc["gpu_idle"][w] = idle / (idle + busy) if idle + busy > 0 else None
+        finally:
+            server.stop()
+        if "W3" in todo and "error" not in self.doc["results"]["W3"]:
+            res = self.phase("W3 cache off", self.w3_off)
+            if res is not None:  # its error
+                self.doc["results"]["W3"]["cache_off"] = res
+                self.save()
+
+    def counters(self, server) -> dict | None:
+        try:
+            return worker_counters(server)
+        except OSError as e:  # the metrics endpoint is optional: the idle column says n/a
+            print(f"[suite] worker metrics unavailable: {e!r}", flush=True)
+            return None
+
+    def w3_off(self) -> None:
+        server = self.server("no_radix", "--disable-radix-cache")
+        try:
+            w3 = self.doc["results"]["W3"]
+            w3["cache_off"] = wl.w3(server.target, self.sizes, self.facts["vocab"])
+            on, off = w3["cache_on"]["output_throughput"], w3["cache_off"]["output_throughput"]
+            w3["speedup"] = on / off if off else 0.0
+        finally:
+            server.stop()
+
+    def run(self) -> int:
+        if self.phase("model", self.build_model) is not None:  # its error
+            return self.finish(self.doc)
+        dtype_bytes = 4 if self.args.tiny or "float32" in self.args.serve_args else 2
+        self.facts = self.doc["model_facts"] = report.model_facts(self.model, dtype_bytes)
+        max_running = _flag(self.args.serve_args, "--max-running-requests", 256)
+        self.doc["limits"] = report.limits(self.facts, self.sizes, max_running, set(self.workloads), self.args.hbm_bw,
+                                           self.args.peak_flops)
+        try:
+            if "HF" in self.workloads:
+                self.phase("HF baselines", self.hf, store="HF")
+            self.serve_workloads()
+        except KeyboardInterrupt:  # SIGTERM too (a timeout): the servers are stopped, report what finished
+            self.failed = True
+            self.doc["interrupted"] = True
+            print(f"[suite] interrupted after {time.perf_counter() - self.t0:.0f} s: partial results", flush=True)
+        self.doc["timings_s"]["total"] = time.perf_counter() - self.t0
+        self.save()
+        return self.finish(self.doc)
+
+    def finish(self, doc: dict) -> int:
+        md = report.table(doc)
+        self.md_path.write_text(md + "\n")
+        print(f"[suite] {self.json_path}  {self.md_path}  total {time.perf_counter() - self.t0:.0f} s", flush=True)
+        print(md, flush=True)
+        return 1 if self.failed else 0
+
+
+def _w3_on(on: dict) -> dict:
+    return {"cache_on": on, "optimum_hit_rate": on["optimum_hit_rate"], "hit_vs_optimum": on["hit_vs_optimum"]}
+
+
+def _req_s(w2: dict | None) -> float | None:
+    return w2.get("request_throughput") if w2 and "error" not in w2 else None
+
+
+def _flag(argv: list[str], name: str, default: int) -> int:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if a.startswith(name + "="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.merge:
+        docs = [json.loads(p.read_text()) for p in args.merge]
+        doc = report.merge(docs)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"suite_{args.tag or 'merged'}.json"
+        path.write_text(json.dumps(doc, indent=1))
+        md = report.table(doc)
+        path.with_suffix(".md").write_text(md + "\n")
+        print(f"[suite] merged {len(docs)} into {path}", flush=True)
+        print(md, flush=True)
+        return 0
+    signal.signal(signal.SIGTERM, _interrupt)
+    return Suite(args).run()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

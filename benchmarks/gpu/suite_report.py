@@ -1,0 +1,227 @@
+"""The suite's physical limits (from the model's shape and the H200's bandwidth/compute) and its
+markdown table (the shape of docs/perf.md), built from the JSON alone so that the results of
+several invocations merge into one table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.gpu.suite_workloads import Sizes, w2_requests, w3_requests
+
+HBM_BYTES_S = 4.3e12  # H200 HBM3e copy bandwidth, measured (.gpucache/README.md)
+BF16_FLOP_S = 790e12  # dense bf16 GEMM, measured on the same host
+
+GOALS = {  # key -> (goal, "le" | "ge", shown as)
+    "w1_ms": (4.0, "le", "≤ 4.0"),
+    "w2_tok_s": (6400, "ge", "≥ 6,400"),
+    "w2_vs_generate": (10, "ge", "≥ 10×"),
+    "w2_vs_cb": (3, "ge", "≥ 3×"),
+    "w3_hit_vs_optimum": (0.98, "ge", "≥ 98 %"),
+    "w3_speedup": (3, "ge", "≥ 3×"),
+    "w3_tok_s": (15000, "ge", "≥ 15,000"),
+    "w4_ratio": (0.95, "ge", "≥ 95 %"),
+    "gpu_idle": (0.05, "lt", "< 5 %"),
+}
+
+
+# ---------------------------------------------------------------- model shape and limits
+
+
+def model_facts(model_dir: str, dtype_bytes: int) -> dict:
+    """Parameter count, weight bytes and KV bytes per token of a Llama-style HF config."""
+    c = json.loads((Path(model_dir) / "config.json").read_text())
+    h, inter, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+    d = c.get("head_dim") or h // heads
+    per_layer = h * heads * d * 2 + h * kv_heads * d * 2 + 3 * h * inter + 2 * h  # q, o, k, v, mlp, norms
+    embed = vocab * h
+    params = embed + layers * per_layer + h + (0 if c.get("tie_word_embeddings") else vocab * h)
+    return {"params": params, "embedding_params": embed, "dtype_bytes": dtype_bytes,
+            "weights_bytes": params * dtype_bytes, "weights_read_per_step_bytes": (params - embed) * dtype_bytes,
+            "kv_bytes_per_token": 2 * layers * kv_heads * d * dtype_bytes, "layers": layers, "hidden": h,
+            "heads": heads, "kv_heads": kv_heads, "head_dim": d, "vocab": vocab,
+            "attn_flops_per_token_pair": 4 * layers * heads * d}
+
+
+def _run_floor(m: dict, reqs: list[tuple[int, int, int]], batch: int, bw: float, flops: float) -> dict:
+    """Lower bound on a whole offline run of (prompt, cached prefix, output) requests at a decode
+    batch of ``batch``: prefill at peak compute (GEMMs + causal attention of the new tokens), then
+    decode steps that each read the weights once and every running request's KV once."""
+    gemm = 2 * (m["params"] - m["embedding_params"])
+    new = sum(p - c for p, c, _ in reqs)
+    attn_pairs = sum((p - c) * c + (p - c) ** 2 / 2 for p, c, _ in reqs)
+    prefill_s = (gemm * new + m["attn_flops_per_token_pair"] * attn_pairs) / flops
+    out = sum(o for _, _, o in reqs)
+    steps = out / batch
+    kv = m["kv_bytes_per_token"] * sum(o * p + o * (o - 1) / 2 for p, _, o in reqs)
+    step_bytes = m["weights_bytes"] + kv / steps
+    step_s = max(step_bytes / bw, gemm * batch / flops)
+    floor_s = prefill_s + steps * step_s
+    return {"decode_batch": batch, "avg_context": kv / m["kv_bytes_per_token"] / out, "prefill_tokens": new,
+            "bytes_per_step_gb": step_bytes / 1e9, "kv_bytes_per_step_gb": kv / steps / 1e9,
+            "step_floor_ms": step_s * 1e3, "decode_ceiling_tok_s": batch / step_s, "prefill_floor_s": prefill_s,
+            "run_floor_s": floor_s, "output_tok_s_ceiling": out / floor_s}
+
+
+def limits(m: dict, s: Sizes, max_running: int, workloads: set[str], bw: float = HBM_BYTES_S,
+           flops: float = BF16_FLOP_S) -> dict:
+    out: dict = {"hbm_bytes_s": bw, "bf16_flop_s": flops, "max_running_requests": max_running,
+                 "w1_floor_ms_per_token": m["weights_bytes"] / bw * 1e3,
+                 "w1_floor_note": "all weight bytes / HBM bandwidth, one decode step per token"}
+    vocab = m["vocab"]
+    if "W2" in workloads:
+        reqs = [(r.prompt_len, 0, r.output_len) for r in w2_requests(s, vocab)]
+        out["w2"] = _run_floor(m, reqs, min(max_running, len(reqs)), bw, flops)
+    if "W3" in workloads:
+        reqs = w3_requests(s, vocab)
+        off = [(r.prompt_len, 0, r.output_len) for r in reqs]
+        seen: set = set()
+        on = []
+        for r in reqs:  # the first of a group computes its system prompt; the others reuse it
+            key = tuple(r.prompt_ids[:s.w3_system])
+            on.append((r.prompt_len, s.w3_system if key in seen else 0, r.output_len))
+            seen.add(key)
+        out["w3_cache_on"] = _run_floor(m, on, min(max_running, len(reqs)), bw, flops)
+        out["w3_cache_off"] = _run_floor(m, off, min(max_running, len(reqs)), bw, flops)
+    return out
+
+
+# ---------------------------------------------------------------- table
+
+def _n(x, digits: int = 0) -> str:
+    if x is None:
+        return ""
+    return f"{x:,.{digits}f}"
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{100 * x:.1f} %"
+
+
+def _status(key: str, value) -> str:
+    if value is None:
+        return "n/a"
+    goal, how, _ = GOALS[key]
+    ok = value <= goal if how == "le" else value >= goal if how == "ge" else value < goal
+    return "met" if ok else "missed"
+
+
+def _get(d: dict | None, *path):
+    for k in path:
+        if not isinstance(d, dict) or k not in d or (isinstance(d[k], dict) and "error" in d[k]):
+            return None
+        d = d[k]
+    return d
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def table(doc: dict) -> str:
+    """The markdown table of one (or a merged) suite JSON."""
+    r, lim, meta, cfg = doc["results"], doc.get("limits", {}), doc["meta"], doc["config"]
+    hf = r.get("HF") or {}
+    rows: list[tuple[str, ...]] = []
+
+    def row(metric, banyan="", gen="", cb="", limit="", goal_key=None, value=None, goal_text=None):
+        goal = goal_text if goal_text is not None else (GOALS[goal_key][2] if goal_key else "")
+        rows.append((metric, banyan, gen, cb, limit, goal, _status(goal_key, value) if goal_key else ""))
+
+    if "W1" in r or hf:
+        w1 = r.get("W1")
+        ms = _get(w1, "ms_per_token")
+        row(f"W1 batch-1 decode, in {cfg['w1_input']} / out {cfg['w1_output']}: ms/token (median gap)", _n(ms, 2),
+            _n(_get(hf, "generate_w1", "ms_per_token"), 1), _n(_get(hf, "cb_w1", "ms_per_token"), 1),
+            _n(lim.get("w1_floor_ms_per_token"), 2) + " (weights ÷ HBM)" if lim.get("w1_floor_ms_per_token") else "",
+            "w1_ms", ms)
+        row("W1 time to first token, ms", _n(_get(w1, "ttft_ms"), 1), _n(_get(hf, "generate_w1", "ttft_ms"), 1),
+            _n(_get(hf, "cb_w1", "ttft_ms"), 1))
+    if "W2" in r or hf:
+        w2 = r.get("W2")
+        tok = _get(w2, "output_throughput")
+        gen, cb = _get(hf, "generate_w2", "output_tok_s"), _get(hf, "cb_w2", "output_tok_s")
+        sub = cfg["hf_subset"]
+        row(f"W2 offline, {cfg['w2_num']:,} requests, in {cfg['w2_input'][0]}–{cfg['w2_input'][1]:,} / out "
+            f"{cfg['w2_output'][0]}–{cfg['w2_output'][1]}: output tok/s (HF: first {sub} requests)", _n(tok),
+            _n(gen, 1), _n(cb, 1), _n(_get(lim, "w2", "output_tok_s_ceiling")) + " (run floor)" if "w2" in lim else "",
+            "w2_tok_s", tok)
+        row("W2 total tok/s · duration s", f"{_n(_get(w2, 'total_tok_s'))} · {_n(_get(w2, 'duration_s'), 1)}",
+            f"{_n(_get(hf, 'generate_w2', 'total_tok_s'))} · {_n(_get(hf, 'generate_w2', 'duration_s'), 1)}",
+            f"{_n(_get(hf, 'cb_w2', 'total_tok_s'))} · {_n(_get(hf, 'cb_w2', 'duration_s'), 1)}",
+            f"{_n(_get(lim, 'w2', 'bytes_per_step_gb'), 1)} GB/step → {_n(_get(lim, 'w2', 'step_floor_ms'), 2)} ms"
+            if "w2" in lim else "")
+        vg, vc = _ratio(tok, gen), _ratio(tok, cb)
+        row("W2 banyan (all requests) ÷ HF (subset), output tok/s", "", _n(vg, 1) + "×" if vg else "",
+            _n(vc, 1) + "×" if vc else "", "", goal_text=f"{GOALS['w2_vs_generate'][2]} · {GOALS['w2_vs_cb'][2]}")
+        rows[-1] = rows[-1][:-1] + (f"{_status('w2_vs_generate', vg)} · {_status('w2_vs_cb', vc)}",)
+        s_tok = _get(w2, "subset", "output_tok_s")
+        if s_tok is not None or gen or cb:
+            row(f"W2 subset (first {sub}, same lengths) on both: output tok/s · banyan ÷ HF", _n(s_tok),
+                f"{_n(gen, 1)} · {_n(_ratio(s_tok, gen), 1)}×", f"{_n(cb, 1)} · {_n(_ratio(s_tok, cb), 1)}×")
+    if "W3" in r:
+        w3 = r["W3"]
+        on, off = _get(w3, "cache_on", "output_throughput"), _get(w3, "cache_off", "output_throughput")
+        speed = _ratio(on, off)
+        title = (f"W3 shared prefix {cfg['w3_groups']}×{cfg['w3_per_group']}, system {cfg['w3_system']:,} + question "
+                 f"{cfg['w3_question']}, out {cfg['w3_output']}")
+        lims = (f"{_n(_get(lim, 'w3_cache_on', 'output_tok_s_ceiling'))} / "
+                f"{_n(_get(lim, 'w3_cache_off', 'output_tok_s_ceiling'))} (run floor)" if "w3_cache_on" in lim else "")
+        row(f"{title}: output tok/s, cache on", _n(on), limit=lims, goal_key="w3_tok_s", value=on)
+        row("W3 output tok/s, cache off (--disable-radix-cache) · speedup", f"{_n(off)} · {_n(speed, 2)}×",
+            goal_key="w3_speedup", value=speed)
+        hit, opt = _get(w3, "cache_on", "cache_hit_rate"), _get(w3, "optimum_hit_rate")
+        rel = _ratio(hit, opt)
+        row("W3 cache hit rate: achieved / optimum = ratio", f"{_pct(hit)} / {_pct(opt)} = {_pct(rel)}",
+            goal_key="w3_hit_vs_optimum", value=rel)
+    if "W4" in r:
+        w4 = r["W4"]
+        c, u = _get(w4, "constrained", "output_throughput"), _get(w4, "unconstrained", "output_throughput")
+        ratio = _get(w4, "ratio")
+        row(f"W4 JSON schema, {cfg['w4_num']} requests: output tok/s constrained / unconstrained (same lengths) "
+            f"= ratio", f"{_n(c)} / {_n(u)} = {_pct(ratio)}", goal_key="w4_ratio", value=ratio)
+        row("W4 mean output tokens · jump-forward tokens", f"{_n(_get(w4, 'mean_output_tokens'), 1)} · "
+            f"{_n(_get(w4, 'jump_forward_tokens'))}")
+    for x in _get(r, "W5", "rates") or []:
+        row(f"W5 Poisson {x['rate']:.2f} req/s ({x['completed']} requests): TTFT p50/p99 · ITL p50/p99 ms · "
+            "output tok/s", f"{_n(x['ttft_ms']['p50'], 0)}/{_n(x['ttft_ms']['p99'], 0)} · "
+            f"{_n(x['itl_ms']['p50'], 1)}/{_n(x['itl_ms']['p99'], 1)} · {_n(x['output_throughput'])}")
+    idle = doc.get("gpu_idle") or {}
+    main = next((idle[w] for w in ("W2", "W3", "W5", "W1", "W4") if idle.get(w) is not None), None)
+    detail = ", ".join(f"{w} {_pct(v)}" for w, v in idle.items() if v is not None)
+    row("GPU idle between steps (worker gpu_idle ÷ (idle + busy))", detail or "n/a", goal_key="gpu_idle", value=main)
+
+    head = ("metric", "banyan", "HF `generate`", "HF continuous batching", "physical limit", "goal", "status")
+    lines = [f"## Banyan GPU suite: {meta.get('device', '?')}, commit {(meta.get('git_commit') or '?')[:10]}"
+             f"{' (dirty)' if meta.get('git_dirty') else ''}, {meta.get('date', '')}", "",
+             "| " + " | ".join(head) + " |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += ["| " + " | ".join(x) + " |" for x in rows]
+    notes = [f"HF baselines (same model, same run, separate process; transformers {hf.get('transformers', '?')}) use "
+             f"only the first {cfg['hf_subset']} W2 requests (static batches of {cfg['hf_batch']} padded left for "
+             "`generate`; all at once for continuous batching) and "
+             f"{cfg['hf_w1_runs']} W1 run(s); W2 ratios divide banyan's full run by HF's subset."] if hf else []
+    notes.append(f"Limits: HBM {lim.get('hbm_bytes_s', HBM_BYTES_S) / 1e12:.1f} TB/s, bf16 "
+                 f"{lim.get('bf16_flop_s', BF16_FLOP_S) / 1e12:.0f} TFLOP/s; run floor = prefill at peak compute + "
+                 "decode steps of (weights + running KV) bytes at the max decode batch.")
+    if meta.get("tiny"):
+        notes.append("TINY model on CPU: a functional check of the suite, not a performance result.")
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes])
+
+
+def merge(docs: list[dict]) -> dict:
+    """One document from several invocations: results, limits and idle fractions united (later
+    wins); each workload's sizes from the invocation that ran it; every invocation's meta kept."""
+    out = {"meta": dict(docs[0]["meta"]), "config": dict(docs[0]["config"]), "results": {}, "limits": {},
+           "gpu_idle": {}, "timings_s": {}, "invocations": [d["meta"] for d in docs]}
+    for d in docs:
+        out["results"].update(d["results"])
+        prefixes = tuple({"HF": "hf_"}.get(w, w.lower() + "_") for w in d["results"])
+        out["config"].update({k: v for k, v in d["config"].items() if k.startswith(prefixes)})
+        out["limits"].update(d.get("limits", {}))
+        out["gpu_idle"].update(d.get("gpu_idle", {}))
+        out["timings_s"].update(d.get("timings_s", {}))
+    commits = {d["meta"].get("git_commit") for d in docs}
+    if len(commits) > 1:
+        out["meta"]["git_commit"] = "+".join(sorted(c or "?" for c in commits))
+    return out

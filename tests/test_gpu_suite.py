@@ -1,0 +1,104 @@
+"""The GPU benchmark suite (benchmarks/gpu/suite.py) end to end on the CPU in tiny mode: a 2-layer
+model with the Llama 3 vocabulary, HF baselines in their own process, two ``banyan serve``
+instances (radix cache on, then off), every workload at a few requests; then the JSON's fields
+and the merge of two invocations' JSONs. Values are checked for sanity, never for speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu import suite_report as report
+from benchmarks.gpu.make_model import LLAMA_8B
+from benchmarks.gpu.suite import TOKENIZERS
+from benchmarks.gpu.suite_workloads import Sizes
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA3 = next((t for t in TOKENIZERS if (t / "tokenizer.json").exists()), None)  # .assets/ or the team folder
+SMALL = ["--length-scale", "0.05", "--w4-output", "24", "--w1-runs", "2", "--w2-num", "8", "--w3-groups", "2",
+         "--w3-per-group", "3", "--w4-num", "4", "--w5-num", "3", "--w5-rates", "50,x0.5", "--hf-subset", "4",
+         "--hf-batch", "2", "--hf-w1-runs", "1"]
+
+
+def test_sizes_and_limits_of_the_8b_shape(tmp_path) -> None:
+    s = Sizes()
+    assert s.w3_optimum_hit_rate == pytest.approx((32 * 32 - 32) * 2048 / (1024 * (2048 + 128)))
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    m = report.model_facts(str(tmp_path), 2)
+    assert m["params"] == pytest.approx(8.03e9, rel=2e-3) and m["kv_bytes_per_token"] == 128 * 1024
+    lim = report.limits(m, s, 256, {"W2", "W3"})
+    assert 3.6 < lim["w1_floor_ms_per_token"] < 3.8  # 16.1 GB / 4.3 TB/s
+    assert lim["w2"]["decode_batch"] == 256 and lim["w2"]["bytes_per_step_gb"] > m["weights_bytes"] / 1e9
+    on, off = lim["w3_cache_on"], lim["w3_cache_off"]
+    assert on["prefill_tokens"] == 32 * 2048 + 1024 * 128 and off["prefill_tokens"] == 1024 * (2048 + 128)
+    assert on["output_tok_s_ceiling"] > off["output_tok_s_ceiling"]
+    with pytest.raises(ValueError):
+        Sizes(w2_num=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[Path, dict, str]:
+    if LLAMA3 is None:
+        pytest.skip("no Llama 3 tokenizer (.assets/llama3 or the team folder's)")
+    tmp = tmp_path_factory.mktemp("suite")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.suite", "--tiny", "--model", str(tmp / "model"),
+                        "--tokenizer", str(LLAMA3), "--out", str(tmp / "out"), "--tag", "t", *SMALL],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return tmp / "out", json.loads((tmp / "out" / "suite_t.json").read_text()), r.stdout
+
+
+def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
+    out, doc, stdout = tiny_run
+    res = doc["results"]
+    assert set(res) == {"W1", "W2", "W3", "W4", "W5", "HF"} and not any("error" in v for v in res.values())
+    assert doc["meta"]["tiny"] and doc["meta"]["versions"]["torch"] and "git_commit" in doc["meta"]
+    assert res["W1"]["runs"] == 2 and res["W1"]["ms_per_token"] > 0 and res["W1"]["ttft_ms"] > 0
+    w2 = res["W2"]
+    assert w2["completed"] == 8 and w2["failed"] == 0 and w2["output_throughput"] > 0
+    assert w2["total_tok_s"] > w2["output_throughput"] and w2["duration_s"] > 0 and w2["subset"]["output_tok_s"] > 0
+    w3 = res["W3"]
+    for k in ("cache_on", "cache_off"):
+        assert w3[k]["completed"] == 6 and w3[k]["failed"] == 0 and w3[k]["output_throughput"] > 0
+        assert 0.0 <= w3[k]["cache_hit_rate"] <= 1.0
+    assert w3["cache_off"]["cache_hit_rate"] == 0.0 and w3["cache_on"]["cache_hit_rate"] > 0
+    assert 0 < w3["optimum_hit_rate"] < 1 and w3["hit_vs_optimum"] > 0 and w3["speedup"] > 0
+    w4 = res["W4"]
+    assert w4["constrained"]["failed"] == 0 and w4["unconstrained"]["failed"] == 0 and w4["same_lengths"]
+    assert w4["unconstrained"]["total_output_tokens"] == w4["constrained"]["total_output_tokens"]
+    assert w4["ratio"] > 0 and w4["jump_forward_tokens"] >= 0
+    rates = res["W5"]["rates"]
+    assert [r["spec"] for r in rates] == ["50", "x0.5"] and rates[1]["rate"] == pytest.approx(
+        0.5 * w2["request_throughput"])
+    assert all(r["completed"] == 3 and r["ttft_ms"]["p99"] >= r["ttft_ms"]["p50"] > 0 for r in rates)
+    hf = res["HF"]
+    for k in ("generate_w1", "cb_w1"):
+        assert hf[k]["ms_per_token"] > 0 and hf[k]["ttft_ms"] > 0
+    for k in ("generate_w2", "cb_w2"):
+        assert hf[k]["requests"] == 4 and hf[k]["output_tok_s"] > 0
+    assert hf["cb_w2"]["output_tokens"] == hf["generate_w2"]["output_tokens"] == sum(
+        json.loads((out / "hf_requests.json").read_text())["w2"][i]["output_len"] for i in range(4))
+    assert doc["limits"]["w1_floor_ms_per_token"] > 0 and doc["limits"]["w2"]["output_tok_s_ceiling"] > 0
+    assert all(v is None or 0 <= v <= 1 for v in doc["gpu_idle"].values())
+    table = (out / "suite_t.md").read_text()
+    assert stdout.rstrip().endswith(table.rstrip()) and table.count("\n| W") >= 10 and "TINY" in table
+
+
+def test_merge_of_two_invocations_builds_one_table(tiny_run, tmp_path) -> None:
+    out, doc, _ = tiny_run
+    parts = []
+    for i, names in enumerate((("W1", "W2", "HF"), ("W3", "W4", "W5"))):
+        part = {**doc, "results": {k: v for k, v in doc["results"].items() if k in names},
+                "gpu_idle": {k: v for k, v in doc["gpu_idle"].items() if k in names}}
+        parts.append(tmp_path / f"part{i}.json")
+        parts[-1].write_text(json.dumps(part))
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.suite", "--merge", *map(str, parts), "--out",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    merged = json.loads((tmp_path / "suite_merged.json").read_text())
+    assert merged["results"] == doc["results"] and len(merged["invocations"]) == 2
+    assert (tmp_path / "suite_merged.md").read_text().rstrip() == (out / "suite_t.md").read_text().rstrip()
