@@ -31,6 +31,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.proto.banyan.v1 import generation_pb2 as pb, generation_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.timeout(2400)  # a cold machine installs the engine and builds the images first
+
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "banyanci"  # fixed: a stack left by a killed run is taken down by the next one
 REPLICAS = 2
