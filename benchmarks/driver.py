@@ -4,6 +4,7 @@ rows, KV slots and token counts of its requests and turns each step's work into 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,9 +30,10 @@ class Driver:
         self._step = 0
 
     def batch(self, work: list[tuple[str, list[int], bool]],
-              params: SamplingParams = SamplingParams(temperature=0.0)) -> ForwardBatch:
+              params: SamplingParams = SamplingParams(temperature=0.0), follows: bool = False) -> ForwardBatch:
         """work: (request id, new token ids, sample after them) per request, in batch order; ids
-        not seen before are admitted with ``params``."""
+        not seen before are admitted with ``params``. A token id -1 is the one the request's
+        previous step sampled (overlap: still on the device)."""
         new, rows, prefix, extend, sample, ids, slots = [], [], [], [], [], [], []
         for rid, tokens, do_sample in work:
             if rid not in self.reqs:
@@ -50,10 +52,26 @@ class Driver:
         released, self._released = self._released, []
         return ForwardBatch(step=self._step, new_reqs=new, released_rows=released, rows=i32(rows),
                             prefix_lens=i32(prefix), extend_lens=i32(extend), sample=i32(sample),
-                            input_ids=i32(ids), out_slots=i32(slots))
+                            input_ids=i32(ids), out_slots=i32(slots), follows=follows)
 
     def run(self, work: list[tuple[str, list[int], bool]], **kw) -> np.ndarray:
         return self.runner.execute(self.batch(work, **kw))
+
+    def run_overlapped(self, rids: list[str], steps: int) -> tuple[list[float], float]:
+        """Decode ``steps`` steps of ``rids`` the way the worker serves the overlapping scheduler:
+        step N+1 is launched (its inputs the tokens step N samples, resolved on the device)
+        before step N's results are waited for. → (host seconds per step, device idle fraction)."""
+        prev, marks, busy, idle = None, [], 0.0, 0.0
+        for _ in range(steps):
+            launched = self.runner.launch(self.batch([(rid, [-1], True) for rid in rids], follows=True))
+            if prev is not None:
+                self.runner.finish(prev)
+                if marks:  # (the first step's gap is since whatever ran before)
+                    busy, idle = busy + self.runner.busy_s, idle + self.runner.idle_s
+                marks.append(time.perf_counter())
+            prev = launched
+        self.runner.finish(prev)
+        return [b - a for a, b in zip(marks, marks[1:])], idle / max(busy + idle, 1e-12)
 
     def release(self, rid: str) -> None:
         r = self.reqs.pop(rid)

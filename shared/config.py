@@ -101,6 +101,8 @@ class SchedulerConfig(CommonConfig):
         "help": "requests waiting beyond this many are refused with RESOURCE_EXHAUSTED / 429 (0: no limit)"})
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "structured output: sample every token even where the grammar allows only one continuation"})
+    disable_overlap_schedule: bool = field(default=False, metadata={
+        "help": "build each step only after the previous one's results arrived (default: while it runs)"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
 
     def __post_init__(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+import numpy as np
 import pytest
 import torch
 from test_models import KVTable, hf_logits, random_seqs, save_tiny_model, tiny_config
@@ -16,7 +18,7 @@ from services.worker.cuda_graph import graph_batch_sizes
 from services.worker.runner import ModelRunner
 from services.worker.sampling import Sampler
 from shared.config import ConfigError, WorkerConfig
-from shared.messages.common import SamplingParams
+from shared.messages.common import SamplingParams, i32
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,42 @@ def test_execute_samples_only_flagged_requests(tiny_llama) -> None:
     out = driver.run([("b", seqs[1][2:], True)])
     assert out[0] == hf_logits(hf, seqs[1])[-1].argmax().item()
     assert "a" not in driver.reqs and runner.params.keys() == {driver.reqs["b"].row}
+
+
+def test_launched_steps_feed_the_tokens_still_on_the_device(tiny_llama) -> None:
+    """Overlap: each step is launched before the previous one is finished, its input ids -1 (the
+    token the row sampled last, resolved on the device): the same greedy tokens as one step at a
+    time with known ids, also with a deferred grammar bitmask (sampled once the mask arrives)."""
+    path, _ = tiny_llama
+    seqs = random_seqs([9, 5])
+
+    def sequential() -> list[list[int]]:
+        driver = Driver(ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512), str(path)), max_rows=4)
+        out = driver.run([("a", seqs[0], True), ("b", seqs[1], True)]).tolist()
+        toks = [out]
+        for _ in range(5):
+            toks.append(driver.run([("a", [toks[-1][0]], True), ("b", [toks[-1][1]], True)]).tolist())
+        return toks
+
+    runner = ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512), str(path))
+    driver = Driver(runner, max_rows=4)
+    prev = runner.launch(driver.batch([("a", seqs[0], True), ("b", seqs[1], True)]))
+    toks = []
+    for i in range(5):
+        b = driver.batch([("a", [-1], True), ("b", [-1], True)], follows=True)
+        if i == 2:  # a deferred mask that allows everything
+            b = msgspec.structs.replace(b, mask_rows=i32([0, 1]), mask_deferred=True)
+        launched = runner.launch(b)
+        assert launched.awaits_mask == (i == 2)
+        if i == 2:
+            assert not launched.ready()
+        toks.append(runner.finish(prev)[0].tolist())
+        if launched.awaits_mask:
+            runner.sample(launched, np.full((2, (runner.spec.vocab_size + 31) // 32), -1, np.int32).tobytes())
+        prev = launched
+    toks.append(runner.finish(prev)[0].tolist())
+    assert toks == sequential()
+    assert runner.busy_s > 0 and runner.idle_s >= 0
 
 
 def test_kv_indices_gathers_each_rows_prefix() -> None:

@@ -24,13 +24,18 @@ def step(b: Batcher, running, waiting, next_token=5):
     s = b.build(running, waiting)
     if s is None:
         return None
+    apply(b, s, running, next_token)
+    return s
+
+
+def apply(b: Batcher, s, running, next_token=5):
     for r, n, sample in zip(s.reqs, s.extend, s.sample):
         if n > 1 or not r.output:
             b.kv.cache_prefix(r)
         if sample:
+            r.pending -= 1
             r.output.append(next_token)
     b.kv.check_integrity(running)
-    return s
 
 
 def finish_all(b: Batcher, running):
@@ -108,3 +113,70 @@ def test_retraction_frees_room_for_decode_and_requeues_the_cheapest():
     assert not running and not waiting
     b.kv.check_integrity(running)
     assert b.kv.slots.num_free + b.kv.evictable == b.kv.pool_size
+
+
+def test_overlap_builds_the_next_step_before_the_last_one_is_known():
+    """Overlap scheduling: step N+1 is built while N runs; the token N samples is fed as -1 (the
+    worker resolves it on the device) and becomes known when N's results are applied."""
+    b = batcher()
+    r = req(range(10, 30), max_new=3)
+    running, waiting = [], deque([r])
+    s1 = b.build(running, waiting)  # prefill, samples token 0
+    assert s1.sample == [True] and r.pending == 1
+    s2 = b.build(running, waiting)  # built before s1's token is known
+    assert from_i32(s2.msg.input_ids).tolist() == [-1] and from_i32(s2.msg.prefix_lens).tolist() == [20]
+    assert r.pending == 2 and r.remaining_new_tokens == 1
+    apply(b, s1, running, next_token=7)
+    s3 = b.build(running, waiting)  # s2 in flight: its token is the next input
+    assert from_i32(s3.msg.input_ids).tolist() == [-1] and from_i32(s3.msg.prefix_lens).tolist() == [21]
+    assert r.remaining_new_tokens == 0
+    apply(b, s2, running, next_token=8)
+    assert b.build(running, waiting) is None  # the token in flight is its last: nothing left to decode
+    apply(b, s3, running, next_token=9)
+    assert r.output == [7, 8, 9] and r.pending == 0
+    # what it computed goes into the cache with known ids only (no -1)
+    finish_all(b, running)
+    assert b.kv.cache.peek("", list(range(10, 30)) + [7, 8])[0] == 22
+
+
+def test_overlap_retracted_request_waits_for_its_token_in_flight():
+    b = batcher(pool=64)
+    r = req(range(10, 30), max_new=30)
+    running, waiting = [], deque([r])
+    s1 = b.build(running, waiting)
+    b._retract(r, running, waiting)  # (memory pressure while s1 runs)
+    assert r.status is Status.WAITING and r.pending == 1
+    assert b.build(running, waiting) is None  # not re-admitted before its token is known
+    apply(b, s1, running, next_token=7)
+    assert r.output == [7] and r.pending == 0
+    s = b.build(running, waiting)
+    assert s is not None and s.reqs == [r] and -1 not in from_i32(s.msg.input_ids).tolist()
+    assert from_i32(s.msg.input_ids).tolist()[-1] == 7
+
+
+def test_overlap_jump_forward_drops_the_token_sampled_in_flight():
+    """Jump-forward after step N appends forced tokens while N+1 (fed N's token) is in flight:
+    N+1's sample is dropped and the forced tokens are computed next, after N's token."""
+    b = batcher()
+    r = req(range(10, 30), max_new=10)
+    running, waiting = [], deque([r])
+    s1 = b.build(running, waiting)
+    s2 = b.build(running, waiting)  # decodes N's token (-1)
+    apply(b, s1, running, next_token=7)
+    r.output += [40, 41]  # forced by the grammar after 7
+    r.discard = r.pending  # what the scheduler does on jump-forward
+    s3 = b.build(running, waiting)
+    assert from_i32(s3.msg.input_ids).tolist() == [40, 41] and from_i32(s3.msg.prefix_lens).tolist() == [21]
+    assert s3.sample == [True]
+    # s2's token is dropped, s3's is the next one
+    for s, tok in ((s2, 99), (s3, 8)):
+        for q, sample in zip(s.reqs, s.sample):
+            if sample:
+                q.pending -= 1
+                if q.discard:
+                    q.discard -= 1
+                else:
+                    q.output.append(tok)
+    assert r.output == [7, 40, 41, 8] and r.pending == 0 and r.to_compute == 1
+    s4 = b.build(running, waiting)
+    assert from_i32(s4.msg.input_ids).tolist() == [8] and from_i32(s4.msg.prefix_lens).tolist() == [23]

@@ -58,10 +58,13 @@ class Batcher:
         self.step = 0
         self.new_token_ratio = INIT_RATIO
         self.retractions = 0
+        self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
         plan = _Plan()
-        decoding = [r for r in running if r.to_compute == 1]
+        # (overlap: a request whose last token is still being sampled has nothing left to decode when
+        # that token will be its last; it finishes when the token arrives)
+        decoding = [r for r in running if r.to_compute == 1 and r.remaining_new_tokens > 0]
         self._make_room_for_decode(decoding, running, waiting)
         for r in decoding:
             if r.status is Status.RUNNING:
@@ -69,6 +72,10 @@ class Batcher:
         self.new_token_ratio = max(MIN_RATIO, self.new_token_ratio - RATIO_DECAY)
         budget, cap = self.limits.max_prefill_tokens, self.limits.chunked_prefill_size
         scratch = RadixCache(lambda _: None)  # prompts being computed this step (in-batch dedup)
+        for r in self._prefilled:  # (overlap: computed by the step in flight, not in the cache yet)
+            if r.status is Status.RUNNING:
+                n = min(r.num_computed, r.known_len)
+                scratch.insert(r.ns, r.tokens(0, n), range(n))
         for r in running:
             if r.to_compute > 1:
                 scratch.insert(r.ns, r.prefix_key(), range(r.seq_len))
@@ -107,7 +114,7 @@ class Batcher:
         """Slots running requests are expected to take: the rest of their prompts and part of
         their decode."""
         prompt = sum(r.to_compute - 1 for r in running if r.to_compute > 1)
-        return prompt + sum(min(r.remaining_new_tokens, DECODE_CLIP) for r in running) * self.new_token_ratio
+        return prompt + sum(min(max(r.remaining_new_tokens, 0), DECODE_CLIP) for r in running) * self.new_token_ratio
 
     def _admit(self, running: list[Req], waiting: deque[Req], scratch: RadixCache, budget: int,
                plan: _Plan) -> list[NewReq]:
@@ -119,6 +126,8 @@ class Batcher:
         for r in self.policy.order(waiting, kv):
             if budget <= 0 or len(running) >= lim.max_running or kv.rows.num_free == 0:
                 break
+            if r.pending:
+                continue  # retracted while its last token was in flight: resumes once that arrives
             hit = kv.peek_prefix(r)
             key = r.prefix_key()
             shared, _ = scratch.peek(r.ns, key)
@@ -147,6 +156,7 @@ class Batcher:
 
     def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:
         self.step += 1
+        self._prefilled = plan.prefilled
         msg = ForwardBatch(
             step=self.step, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
@@ -166,6 +176,7 @@ class _Plan:
         self.ids: list[int] = []
         self.slots: list[int] = []
         self.prefill_tokens = 0
+        self.prefilled: list[Req] = []
         self.queue_s: list[float] = []
 
     def add(self, r: Req, kv: KVManager, n: int) -> int:
@@ -185,7 +196,11 @@ class _Plan:
         self.extend.append(n)
         self.ids.extend(r.tokens(start, start + n))
         self.slots.extend(new)
-        self.sample.append(r.num_computed == r.seq_len)
-        if n > 1 or not r.output:
+        prefill = n > 1 or not (r.output or r.in_flight)  # (not the first decode, built before its token came)
+        sample = r.num_computed == r.seq_len
+        self.sample.append(sample)
+        r.pending += sample  # its next token is unknown until this step's results arrive
+        if prefill:
             self.prefill_tokens += n
+            self.prefilled.append(r)
         return n

@@ -68,8 +68,8 @@ class KVManager:
         """Insert what ``r`` has computed so far, so others can share it (chunked prefill)."""
         if self.cache is None:
             return
-        key = r.seq[: len(r.slots)]
-        done = self.cache.insert(r.ns, key, r.slots)
+        key = r.tokens(0, min(len(r.slots), r.known_len))  # (a step in flight may be computing one more)
+        done = self.cache.insert(r.ns, key, r.slots[: len(key)])
         end = len(key) - len(key) % self.page_size
         r.owned.difference_update(r.slots[done:end])  # now the tree's
         m = self.cache.match(r.ns, key)
@@ -83,8 +83,8 @@ class KVManager:
         the cache (unless ``keep`` is false: the KV may be bad), what the cache did not take is
         freed, its row is released."""
         if self.cache is not None and r.slots and keep:
-            key = r.seq[: len(r.slots)]
-            done = self.cache.insert(r.ns, key, r.slots)
+            key = r.tokens(0, min(len(r.slots), r.known_len))
+            done = self.cache.insert(r.ns, key, r.slots[: len(key)])
             end = len(key) - len(key) % self.page_size
             r.owned.difference_update(r.slots[done:end])
         if r.lock_node is not None:

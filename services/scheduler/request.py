@@ -43,6 +43,15 @@ class Req:
     unsent_top_ids: list[list[int]] = field(default_factory=list)
     unsent_top_logprobs: list[list[float]] = field(default_factory=list)
     prompt_logprobs: list[float] = field(default_factory=list)  # scoring requests
+    # Overlap scheduling: steps in flight that sample a token for it (at most 2, briefly), and how
+    # many of those tokens to drop when they arrive (jump-forward appended others in their place).
+    pending: int = 0
+    discard: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Tokens being sampled by steps in flight that will count: not known yet, but part of seq."""
+        return self.pending - self.discard
 
     @property
     def trace_id(self) -> str:
@@ -59,8 +68,14 @@ class Req:
         return len(self.slots)
 
     @property
-    def seq_len(self) -> int:
+    def known_len(self) -> int:
+        """Prompt + generated tokens whose ids the scheduler has."""
         return len(self.prompt) + len(self.output)
+
+    @property
+    def seq_len(self) -> int:
+        """Known tokens + the ones sampled by steps in flight."""
+        return len(self.prompt) + len(self.output) + self.in_flight
 
     @property
     def to_compute(self) -> int:
@@ -69,17 +84,19 @@ class Req:
         return self.seq_len - len(self.slots)
 
     def tokens(self, start: int, end: int) -> list[int]:
-        """``seq[start:end]`` without building ``seq`` (O(end - start))."""
+        """``seq[start:end]`` without building ``seq`` (O(end - start)); -1 for tokens still being
+        sampled by a step in flight (the worker feeds its own sampled token there)."""
         p = len(self.prompt)
         if end <= p:
             return self.prompt[start:end]
+        unknown = [-1] * (end - max(start, self.known_len)) if end > self.known_len else []
         if start >= p:
-            return self.output[start - p:end - p]
-        return self.prompt[start:] + self.output[:end - p]
+            return self.output[start - p:end - p] + unknown
+        return self.prompt[start:] + self.output[:end - p] + unknown
 
     @property
     def remaining_new_tokens(self) -> int:
-        return self.params.max_new_tokens - len(self.output)
+        return self.params.max_new_tokens - len(self.output) - self.in_flight
 
     def prefix_key(self) -> list[int]:
         """Tokens whose KV may come from the cache: all but the last, whose logits are needed

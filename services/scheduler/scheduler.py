@@ -27,7 +27,7 @@ from services.scheduler.kv import KVManager
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.policy import POLICIES
 from services.scheduler.request import Req, Status
-from services.scheduler.step_io import StepLogprobs, take_prompt_logprobs, token_out, with_extras
+from services.scheduler.step_io import StepLogprobs, deferred_mask, take_prompt_logprobs, token_out, with_extras
 
 log = get_logger("scheduler")
 
@@ -61,6 +61,9 @@ class Scheduler:
         self.metrics = SchedulerMetrics()
         self.tracer = make_tracer("scheduler", cfg.otlp_endpoint)
         self.stopping = False
+        self.inflight: Scheduled | None = None  # overlap: the step the worker runs while the next is built
+        self.last_built = False  # the last loop iteration sent a step (the next one ``follows`` it)
+        self.answers: dict[int, StepOutput | WorkerError] = {}
         self.kv: KVManager
         self.batcher: Batcher
         self.grammar: GrammarBackend
@@ -73,7 +76,7 @@ class Scheduler:
                  worker_endpoint=self.cfg.worker_endpoint)
         self.metrics.serve(self.cfg.metrics_port)
         while not self.stopping:
-            busy = bool(self.waiting or self.running)
+            busy = bool(self.waiting or self.running or self.inflight)
             compiling = self.info is not None and bool(self.grammar.pending)
             self._poll(0 if busy else 5 if compiling else 100)
             if self.info is None:
@@ -83,24 +86,31 @@ class Scheduler:
             self._apply_aborts()
             self._flush()  # aborts of requests that are not in the next batch end their streams now
             sched = self.batcher.build(self.running, self.waiting)
-            if sched is None:
+            if sched is None and self.inflight is None:
                 if not busy:
                     self.kv.check_integrity(self.running)
                     self._update_metrics([])
+                self.last_built = False
                 continue
-            sched.msg = with_extras(sched, self.grammar)
-            self.worker.send(sched.msg)
-            out = self._await_step(sched.step)
-            if isinstance(out, StepOutput):
-                self._process(sched, out)
-            else:
-                log.error("worker_step_failed", step=sched.step, error=out.message)
-                for r in sched.reqs:
-                    if r.status is Status.RUNNING:
-                        self._finish(r, "error", error=f"worker failed: {out.message}", code="internal")
+            if sched is not None:
+                # overlap: the step in flight decides what the grammar allows next: its mask follows
+                defer = self.inflight is not None
+                sched.msg = with_extras(sched, self.grammar, defer_mask=defer, follows=self.last_built)
+                self.worker.send(sched.msg)
+            self.last_built = sched is not None
+            if self.inflight is not None:
+                self._complete(self.inflight)
+                if sched is not None and sched.msg.mask_deferred:
+                    self.worker.send(deferred_mask(sched, self.grammar))
+            self.inflight = None
+            if sched is not None:
+                if self.cfg.disable_overlap_schedule:
+                    self._complete(sched)
+                else:
+                    self.inflight = sched
             self._apply_aborts()
             self._flush()
-            self._update_metrics(sched.queue_s)
+            self._update_metrics(sched.queue_s if sched is not None else [])
         self._shutdown()
 
     def _poll(self, timeout_ms: int) -> None:
@@ -116,19 +126,32 @@ class Scheduler:
         while (item := self.tok.recv_nowait()) is not None:
             self._on_tokenizer(*item)
 
+    def _complete(self, sched: Scheduled) -> None:
+        """Wait for ``sched``'s results and apply them (or fail its requests)."""
+        out = self._await_step(sched.step)
+        if isinstance(out, StepOutput):
+            self._process(sched, out)
+        else:
+            log.error("worker_step_failed", step=sched.step, error=out.message)
+            for r, sample in zip(sched.reqs, sched.sample):
+                if sample:  # (a retracted request waits for this token: it resumes without it)
+                    r.pending -= 1
+                    r.discard = min(r.discard, r.pending)
+                if r.status is Status.RUNNING:
+                    self._finish(r, "error", error=f"worker failed: {out.message}", code="internal")
+
     def _await_step(self, step: int) -> StepOutput | WorkerError:
-        """Wait for the worker's answer to ``step`` while serving tokenizer messages."""
-        while True:
+        """Wait for the worker's answer to ``step`` while serving tokenizer messages (answers come
+        in step order; one to a later step is kept for its turn)."""
+        while step not in self.answers:
             events = dict(self.poller.poll(1000))
             if self.tok.sock in events:
                 self._drain_tokenizers()
             if self.worker.sock not in events:
                 continue
-            msg = self.worker.recv_nowait()
-            if isinstance(msg, (StepOutput, WorkerError)) and msg.step == step:
-                return msg
-            if msg is not None:
+            while (msg := self.worker.recv_nowait()) is not None:
                 self._on_worker(msg)
+        return self.answers.pop(step)
 
     # ---- inputs ----------------------------------------------------------------------------
     def _on_tokenizer(self, ident: bytes, msg) -> None:
@@ -207,7 +230,9 @@ class Scheduler:
         return None
 
     def _on_worker(self, msg) -> None:
-        if isinstance(msg, WorkerReady):
+        if isinstance(msg, (StepOutput, WorkerError)):  # (overlap: it may come while the loop polls)
+            self.answers[msg.step] = msg
+        elif isinstance(msg, WorkerReady):
             self._on_ready(msg)
         else:
             log.warning("unexpected_worker_message", kind=type(msg).__name__)
@@ -239,12 +264,18 @@ class Scheduler:
         take_prompt_logprobs(sched, out)
         for i, (r, n, sample, tok) in enumerate(zip(sched.reqs, sched.extend, sched.sample,
                                                     from_i32(out.next_ids).tolist())):
-            if r.status is not Status.RUNNING:
-                continue
-            if n > 1 or not r.output:  # a prefill chunk: share it with requests arriving meanwhile
-                self.kv.cache_prefix(r)
             if not sample:
+                if r.status is Status.RUNNING:
+                    self.kv.cache_prefix(r)  # a prefill chunk: share it with requests arriving meanwhile
                 continue
+            r.pending -= 1
+            if r.status is Status.FINISHED:
+                continue
+            if r.discard:  # overlap: jump-forward replaced what this step sampled
+                r.discard -= 1
+                continue
+            if r.status is Status.RUNNING and (n > 1 or not r.output):
+                self.kv.cache_prefix(r)
             if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
                 c.prefill_cached += r.cached_tokens
                 c.prompt += len(r.prompt)
@@ -265,6 +296,7 @@ class Scheduler:
                 if forced:
                     r.output += forced
                     r.unsent += len(forced)
+                    r.discard = r.pending  # steps in flight sample after the old end: drop their tokens
                     self.jump_forward_tokens += len(forced)
                     reason = self._grammar_done(r) or r.check_finished(self.info.context_length)
             if reason:
@@ -299,6 +331,8 @@ class Scheduler:
         if r.status is Status.RUNNING:
             self.running.remove(r)
             self.kv.release(r, keep=reason != "error")
+        elif r.status is Status.WAITING and r in self.waiting:  # (retracted while its last token was in flight)
+            self.waiting.remove(r)
         r.status, r.finish = Status.FINISHED, reason
         group = self.groups.get(r.rid, [])
         if all(b.status is Status.FINISHED for b in group):

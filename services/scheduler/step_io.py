@@ -4,14 +4,15 @@ grammar bitmasks and scoring positions down; logprobs and prompt logprobs up; To
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from shared.messages.common import from_f32, from_i32, i32
 from shared.messages.to_scheduler import StepOutput
 from shared.messages.to_tokenizer import TokenOut
-from shared.messages.to_worker import ForwardBatch
+from shared.messages.to_worker import ForwardBatch, StepMask
 from services.scheduler.batcher import Scheduled
 from services.scheduler.grammar import GrammarBackend
-from services.scheduler.request import Req
+from services.scheduler.request import Req, Status
 
 
 class StepLogprobs:
@@ -33,12 +34,21 @@ class StepLogprobs:
             r.unsent_top_logprobs.append(self.top_lp[i, :n].tolist())
 
 
-def with_extras(sched: Scheduled, grammar: GrammarBackend | None) -> ForwardBatch:
+def _mask_rows(sched: Scheduled) -> list[int]:
+    return [i for i, (r, s) in enumerate(zip(sched.reqs, sched.sample)) if s and r.matcher is not None]
+
+
+def with_extras(sched: Scheduled, grammar: GrammarBackend | None, defer_mask: bool = False,
+                follows: bool = False) -> ForwardBatch:
     """Attach what only some steps need: the allowed-token bitmask of every constrained request
-    that samples, and the positions whose logprobs scoring requests want."""
-    extra = {}
-    rows = [i for i, (r, s) in enumerate(zip(sched.reqs, sched.sample)) if s and r.matcher is not None]
-    if rows:
+    that samples (or, with ``defer_mask``, only which rows get one: ``deferred_mask`` sends it once
+    the step in flight has advanced the matchers), and the positions whose logprobs scoring
+    requests want."""
+    extra: dict = {"follows": True} if follows else {}
+    rows = _mask_rows(sched)
+    if rows and defer_mask:
+        extra.update(mask_rows=i32(rows), mask_deferred=True)
+    elif rows:
         mask = grammar.bitmask([sched.reqs[i].matcher for i in rows])
         extra.update(mask_rows=i32(rows), bitmask=mask.tobytes())
     score = [(i, r) for i, r in enumerate(sched.reqs) if r.params.prompt_logprobs_from > 0]
@@ -54,6 +64,17 @@ def with_extras(sched: Scheduled, grammar: GrammarBackend | None) -> ForwardBatc
         if rows:
             extra.update(score_rows=i32(rows), score_from=i32(first), score_next=i32(nxt))
     return msgspec.structs.replace(sched.msg, **extra) if extra else sched.msg
+
+
+def deferred_mask(sched: Scheduled, grammar: GrammarBackend) -> StepMask:
+    """The bitmask ``with_extras`` deferred, from the matchers as they are now. Rows whose sample
+    will be dropped (finished, or replaced by jump-forward) allow every token."""
+    rows = _mask_rows(sched)
+    live = [k for k, i in enumerate(rows) if sched.reqs[i].status is Status.RUNNING and not sched.reqs[i].discard]
+    mask = np.full((len(rows), (grammar.vocab_size + 31) // 32), -1, dtype=np.int32)
+    if live:
+        mask[live] = grammar.bitmask([sched.reqs[rows[k]].matcher for k in live])
+    return StepMask(step=sched.step, bitmask=mask.tobytes())
 
 
 def take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:

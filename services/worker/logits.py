@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from services.worker.hostio import to_device
+
 _BITS = {}  # device → arange(32)
 
 
@@ -16,9 +18,9 @@ def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int]) ->
     bits = _BITS.get(dev)
     if bits is None:
         bits = _BITS[dev] = torch.arange(32, device=dev, dtype=torch.int32)
-    words = torch.from_numpy(bitmask).to(dev, non_blocking=True)  # (M, W)
+    words = to_device(bitmask, torch.int32, dev)  # (M, W)
     allowed = ((words.unsqueeze(-1) >> bits) & 1).view(len(rows), -1)[:, : logits.shape[1]]  # (M, V)
-    idx = torch.tensor(rows, device=dev)
+    idx = to_device(rows, torch.int64, dev)
     logits[idx] = logits[idx].masked_fill(allowed == 0, float("-inf"))
 
 
@@ -32,7 +34,7 @@ class PenaltyState:
     def add_row(self, row: int, generated: np.ndarray) -> None:
         c = torch.zeros(self.vocab_size, dtype=torch.int32, device=self.device)
         if len(generated):
-            c.index_add_(0, torch.from_numpy(generated.astype(np.int64)).to(self.device),
+            c.index_add_(0, to_device(generated, torch.int64, self.device),
                          torch.ones(len(generated), dtype=torch.int32, device=self.device))
         self.counts[row] = c
 
@@ -43,28 +45,28 @@ class PenaltyState:
               frequency: list[float]) -> None:
         """logits[idx[k]] -= presence[k]·[count > 0] + frequency[k]·count, for request row rows[k]."""
         counts = torch.stack([self.counts[r] for r in rows]).to(logits.dtype)  # (K, V)
-        p = torch.tensor(presence, device=logits.device, dtype=logits.dtype)[:, None]
-        f = torch.tensor(frequency, device=logits.device, dtype=logits.dtype)[:, None]
-        i = torch.tensor(idx, device=logits.device)
+        p = to_device(presence, logits.dtype, logits.device)[:, None]
+        f = to_device(frequency, logits.dtype, logits.device)[:, None]
+        i = to_device(idx, torch.int64, logits.device)
         logits[i] -= p * (counts > 0).to(logits.dtype) + f * counts
 
-    def record(self, rows: list[int], tokens: list[int]) -> None:
-        for r, t in zip(rows, tokens):
+    def record(self, rows: list[int], tokens: torch.Tensor) -> None:
+        """Count the tokens (device, one per row) just sampled for ``rows`` — on the device, so the
+        next step's penalties see them even when it was queued before this one finished."""
+        one = torch.ones(1, dtype=torch.int32, device=tokens.device)
+        for k, r in enumerate(rows):
             c = self.counts.get(r)
             if c is not None:
-                c[t] += 1
+                c.index_add_(0, tokens[k : k + 1], one)
 
 
-def logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-softmax of the model's logits (N, V): the chosen tokens' logprobs (N,) and the top-k
-    (ids (N, k), logprobs (N, k))."""
+    (ids (N, k) int32, logprobs (N, k)), on the device."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     chosen_lp = lp.gather(1, chosen.view(-1, 1)).squeeze(1)
-    if k:
-        top_lp, top_ids = lp.topk(k, dim=-1)
-        return chosen_lp.cpu().numpy(), top_ids.int().cpu().numpy(), top_lp.cpu().numpy()
-    empty = np.zeros((len(chosen), 0))
-    return chosen_lp.cpu().numpy(), empty.astype(np.int32), empty.astype(np.float32)
+    top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    return chosen_lp, top_ids.int(), top_lp
 
 
 def step_seed(seed: int, position: int) -> int:

@@ -21,6 +21,10 @@ class WorkerMetrics:
         self.batch_size = Histogram("banyan:forward_batch_size", "Requests per step", buckets=BATCH_BUCKETS, registry=r)
         self.tokens = Counter("banyan:forward_tokens", "Tokens computed (prompt chunks + decode)", registry=r)
         self.failures = Counter("banyan:forward_failures", "Steps that failed (their requests fail)", registry=r)
+        self.busy = Counter("banyan:gpu_busy_seconds", "Device time of the steps (first input copy to last "
+                            "output copy; host clock on CPU)", registry=r)
+        self.idle = Counter("banyan:gpu_idle_seconds", "Device idle time between consecutive steps while the "
+                            "scheduler had work (host work not hidden behind the device)", registry=r)
         self._server = None
 
     def serve(self, port: int) -> None:
@@ -29,8 +33,10 @@ class WorkerMetrics:
             self._server, _ = start_http_server(port, registry=self.registry)
             log.info("metrics_listening", port=port)
 
-    def step(self, seconds: float, batch_size: int, tokens: int) -> None:
+    def step(self, seconds: float, batch_size: int, tokens: int, busy: float = 0.0, idle: float = 0.0) -> None:
         self.forward.observe(seconds)
+        self.busy.inc(busy)
+        self.idle.inc(idle)
         self.batch_size.observe(batch_size)
         self.tokens.inc(tokens)
 

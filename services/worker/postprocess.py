@@ -3,11 +3,14 @@ grammar bitmasks, presence/frequency penalties, seeded draws, logprobs, prompt (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from shared.messages.common import SamplingParams, f32, from_i32, i32
 from shared.messages.to_worker import ForwardBatch, NewReq
+from services.worker.hostio import HostCopy, to_device
 from services.worker.logits import PenaltyState, apply_bitmask, logprobs, step_seed
 from services.worker.sampling import Sampler
 
@@ -30,45 +33,78 @@ class StepSampler:
         self.params.pop(row, None)
         self.penalties.drop_row(row)
 
-    def sample(self, b: ForwardBatch, logits: torch.Tensor, sample: np.ndarray) -> tuple[np.ndarray, dict]:
-        """logits (N, V) of the N sampling requests (batch order) → (ids per batch row, -1 where not
-        sampled; StepOutput logprob fields)."""
-        out = np.full(len(sample), -1, dtype=np.int32)
-        batch_rows = from_i32(b.rows)
+    def sample(self, b: ForwardBatch, logits: torch.Tensor, sample: np.ndarray, bitmask: bytes = b"") -> Sampled:
+        """logits (N, V) of the N sampling requests (batch order) → their ids on the device, with
+        the logprob tensors when asked for; nothing waits for the device (``finish`` does).
+        ``bitmask``: the grammar rows of ``b.mask_rows`` (``b.bitmask`` unless it was deferred)."""
+        dev = self.device
         sel = np.flatnonzero(sample)  # batch index of each logits row
-        rows = batch_rows[sel].tolist()
+        rows = from_i32(b.rows)[sel].tolist()
         params = [self.params[r] for r in rows]
         want_lp = any(p.logprobs for p in params)
         raw = logits.clone() if want_lp else logits  # logprobs report the model's own distribution
-        if b.mask_rows:
+        bitmask = bitmask or b.bitmask
+        if b.mask_rows and bitmask:
             where = {int(i): k for k, i in enumerate(sel)}
-            apply_bitmask(logits, np.frombuffer(b.bitmask, dtype="<i4").reshape(len(from_i32(b.mask_rows)), -1).copy(),
-                          [where[int(i)] for i in from_i32(b.mask_rows)])
+            mask_rows = from_i32(b.mask_rows)
+            apply_bitmask(logits, np.frombuffer(bitmask, dtype="<i4").reshape(len(mask_rows), -1).copy(),
+                          [where[int(i)] for i in mask_rows])
         pen = [k for k, p in enumerate(params) if p.penalized]
         if pen:
             self.penalties.apply(logits, [rows[k] for k in pen], pen, [params[k].presence_penalty for k in pen],
                                  [params[k].frequency_penalty for k in pen])
         # seeded requests: a generator per (seed, position) — reproducible whatever the batch
         seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]
-        gens = [torch.Generator(device=self.device).manual_seed(step_seed(p.seed, int(pos)))
+        gens = [torch.Generator(device=dev).manual_seed(step_seed(p.seed, int(pos)))
                 if p.seed is not None and not p.greedy else None for p, pos in zip(params, seq_end)]
         next_ids = self.sampler.sample(logits, params, gens)
-        out[sel] = next_ids.cpu().numpy()
         if pen:
-            self.penalties.record([rows[k] for k in pen], out[sel][pen].tolist())
-        extra: dict = {}
+            self.penalties.record([rows[k] for k in pen], next_ids[to_device(pen, torch.int64, dev)])
+        out = Sampled(sel=sel, ids=next_ids)
         if want_lp:
-            k = max(p.top_logprobs for p in params)
-            lp, top_ids, top_lp = logprobs(raw, next_ids, k)
-            full_lp = np.zeros(len(sample), np.float32)
-            full_lp[sel] = lp
+            out.top_k = max(p.top_logprobs for p in params)
+            out.logprobs = logprobs(raw, next_ids, out.top_k)
+        return out
+
+    @staticmethod
+    def copy_back(s: Sampled, scores: dict[str, torch.Tensor]) -> HostCopy:
+        """Start copying a step's results to the host (ids, logprobs, prompt logprobs)."""
+        tensors = {"ids": s.ids} if s is not None else {}
+        if s is not None and s.logprobs is not None:
+            tensors.update(zip(("lp", "top_ids", "top_lp"), s.logprobs))
+        return HostCopy({**tensors, **scores})
+
+    @staticmethod
+    def finish(s: Sampled | None, n: int, host: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
+        """→ (sampled id per batch row, -1 where not sampled; StepOutput's optional fields)."""
+        out = np.full(n, -1, dtype=np.int32)
+        extra: dict = {}
+        if "prompt_logprobs" in host:
+            extra.update(prompt_logprobs=f32(host["prompt_logprobs"]), prompt_logprob_counts=i32(host["counts"]))
+        if s is None:
+            return out, extra
+        out[s.sel] = host["ids"]
+        if s.logprobs is not None:
+            k = s.top_k
+            full_lp = np.zeros(n, np.float32)
+            full_lp[s.sel] = host["lp"]
             extra.update(logprobs=f32(full_lp), top_k=k)
             if k:
-                ids_full = np.zeros((len(sample), k), np.int32)
-                lp_full = np.zeros((len(sample), k), np.float32)
-                ids_full[sel], lp_full[sel] = top_ids, top_lp
+                ids_full = np.zeros((n, k), np.int32)
+                lp_full = np.zeros((n, k), np.float32)
+                ids_full[s.sel], lp_full[s.sel] = host["top_ids"], host["top_lp"]
                 extra.update(top_ids=ids_full.astype("<i4").tobytes(), top_logprobs=lp_full.astype("<f4").tobytes())
         return out, extra
+
+
+@dataclass
+class Sampled:
+    """One step's sampled tokens, still on the device."""
+
+    sel: np.ndarray  # batch index of each sampled row
+    ids: torch.Tensor  # (S,) int64
+    logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # chosen (S,), top ids / lps (S, k)
+    top_k: int = 0
 
 
 def score_positions(b: ForwardBatch) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -90,11 +126,12 @@ def score_positions(b: ForwardBatch) -> tuple[np.ndarray, np.ndarray, list[int]]
     return np.asarray(idx, dtype=np.int64), np.asarray(targets, dtype=np.int64), counts
 
 
-def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int]) -> dict:
-    """StepOutput fields for scoring requests: logprob of each target under its position's logits."""
+def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int]) -> dict[str, torch.Tensor]:
+    """Scoring requests: the logprob of each target under its position's logits (device tensors,
+    copied back with the step's other results)."""
     if logits is not None and len(targets):
         lp = torch.log_softmax(logits.float(), dim=-1)
-        vals = lp.gather(1, torch.from_numpy(targets).to(lp.device).view(-1, 1)).squeeze(1).cpu().numpy()
+        vals = lp.gather(1, to_device(targets, torch.int64, lp.device).view(-1, 1)).squeeze(1)
     else:
-        vals = np.zeros(0, np.float32)
-    return {"prompt_logprobs": f32(vals), "prompt_logprob_counts": i32(counts)}
+        vals = torch.zeros(0, dtype=torch.float32)
+    return {"prompt_logprobs": vals, "counts": torch.tensor(counts, dtype=torch.int32)}

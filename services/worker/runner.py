@@ -10,6 +10,8 @@ ones with torch) and the draw of unseeded sampled rows.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,12 +24,13 @@ from shared.messages.to_worker import ForwardBatch
 from shared.tracing import Span, Tracer
 from services.worker.attention import make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch
-from services.worker.cuda_graph import NUM_INPUTS, DecodeGraphs
+from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
 from services.worker.models.layers import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
-from services.worker.postprocess import StepSampler, prompt_logprobs, score_positions
+from services.worker.hostio import DeviceTimer, HostCopy, to_device
+from services.worker.postprocess import Sampled, StepSampler, prompt_logprobs, score_positions
 from services.worker.sampling import Sampler, flashinfer_draw
 
 log = get_logger("worker")
@@ -52,6 +55,29 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
+
+
+@dataclass(eq=False)
+class Launched:
+    """A step queued on the device (``ModelRunner.launch``), not yet finished."""
+
+    batch: ForwardBatch
+    sample: np.ndarray  # (B,) bool
+    start: Any  # DeviceTimer marks
+    logits: torch.Tensor | None  # until sampled
+    scores: dict  # prompt-logprob tensors of scoring requests
+    sampled: Sampled | None = None
+    host: HostCopy | None = None
+    end: Any = None
+    awaits_mask: bool = False
+
+    def __post_init__(self) -> None:
+        b = self.batch
+        self.awaits_mask = bool(b.mask_deferred and b.mask_rows and self.sample.any())
+
+    def ready(self) -> bool:
+        """Its results reached the host (``finish`` will not wait)."""
+        return not self.awaits_mask and (self.host is None or self.host.ready())
 
 
 class ModelRunner:
@@ -83,6 +109,9 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device)
         self.post = StepSampler(self.sampler, self.spec.vocab_size, self.device)
+        self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token
+        self.timer = DeviceTimer(self.device)
+        self.busy_s = self.idle_s = 0.0  # device time of the last finished step, and the idle gap before it
         self.rids: dict[int, tuple[str, str, Span]] = {}  # by row: request id, trace id, ``forward`` span
         self._scores: dict = {}  # prompt-logprob fields of the last step, if it had scoring requests
         log.info("model_loaded", model=os.path.basename(model_dir.rstrip("/")), arch=self.spec.architecture,
@@ -112,6 +141,7 @@ class ModelRunner:
     def setup(self, max_rows: int) -> None:
         """Size the request table: rows 0..max_rows-1 for requests, row max_rows for padding."""
         self.req_to_token = torch.zeros((max_rows + 1, self.context_length), dtype=torch.int32, device=self.device)
+        self.last_token = torch.zeros(max_rows + 1, dtype=torch.int64, device=self.device)
         self.pad_row = max_rows
 
     @property
@@ -122,17 +152,57 @@ class ModelRunner:
         """Run one step; returns the sampled id per request in batch order (-1 where not sampled)."""
         return self.step(b)[0]
 
+    def step(self, b: ForwardBatch, bitmask: bytes = b"") -> tuple[np.ndarray, dict]:
+        """Run one step to the end → (sampled id per request in batch order, -1 where not
+        sampled; the optional StepOutput fields: logprobs, prompt logprobs). On TP ranks other
+        than 0 nothing is sampled: rank 0 answers the scheduler."""
+        launched = self.launch(b)
+        if launched.awaits_mask:
+            self.sample(launched, bitmask)
+        return self.finish(launched)
+
     @torch.inference_mode()
-    def step(self, b: ForwardBatch) -> tuple[np.ndarray, dict]:
-        """Run one step → (sampled id per request in batch order, -1 where not sampled; the optional
-        StepOutput fields: logprobs, prompt logprobs). On TP ranks other than 0 nothing is sampled:
-        rank 0 answers the scheduler."""
+    def launch(self, b: ForwardBatch) -> Launched:
+        """Queue the step's work on the device and return without waiting for it: the forward,
+        then (unless its grammar bitmask is deferred: ``sample`` later) the sampling and the copy
+        of the results to the host. ``finish`` waits for them."""
         sample = from_i32(b.sample).astype(bool)
+        start = self.timer.start()
         logits = self._logits(b, all_logits=False, copy=False)
-        if self.tp.rank != 0 or not sample.any():
-            return np.full(len(sample), -1, dtype=np.int32), self._scores
-        ids, extra = self.post.sample(b, logits, sample)
-        return ids, {**extra, **self._scores}
+        launched = Launched(b, sample, start, logits, self._scores)
+        if not launched.awaits_mask:
+            self.sample(launched, b.bitmask)
+        return launched
+
+    @torch.inference_mode()
+    def sample(self, launched: Launched, bitmask: bytes) -> None:
+        """Sample the launched step (rank 0), make its tokens the next inputs of their rows (every
+        rank), and start copying the results back."""
+        b, sample = launched.batch, launched.sample
+        if sample.any():
+            ids = None
+            if self.tp.rank == 0:
+                launched.sampled = self.post.sample(b, launched.logits, sample, bitmask)
+                ids = launched.sampled.ids
+            if self.tp.size > 1:  # followers feed the sampled tokens to the next step too
+                if ids is None:
+                    ids = torch.empty(int(sample.sum()), dtype=torch.int64, device=self.device)
+                dist.broadcast(ids, src=0, group=self.tp.group)
+            self.last_token[to_device(from_i32(b.rows)[sample], torch.int64, self.device)] = ids
+        launched.logits = None
+        launched.awaits_mask = False
+        if self.tp.rank == 0:
+            launched.host = StepSampler.copy_back(launched.sampled, launched.scores)
+        launched.end = self.timer.end()
+
+    def finish(self, launched: Launched) -> tuple[np.ndarray, dict]:
+        """Wait for a launched (and sampled) step's results → ``step``'s return value."""
+        n = len(launched.sample)
+        host = launched.host.get() if launched.host is not None else {}
+        self.busy_s, self.idle_s = self.timer.measure(launched.start, launched.end, launched.batch.follows)
+        if self.tp.rank != 0:
+            return np.full(n, -1, dtype=np.int32), {}
+        return StepSampler.finish(launched.sampled, n, host)
 
     @torch.inference_mode()
     def forward(self, b: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
@@ -157,18 +227,24 @@ class ModelRunner:
             rows[n:] = self.pad_row
             n = t = bs
         host = np.concatenate([ids, slots, positions, rows, prefix, extend, np.repeat(rows[: len(extend)], extend)])
-        dev = torch.from_numpy(host.astype(np.int64)).to(self.device, non_blocking=True)
+        dev = to_device(host, torch.int64, self.device)
+        pending = bool((ids < 0).any())  # overlap: inputs the previous step sampled, still on the device
         if bs is not None:
-            self.graphs.inputs[:, :bs].copy_(dev[: NUM_INPUTS * bs].view(NUM_INPUTS, bs))
+            inputs = self.graphs.inputs[:, :bs]
+            inputs.copy_(dev[: NUM_INPUTS * bs].view(NUM_INPUTS, bs))
+            if pending:
+                self._resolve(inputs[IDS], inputs[ROWS])
             x = self.graphs.batch(self.req_to_token, bs, prefix.tolist())
             self.req_to_token[x.rows, x.positions] = x.out_slots.to(torch.int32)
             logits = self.graphs.replay(x)[: len(sample)]  # the graph's output buffer
             if all_logits or sample.all():
                 return logits.clone() if copy else logits
-            return logits[torch.from_numpy(sample).to(self.device)]
+            return logits[to_device(np.flatnonzero(sample), torch.int64, self.device)]
         ids_d, slots_d, pos_d = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t]
         rows_d, prefix_d = dev[3 * t : 3 * t + n], dev[3 * t + n : 3 * t + 2 * n]
         extend_d, tok_rows_d = dev[3 * t + 2 * n : 3 * t + 3 * n], dev[3 * t + 3 * n :]
+        if pending:
+            self._resolve(ids_d, tok_rows_d)
         self.req_to_token[tok_rows_d, pos_d] = slots_d.to(torch.int32)
         batch = AttentionBatch(req_to_token=self.req_to_token, rows=rows_d, prefix_lens=prefix_d,
                                extend_lens=extend_d, out_slots=slots_d, positions=pos_d,
@@ -177,14 +253,18 @@ class ModelRunner:
         hidden = self.model.forward(ids_d, pos_d, self.attn)  # (T, H)
         if b.score_rows:  # scoring requests: the logits of their prompt positions
             idx, targets, counts = score_positions(b)
-            scored = self.model.compute_logits(hidden[torch.from_numpy(idx).to(self.device)]) if len(idx) else None
+            scored = self.model.compute_logits(hidden[to_device(idx, torch.int64, self.device)]) if len(idx) else None
             self._scores = prompt_logprobs(scored, targets, counts)
         if not all_logits:
             if not sample.any():
                 return hidden[:0, :0]
             last = (np.cumsum(extend) - 1)[sample]
-            hidden = hidden[torch.from_numpy(last).to(self.device)]
+            hidden = hidden[to_device(last, torch.int64, self.device)]
         return self.model.compute_logits(hidden)  # (N, V)
+
+    def _resolve(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Replace the -1 input ids (in place) by their row's last sampled token."""
+        ids.copy_(torch.where(ids < 0, self.last_token[rows], ids))
 
     def end_spans(self) -> None:
         """End the spans of requests still holding rows (stopping: a row is released with the next
@@ -204,5 +284,6 @@ class ModelRunner:
                                                                       row=nr.row))
             stage("worker_admitted", nr.rid, trace_id=trace_id, row=nr.row, step=b.step)
             self.post.admit(nr)
-            prefix = torch.from_numpy(from_i32(nr.prefix_slots).copy())
-            self.req_to_token[nr.row, : prefix.numel()] = prefix.to(self.device)
+            prefix = from_i32(nr.prefix_slots)
+            if len(prefix):
+                self.req_to_token[nr.row, : len(prefix)] = to_device(prefix.copy(), torch.int32, self.device)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from shared.messages.common import SamplingParams
+from services.worker.hostio import to_device
 
 # (logits (S, V) float32, their params, generator) -> (S,) token ids: one fused draw per row
 FusedDraw = Callable[[torch.Tensor, list[SamplingParams], torch.Generator], torch.Tensor]
@@ -35,12 +36,12 @@ class Sampler:
         if rows and self._fused is not None:
             shared = [i for i in rows if generators[i] is None]
             if shared:
-                index = torch.tensor(shared, device=logits.device)
+                index = to_device(shared, torch.int64, logits.device)
                 draw = self._fused(logits[index], [params[i] for i in shared], self._generator(logits.device))
                 tokens[index] = draw.to(tokens.dtype)
                 rows = [i for i in rows if generators[i] is not None]
         if rows:
-            index = torch.tensor(rows, device=logits.device)
+            index = to_device(rows, torch.int64, logits.device)
             probs, ids = _filtered_probs(logits[index], [params[i] for i in rows])  # (S, V) each
             picks = self._draw(probs, [generators[i] for i in rows])  # (S,) into the sorted vocab
             tokens[index] = ids.gather(1, picks[:, None]).squeeze(1)
@@ -70,7 +71,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple
     vocab = logits.shape[1]
 
     def column(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:  # (S, 1)
-        return torch.tensor(values, dtype=dtype, device=logits.device)[:, None]
+        return to_device(values, dtype, logits.device)[:, None]
 
     temperature = column([p.temperature for p in params], torch.float32)
     top_k = column([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64)
@@ -95,7 +96,7 @@ def flashinfer_draw() -> FusedDraw:
 
     def draw(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator) -> torch.Tensor:
         def column(values: list, dtype: torch.dtype) -> torch.Tensor:  # (S,)
-            return torch.tensor(values, dtype=dtype).to(logits.device, non_blocking=True)
+            return to_device(values, dtype, logits.device)
 
         probs = fs.softmax(logits, temperature=column([p.temperature for p in params], torch.float32))
         top_k = column([p.top_k if p.top_k > 0 else TOP_K_ALL for p in params], torch.int32)

@@ -16,11 +16,11 @@ from shared.logging import get_logger
 from shared.messages.codec import Codec
 from shared.messages.common import i32
 from shared.messages.to_scheduler import StepOutput, ToScheduler, WorkerError, WorkerReady
-from shared.messages.to_worker import ForwardBatch, Shutdown, ToWorker, WorkerSetup
+from shared.messages.to_worker import ForwardBatch, Shutdown, StepMask, ToWorker, WorkerSetup
 from shared.tracing import make_tracer
 from shared.transport import DealerQueue
 from services.worker.metrics import WorkerMetrics
-from services.worker.runner import ModelRunner, resolve_device
+from services.worker.runner import Launched, ModelRunner, resolve_device
 from services.worker.tp import Relay, init_tp
 
 log = get_logger("worker")
@@ -65,31 +65,28 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
                        eos_token_ids=list(spec.eos_token_ids), device=str(runner.device),
                        dtype=str(runner.dtype).removeprefix("torch.")))
     log.info("worker_ready", pid=os.getpid(), tp_size=runner.tp.size)
+    steps = _Steps(runner, q, metrics)
     msg: ToWorker | None = None
     while not stopping:
-        msg = q.recv(timeout_ms=200)
+        # a step in flight: look for the next batch without blocking, answer as soon as it is done
+        msg = q.recv(timeout_ms=200 if steps.inflight is None else 0)
         if msg is None:
-            if relay is not None:
+            if steps.inflight is not None:
+                if steps.inflight.ready():  # (else spin: the next batch or the step's end, whichever first)
+                    steps.answer()
+            elif relay is not None:
                 relay.heartbeat()
             continue
-        if relay is not None:
+        if relay is not None and not isinstance(msg, StepMask):
             relay.send(msg)
         if isinstance(msg, ForwardBatch):
-            t0 = time.perf_counter()
-            try:
-                next_ids, extra = runner.step(msg)
-            except Exception as e:  # one bad batch fails its requests, never the process
-                log.exception("batch_failed", step=msg.step)
-                q.send(WorkerError(step=msg.step, message=f"{type(e).__name__}: {e}"))
-                metrics.failures.inc()
-                continue
-            seconds = time.perf_counter() - t0
-            q.send(StepOutput(step=msg.step, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
-            metrics.step(seconds, len(msg.rows) // 4, len(msg.input_ids) // 4)
+            steps.run(msg)
         elif isinstance(msg, WorkerSetup):
             runner.setup(msg.max_running_requests)
         elif isinstance(msg, Shutdown):
             break
+    if steps.inflight is not None:
+        steps.answer()
     if relay is not None and not isinstance(msg, Shutdown):
         relay.send(Shutdown())
     log.info("worker_stop")
@@ -98,13 +95,78 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     ctx.destroy(linger=0)
 
 
+class _Steps:
+    """Rank 0's steps, one queued behind the other: step N+1 is launched before step N's results
+    are sent, so the device never waits for the host between them (overlap scheduling). A step
+    whose grammar bitmask is deferred is sampled once its ``StepMask`` arrives — after step N's
+    results went out, since the scheduler needs them to fill it."""
+
+    def __init__(self, runner: ModelRunner, q: DealerQueue, metrics: WorkerMetrics) -> None:
+        self.runner, self.q, self.metrics = runner, q, metrics
+        self.inflight: Launched | None = None
+        self._t0 = 0.0
+
+    def run(self, b: ForwardBatch) -> None:
+        t0 = time.perf_counter()
+        try:
+            launched = self.runner.launch(b)
+        except Exception as e:  # one bad batch fails its requests, never the process
+            self._failed(b.step, e)
+            return
+        if launched.awaits_mask:
+            if self.inflight is not None:
+                self.answer()
+            mask = self._wait_mask(b.step)
+            if mask is None:
+                return
+            try:
+                self.runner.sample(launched, mask.bitmask)
+            except Exception as e:
+                self._failed(b.step, e)
+                return
+        elif self.inflight is not None:
+            self.answer()
+        self.inflight, self._t0 = launched, t0
+
+    def answer(self) -> None:
+        """Wait for the step in flight and send its results."""
+        launched, self.inflight = self.inflight, None
+        b = launched.batch
+        try:
+            next_ids, extra = self.runner.finish(launched)
+        except Exception as e:
+            self._failed(b.step, e)
+            return
+        seconds = time.perf_counter() - self._t0
+        self.q.send(StepOutput(step=b.step, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
+        self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s)
+
+    def _wait_mask(self, step: int) -> StepMask | None:
+        while True:
+            msg = self.q.recv(timeout_ms=1000)
+            if isinstance(msg, StepMask) and msg.step == step:
+                return msg
+            if isinstance(msg, Shutdown):
+                log.warning("shutdown_while_waiting_for_mask", step=step)
+                return None
+            if msg is not None:
+                log.warning("unexpected_message_while_waiting_for_mask", step=step, kind=type(msg).__name__)
+
+    def _failed(self, step: int, e: Exception) -> None:
+        log.exception("batch_failed", step=step)
+        if self.inflight is not None:  # answers go out in step order
+            self.answer()
+        self.q.send(WorkerError(step=step, message=f"{type(e).__name__}: {e}"))
+        self.metrics.failures.inc()
+
+
 def _follow(runner: ModelRunner, relay: Relay) -> None:
     log.info("worker_follower_ready", pid=os.getpid(), tp_rank=runner.tp.rank)
     while True:
         msg = relay.recv()
         if isinstance(msg, ForwardBatch):
             try:
-                runner.step(msg)
+                runner.step(msg)  # (followers never wait for a mask: rank 0 alone samples)
             except Exception:  # the same batch fails on rank 0, which reports it
                 log.exception("batch_failed", step=msg.step)
         elif isinstance(msg, WorkerSetup):

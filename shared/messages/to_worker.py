@@ -37,7 +37,7 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     prefix_lens: bytes  # int32 (B,)
     extend_lens: bytes  # int32 (B,)
     sample: bytes  # int32 (B,) 1 = sample a next token for this request
-    input_ids: bytes  # int32 (sum extend,)
+    input_ids: bytes  # int32 (sum extend,); -1: the token the worker sampled last for this row (overlap)
     out_slots: bytes  # int32 (sum extend,)
     # Scoring requests (prompt logprobs) in this batch, when any: batch position, first position whose
     # logits are needed, and the prompt token after the chunk (-1: none) — the target of its last logit.
@@ -46,10 +46,21 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     score_next: bytes = b""  # int32 (S,)
     mask_rows: bytes = b""  # int32 (M,): batch positions of grammar-constrained sampling requests
     bitmask: bytes = b""  # int32 (M, ceil(V/32)): allowed-token bits per such request (bit i = token i)
+    # Overlap scheduling: the bitmask comes later in a ``StepMask`` (the scheduler fills it once the
+    # previous step's tokens are known); the worker runs the forward meanwhile and samples after.
+    mask_deferred: bool = False
+    follows: bool = False  # sent while the previous step's requests were still being served (idle metric)
+
+
+class StepMask(msgspec.Struct, tag="mask", frozen=True):
+    """The deferred bitmask of step ``step`` (rows as in its ``ForwardBatch.mask_rows``)."""
+
+    step: int
+    bitmask: bytes  # int32 (M, ceil(V/32))
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     pass
 
 
-ToWorker = WorkerSetup | ForwardBatch | Shutdown
+ToWorker = WorkerSetup | ForwardBatch | StepMask | Shutdown

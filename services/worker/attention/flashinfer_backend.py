@@ -156,7 +156,8 @@ class FlashInferAttention(AttentionBackend):
         total = int(indptr[-1])
         kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, total,
                    out=wrapper._paged_kv_indices_buf[:total])
-        wrapper._paged_kv_indptr_buf.copy_(indptr, non_blocking=True)  # last_page_len: all ones, fixed
+        # (from pinned memory: a pageable source may make the copy wait for the step in flight)
+        wrapper._paged_kv_indptr_buf.copy_(indptr.pin_memory(), non_blocking=True)  # last_page_len: fixed ones
         info = wrapper._cached_module.plan(
             wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
             self._range[: bs + 1], indptr, torch.from_numpy(seq_lens), bs, bs, hq, hkv, 1, True, d, d, False, -1,
