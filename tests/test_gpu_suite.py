@@ -36,6 +36,7 @@ def test_sizes_and_limits_of_the_8b_shape(tmp_path) -> None:
     on, off = lim["w3_cache_on"], lim["w3_cache_off"]
     assert on["prefill_tokens"] == 32 * 2048 + 1024 * 128 and off["prefill_tokens"] == 1024 * (2048 + 128)
     assert on["output_tok_s_ceiling"] > off["output_tok_s_ceiling"]
+    assert lim["w3_cache_on_shared_attention"]["output_tok_s_ceiling"] > on["output_tok_s_ceiling"]
     with pytest.raises(ValueError):
         Sizes(w2_num=0)
 

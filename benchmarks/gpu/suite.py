@@ -113,10 +113,11 @@ def environment(args, model: str) -> dict:
         r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
 
-    import torch
-
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.tiny else \
-        f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    device = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    if not args.tiny:  # nvidia-smi, not torch: this process never holds GPU memory the server could use
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        device = r.stdout.strip().replace("\n", "; ") or "GPU (nvidia-smi failed)"
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device, "model": model, "tiny": args.tiny,
             "git_commit": git("rev-parse", "HEAD"),
             "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
@@ -184,10 +185,17 @@ class Suite:
     # ------------------------------------------------------------------ steps
 
     def build_model(self) -> None:
+        """The tiny model here; the 8B one on the GPU in a process of its own (whose CUDA context and
+        cached 16 GB go away with it)."""
+        if (Path(self.model) / "config.json").exists():
+            return
         if self.tokenizer is None:
             raise SystemExit(f"no Llama 3 tokenizer (looked in {', '.join(map(str, TOKENIZERS))}); pass --tokenizer")
-        shape = TINY_SHAPE if self.args.tiny else {}
-        build(Path(self.model), self.tokenizer, device=self.device, **shape)
+        if self.args.tiny:
+            build(Path(self.model), self.tokenizer, device="cpu", **TINY_SHAPE)
+            return
+        subprocess.run([sys.executable, "-m", "benchmarks.gpu.make_model", "--out", self.model, "--tokenizer",
+                        str(self.tokenizer)], cwd=ROOT, env=_env(), check=True, timeout=600)
 
     def hf(self) -> dict:
         s, vocab = self.sizes, self.facts["vocab"]
@@ -200,9 +208,8 @@ class Suite:
         cmd = [sys.executable, "-m", "benchmarks.gpu.hf_baselines", "--model", self.model, "--requests", str(spec),
                "--out", str(out), "--device", self.device, "--batch-size", str(s.hf_batch),
                "--engines", self.args.hf_engines]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
         with open(log, "w") as f:
-            r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=self.args.hf_timeout)
+            r = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, timeout=self.args.hf_timeout)
         if r.returncode != 0:
             raise RuntimeError(f"HF baselines exited {r.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
         res = json.loads(out.read_text())
@@ -296,6 +303,10 @@ class Suite:
         print(f"[suite] {self.json_path}  {self.md_path}  total {time.perf_counter() - self.t0:.0f} s", flush=True)
         print(md, flush=True)
         return 1 if self.failed else 0
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
 
 
 def _w3_on(on: dict) -> dict:

@@ -44,21 +44,27 @@ def model_facts(model_dir: str, dtype_bytes: int) -> dict:
             "attn_flops_per_token_pair": 4 * layers * heads * d}
 
 
-def _run_floor(m: dict, reqs: list[tuple[int, int, int]], batch: int, bw: float, flops: float) -> dict:
+def _run_floor(m: dict, reqs: list[tuple[int, int, int]], batch: int, bw: float, flops: float,
+               shared: tuple[int, int] | None = None) -> dict:
     """Lower bound on a whole offline run of (prompt, cached prefix, output) requests at a decode
     batch of ``batch``: prefill at peak compute (GEMMs + causal attention of the new tokens), then
-    decode steps that each read the weights once and every running request's KV once."""
+    decode steps that each read the weights once and every running request's KV once — or, with
+    ``shared`` = (groups, prefix length), each group's common prefix once per step (cascade /
+    shared-prefix attention) and only the rest per request."""
     gemm = 2 * (m["params"] - m["embedding_params"])
     new = sum(p - c for p, c, _ in reqs)
     attn_pairs = sum((p - c) * c + (p - c) ** 2 / 2 for p, c, _ in reqs)
     prefill_s = (gemm * new + m["attn_flops_per_token_pair"] * attn_pairs) / flops
     out = sum(o for _, _, o in reqs)
     steps = out / batch
-    kv = m["kv_bytes_per_token"] * sum(o * p + o * (o - 1) / 2 for p, _, o in reqs)
+    groups, prefix = shared or (0, 0)
+    kv = m["kv_bytes_per_token"] * (sum(o * (p - prefix) + o * (o - 1) / 2 for p, _, o in reqs)
+                                    + steps * min(groups, batch) * prefix)
     step_bytes = m["weights_bytes"] + kv / steps
     step_s = max(step_bytes / bw, gemm * batch / flops)
     floor_s = prefill_s + steps * step_s
-    return {"decode_batch": batch, "avg_context": kv / m["kv_bytes_per_token"] / out, "prefill_tokens": new,
+    return {"decode_batch": batch, "kv_tokens_read_per_output_token": kv / m["kv_bytes_per_token"] / out,
+            "prefill_tokens": new,
             "bytes_per_step_gb": step_bytes / 1e9, "kv_bytes_per_step_gb": kv / steps / 1e9,
             "step_floor_ms": step_s * 1e3, "decode_ceiling_tok_s": batch / step_s, "prefill_floor_s": prefill_s,
             "run_floor_s": floor_s, "output_tok_s_ceiling": out / floor_s}
@@ -83,6 +89,8 @@ def limits(m: dict, s: Sizes, max_running: int, workloads: set[str], bw: float =
             on.append((r.prompt_len, s.w3_system if key in seen else 0, r.output_len))
             seen.add(key)
         out["w3_cache_on"] = _run_floor(m, on, min(max_running, len(reqs)), bw, flops)
+        out["w3_cache_on_shared_attention"] = _run_floor(m, on, min(max_running, len(reqs)), bw, flops,
+                                                         shared=(s.w3_groups, s.w3_system))
         out["w3_cache_off"] = _run_floor(m, off, min(max_running, len(reqs)), bw, flops)
     return out
 
@@ -166,11 +174,13 @@ def table(doc: dict) -> str:
         speed = _ratio(on, off)
         title = (f"W3 shared prefix {cfg['w3_groups']}×{cfg['w3_per_group']}, system {cfg['w3_system']:,} + question "
                  f"{cfg['w3_question']}, out {cfg['w3_output']}")
-        lims = (f"{_n(_get(lim, 'w3_cache_on', 'output_tok_s_ceiling'))} / "
-                f"{_n(_get(lim, 'w3_cache_off', 'output_tok_s_ceiling'))} (run floor)" if "w3_cache_on" in lim else "")
+        lims = (f"{_n(_get(lim, 'w3_cache_on', 'output_tok_s_ceiling'))} (run floor; "
+                f"{_n(_get(lim, 'w3_cache_on_shared_attention', 'output_tok_s_ceiling'))} with the prefix's KV read "
+                "once per group and step)" if "w3_cache_on" in lim else "")
         row(f"{title}: output tok/s, cache on", _n(on), limit=lims, goal_key="w3_tok_s", value=on)
         row("W3 output tok/s, cache off (--disable-radix-cache) · speedup", f"{_n(off)} · {_n(speed, 2)}×",
-            goal_key="w3_speedup", value=speed)
+            limit=f"{_n(_get(lim, 'w3_cache_off', 'output_tok_s_ceiling'))} (run floor)" if "w3_cache_off" in lim
+            else "", goal_key="w3_speedup", value=speed)
         hit, opt = _get(w3, "cache_on", "cache_hit_rate"), _get(w3, "optimum_hit_rate")
         rel = _ratio(hit, opt)
         row("W3 cache hit rate: achieved / optimum = ratio", f"{_pct(hit)} / {_pct(opt)} = {_pct(rel)}",
