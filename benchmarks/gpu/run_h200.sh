@@ -53,7 +53,7 @@ if [[ $STEPS == *serve* ]]; then
   echo "serve: $((SECONDS - t0)) s"
 fi
 if [[ $STEPS =~ suite(-[ab])? ]]; then
-  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=530 ;; suite-b) W=W3,W4,W5 T=530 ;; *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
+  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
   t0=$SECONDS
   # shellcheck disable=SC2086  # word splitting of the extra flags is intended
   timeout $T python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads "$W" ${SUITE_ARGS:-} \
