@@ -124,6 +124,7 @@ build_images() {
   build banyan-proxy "$ROOT/deploy/proxy/Dockerfile" "$ROOT/deploy/proxy" "${args[@]}"
   # Images that the new builds replaced (ours only: they carry this label).
   "$DOCKER" image prune -f --filter label=org.opencontainers.image.vendor=banyan >/dev/null || true
+  "$DOCKER" builder prune -f --keep-storage 10GB >/dev/null || true   # bound the layer cache
 }
 
 # build TAG DOCKERFILE CONTEXT ARGS...: full output in $STATE/build-<name>.log, its tail on failure.
