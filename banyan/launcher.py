@@ -161,24 +161,29 @@ class Launcher:
                 self.shutdown()
                 return 1
             time.sleep(0.1)
-        self.shutdown()
-        return 0
+        return 0 if self.shutdown() else 1
 
     def _on_signal(self, signum, _frame) -> None:
         self.stopping = True
 
-    def shutdown(self) -> None:
-        """Tokenizers first (they drain their streams), then the scheduler, then the worker."""
+    def shutdown(self) -> bool:
+        """Tokenizers first (they drain their streams), then the scheduler, then the worker. Each
+        exit is logged (``exited``, with its returncode); True when every process exited 0."""
+        clean = True
         for group in (("tokenizer",), ("scheduler",), ("worker",)):
-            procs = [p for n, p in self.procs if n.startswith(group)]
-            for p in procs:
+            procs = [(n, p) for n, p in self.procs if n.startswith(group)]
+            for _, p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
-            for p in procs:
+            for name, p in procs:
                 try:
                     p.wait(timeout=self.cfg.tokenizer.grace_seconds + 5)
                 except subprocess.TimeoutExpired:
                     log.warning("killing", pid=p.pid)
                     p.kill()
                     p.wait()
-        log.info("stopped")
+                (log.info if p.returncode == 0 else log.error)("exited", process=name, pid=p.pid,
+                                                               returncode=p.returncode)
+                clean = clean and p.returncode == 0
+        log.info("stopped", clean=clean)
+        return clean

@@ -1,0 +1,122 @@
+"""SIGTERM drain: ``banyan serve`` stops taking new requests (UNAVAILABLE, or a refused
+connection), lets the streams in flight finish normally, and every process exits 0."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+import requests
+
+from support import Server
+from shared.proto.banyan.v1 import generation_pb2 as pb
+from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+
+MAX_TOKENS = 400  # long enough to be in flight at SIGTERM, well inside the grace period
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, tmp_path_factory):
+    s = Server(None, tmp_path_factory.mktemp("drain") / "server.log", "--num-tokenizers", "2",
+               "--grace-seconds", "60", env={"OMP_NUM_THREADS": "1"})
+    yield s
+    s.stop()
+
+
+class Stream(threading.Thread):
+    """One streaming request read to its end on its own connection."""
+
+    def __init__(self, server: Server, i: int) -> None:
+        super().__init__(daemon=True)
+        self.server, self.i = server, i
+        self.started = threading.Event()
+        self.tokens, self.finish, self.error, self.last_at = 0, 0, None, 0.0
+
+    def run(self) -> None:
+        req = pb.GenerateRequest(text=f"drain me {self.i}", sampling_params=pb.SamplingParams(
+            max_tokens=MAX_TOKENS, ignore_eos=True))
+        try:
+            with self.server.channel(own_connection=True) as ch:
+                for r in pb_grpc.GenerationServiceStub(ch).Generate(req, timeout=120):
+                    self.tokens += len(r.token_ids)
+                    self.finish = r.finish_reason or self.finish
+                    self.last_at = time.monotonic()
+                    self.started.set()
+        except grpc.RpcError as e:
+            self.error = e
+            self.started.set()
+
+
+class HttpStream(threading.Thread):
+    def __init__(self, server: Server) -> None:
+        super().__init__(daemon=True)
+        self.server = server
+        self.started = threading.Event()
+        self.lines: list[str] = []
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        body = {"prompt": "drain me over http", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+        try:
+            with requests.post(self.server.http_url + "/v1/completions", json=body, stream=True, timeout=120) as r:
+                for line in r.iter_lines(decode_unicode=True):
+                    if line:
+                        self.lines.append(line)
+                        self.started.set()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+            self.started.set()
+
+
+def _stopping_replicas(server: Server) -> int:
+    return sum(1 for r in server.log_records() if r.get("event") == "tokenizer_stopping")
+
+
+def test_sigterm_drains_in_flight_streams(server):
+    streams = [Stream(server, i) for i in range(4)]
+    web = HttpStream(server)
+    for s in (*streams, web):
+        s.start()
+    for s in (*streams, web):
+        assert s.started.wait(60)
+    assert not any(s.error for s in streams) and web.error is None
+
+    server.proc.send_signal(signal.SIGTERM)  # to the launcher
+    sent_at = time.monotonic()
+    deadline = sent_at + 30
+    while _stopping_replicas(server) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _stopping_replicas(server) == 2, server.log_text()[-3000:]
+
+    # new requests are refused while the old ones finish
+    with server.channel(own_connection=True) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            list(pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(text="too late"), timeout=30))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+    try:
+        r = requests.post(server.http_url + "/v1/completions", json={"prompt": "too late", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503, r.text
+    except requests.ConnectionError:
+        pass  # the listening socket is closed already
+    in_flight = [s for s in streams if s.is_alive()]
+    assert in_flight, "every stream ended before the new request was refused: make them longer"
+
+    for s in (*streams, web):
+        s.join(90)
+        assert not s.is_alive()
+    for s in streams:
+        assert s.error is None, s.error
+        assert (s.tokens, s.finish) == (MAX_TOKENS, pb.FINISH_REASON_LENGTH)
+    assert max(s.last_at for s in streams) > sent_at  # they were streaming after the signal
+    assert web.error is None and web.lines[-1] == "data: [DONE]", web.lines[-3:]
+    assert '"finish_reason":"length"' in web.lines[-2].replace(" ", ""), web.lines[-2]
+
+    assert server.proc.wait(60) == 0, server.log_text()[-3000:]
+    records = server.log_records()
+    started = {r["pid"]: r["process"] for r in records if r.get("event") == "started"}
+    exited = {r["pid"]: r["returncode"] for r in records if r.get("event") == "exited"}
+    assert set(started) == set(exited), (started, exited)
+    assert all(code == 0 for code in exited.values()), {started[p]: c for p, c in exited.items()}
