@@ -24,6 +24,7 @@ TORCH_VERSION=2.13.0
 # Debian's CLI matches Debian's daemon (20.10); a newer docker CLI earlier in PATH wants buildx.
 DOCKER=/usr/bin/docker
 export DOCKER_BUILDKIT=1
+export PATH="$PATH:/usr/sbin:/sbin"   # dockerd, debootstrap, iptables, for a PATH without them
 
 log() { printf '[docker_ci %(%T)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
