@@ -9,6 +9,7 @@ the rows travel with the batch and the worker applies them to the logits before 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,13 @@ log = get_logger("scheduler")
 
 class GrammarError(ValueError):
     """The constraint does not compile (the compiler's message is the text)."""
+
+
+_SOURCE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[12:59:39] /project/cpp/x.cc:43: "
+
+
+def _compiler_message(e: Exception) -> str:
+    return _SOURCE_PREFIX.sub("", str(e).strip())
 
 
 def choice_regex(choices: list[str]) -> str:
@@ -97,12 +105,12 @@ class GrammarBackend:
             else:
                 raise GrammarError(f"unknown constraint kind {c.kind!r}")
         except (RuntimeError, ValueError) as e:
-            raise GrammarError(f"invalid {c.kind}: {str(e).strip()}") from None
+            raise GrammarError(f"invalid {c.kind}: {_compiler_message(e)}") from None
         self.compile_ms.append((time.perf_counter() - t0) * 1e3)
         return g
 
     def submit(self, reqs: list, c: Constraint) -> None:
-        key = (c.kind, c.value if c.kind != "choice" else "\x00".join(c.choices))
+        key = (c.kind, c.value if c.kind != "choice" else json.dumps(c.choices))  # (["a", "b"] vs ["a\x00b"])
         fut = self._cache.get(key)
         if fut is None:
             fut = self._cache[key] = self.pool.submit(self._compile, key, c)

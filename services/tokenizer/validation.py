@@ -180,6 +180,7 @@ def check_constraint(c: Constraint | None) -> Constraint | None:
     if c.kind == "choice":
         _require(0 < len(c.choices) <= MAX_CHOICES, f"choice needs 1..{MAX_CHOICES} strings")
         _require(all(c.choices), "choice strings must not be empty")
+        _require(not any("\x00" in x for x in c.choices), "choice strings must not contain NUL characters")
         _require(sum(map(len, c.choices)) <= MAX_GRAMMAR_CHARS, "choice strings are too long in total")
         return c
     if c.kind == "json_object":

@@ -99,6 +99,7 @@ GRPC: dict[str, tuple[pb.GenerateRequest | bytes, str]] = {
     "EBNF without root": (hi(ebnf='start ::= "a"'), "invalid ebnf"),
     "empty choice list": (hi(choice=pb.Choices()), "choice needs"),
     "empty choice string": (hi(choice=pb.Choices(choices=["a", ""])), "choice strings must not be empty"),
+    "choice string with NUL": (hi(choice=pb.Choices(choices=["a\x00b"])), "must not contain NUL"),
 }
 
 
@@ -234,6 +235,7 @@ HTTP: dict[str, tuple[str, dict | bytes, int, str]] = {
         "name": "x", "schema": {"type": "nope"}}}), 400, "invalid json_schema"),
     "bad EBNF": (C, _c(ebnf="root ::= "), 400, "invalid ebnf"),
     "empty choice list": (C, _c(choice=[]), 400, "choice needs"),
+    "choice string with NUL": (C, _c(choice=["a\u0000b"]), 400, "must not contain NUL"),
     "two constraints": (C, _c(regex="a", choice=["a"]), 400, "at most one"),
     "unknown field": (C, _c(tools=[]), 400, "unrecognized request argument"),
     "logit_bias": (C, _c(logit_bias={"1": 5}), 400, "logit_bias"),
