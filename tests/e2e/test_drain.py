@@ -1,8 +1,10 @@
 """SIGTERM drain: ``banyan serve`` stops taking new requests (UNAVAILABLE, or a refused
-connection), lets the streams in flight finish normally, and every process exits 0."""
+connection), lets the streams in flight finish normally, and every process exits 0. First, while
+it serves: its processes listen on the public ports only (ZMQ runs over ipc://)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -24,6 +26,51 @@ def server(demo_dir, tmp_path_factory):
                "--grace-seconds", "60", env={"OMP_NUM_THREADS": "1"})
     yield s
     s.stop()
+
+
+def _process_tree(root: int) -> set[int]:
+    parents: dict[int, list[int]] = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        parents.setdefault(ppid, []).append(int(p))
+    tree, todo = {root}, [root]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            tree.add(child)
+            todo.append(child)
+    return tree
+
+
+def _listening_tcp_ports(pids: set[int]) -> set[int]:
+    inodes = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_only_the_public_ports_listen(server):
+    """gRPC, HTTP and the two metrics ports; the scheduler's ZMQ sockets are ipc://."""
+    pids = _process_tree(server.proc.pid)
+    assert len(pids) >= 5  # launcher, scheduler, worker, 2 tokenizers
+    public = {server.port, server.http_port, server.scheduler_metrics_port, server.worker_metrics_port}
+    assert _listening_tcp_ports(pids) == public
+    start = next(r for r in server.log_records() if r.get("event") == "scheduler_start")
+    assert start["tokenizer_endpoint"].startswith("ipc://") and start["worker_endpoint"].startswith("ipc://")
 
 
 class Stream(threading.Thread):
