@@ -139,6 +139,11 @@ def worker_counters(server) -> dict | None:
             if f"gpu_{kind}" in fam.name:
                 found |= kind == "idle"
                 sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
+        if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
+            kind = "fill" if "fill" in fam.name else "wait"
+            for smp in fam.samples:
+                if smp.name.endswith("_sum") or smp.name.endswith("_count"):
+                    sums[f"mask_{kind}{smp.name[smp.name.rindex('_'):]}"] = smp.value
     return sums if found else None
 
 
@@ -252,6 +257,13 @@ class Suite:
                 if before is not None and after is not None:
                     idle, busy = after["idle"] - before["idle"], after["busy"] - before["busy"]
                     self.doc["gpu_idle"][w] = idle / (idle + busy) if idle + busy > 0 else None
+                    res = self.doc["results"].get(w)
+                    for kind in ("fill", "wait"):  # grammar bitmask time per constrained step
+                        n = after.get(f"mask_{kind}_count", 0) - before.get(f"mask_{kind}_count", 0)
+                        if n and isinstance(res, dict):
+                            sec = after[f"mask_{kind}_sum"] - before.get(f"mask_{kind}_sum", 0)
+                            res[f"mask_{kind}_ms_per_step"] = sec / n * 1e3
+                            res[f"mask_{kind}_steps"] = n
         finally:
             server.stop()
         if "W3" in todo and "error" not in self.doc["results"]["W3"]:

@@ -193,6 +193,11 @@ def table(doc: dict) -> str:
             f"= ratio", f"{_n(c)} / {_n(u)} = {_pct(ratio)}", goal_key="w4_ratio", value=ratio)
         row("W4 mean output tokens · jump-forward tokens", f"{_n(_get(w4, 'mean_output_tokens'), 1)} · "
             f"{_n(_get(w4, 'jump_forward_tokens'))}")
+        if _get(w4, "constrained", "mask_fill_ms_per_step") is not None or _get(w4, "mask_fill_ms_per_step") is not None:
+            src = w4 if _get(w4, "mask_fill_ms_per_step") is not None else w4["constrained"]
+            row("W4 grammar bitmask per constrained step: fill (scheduler, CPU) · worker wait, ms",
+                f"{_n(src.get('mask_fill_ms_per_step'), 2)} · {_n(src.get('mask_wait_ms_per_step'), 2)} "
+                f"({_n(src.get('mask_fill_steps'))} steps)")
     for x in _get(r, "W5", "rates") or []:
         row(f"W5 Poisson {x['rate']:.2f} req/s ({x['completed']} requests): TTFT p50/p99 · ITL p50/p99 ms · "
             "output tok/s", f"{_n(x['ttft_ms']['p50'], 0)}/{_n(x['ttft_ms']['p99'], 0)} · "

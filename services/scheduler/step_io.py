@@ -3,6 +3,8 @@ grammar bitmasks and scoring positions down; logprobs and prompt logprobs up; To
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import numpy as np
 
@@ -49,8 +51,9 @@ def with_extras(sched: Scheduled, grammar: GrammarBackend | None, defer_mask: bo
     if rows and defer_mask:
         extra.update(mask_rows=i32(rows), mask_deferred=True)
     elif rows:
+        t0 = time.perf_counter()
         mask = grammar.bitmask([sched.reqs[i].matcher for i in rows])
-        extra.update(mask_rows=i32(rows), bitmask=mask.tobytes())
+        extra.update(mask_rows=i32(rows), bitmask=mask.tobytes(), mask_fill_ms=(time.perf_counter() - t0) * 1e3)
     score = [(i, r) for i, r in enumerate(sched.reqs) if r.params.prompt_logprobs_from > 0]
     if score:
         starts = from_i32(sched.msg.prefix_lens)
@@ -69,12 +72,13 @@ def with_extras(sched: Scheduled, grammar: GrammarBackend | None, defer_mask: bo
 def deferred_mask(sched: Scheduled, grammar: GrammarBackend) -> StepMask:
     """The bitmask ``with_extras`` deferred, from the matchers as they are now. Rows whose sample
     will be dropped (finished, or replaced by jump-forward) allow every token."""
+    t0 = time.perf_counter()
     rows = _mask_rows(sched)
     live = [k for k, i in enumerate(rows) if sched.reqs[i].status is Status.RUNNING and not sched.reqs[i].discard]
     mask = np.full((len(rows), (grammar.vocab_size + 31) // 32), -1, dtype=np.int32)
     if live:
         mask[live] = grammar.bitmask([sched.reqs[rows[k]].matcher for k in live])
-    return StepMask(step=sched.step, bitmask=mask.tobytes())
+    return StepMask(step=sched.step, bitmask=mask.tobytes(), fill_ms=(time.perf_counter() - t0) * 1e3)
 
 
 def take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:

@@ -10,6 +10,7 @@ from shared.logging import get_logger
 log = get_logger("worker")
 FORWARD_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0)
+MASK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -25,6 +26,11 @@ class WorkerMetrics:
                             "output copy; host clock on CPU)", registry=r)
         self.idle = Counter("banyan:gpu_idle_seconds", "Device idle time between consecutive steps while the "
                             "scheduler had work (host work not hidden behind the device)", registry=r)
+        self.mask_fill = Histogram("banyan:grammar_mask_fill_seconds", "Scheduler time filling one step's grammar "
+                                   "bitmask (xgrammar, on the CPU)", buckets=MASK_BUCKETS, registry=r)
+        self.mask_wait = Histogram("banyan:grammar_mask_wait_seconds", "Worker time waiting for a deferred bitmask "
+                                   "(after the forward was queued and the previous step answered)",
+                                   buckets=MASK_BUCKETS, registry=r)
         self._server = None
 
     def serve(self, port: int) -> None:

@@ -49,6 +49,7 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     # Overlap scheduling: the bitmask comes later in a ``StepMask`` (the scheduler fills it once the
     # previous step's tokens are known); the worker runs the forward meanwhile and samples after.
     mask_deferred: bool = False
+    mask_fill_ms: float = 0.0  # scheduler time filling ``bitmask`` (metrics)
     follows: bool = False  # sent while the previous step's requests were still being served (idle metric)
 
 
@@ -57,6 +58,7 @@ class StepMask(msgspec.Struct, tag="mask", frozen=True):
 
     step: int
     bitmask: bytes  # int32 (M, ceil(V/32))
+    fill_ms: float = 0.0  # scheduler time filling it (metrics)
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
