@@ -36,7 +36,17 @@ def serve(argv: list[str]) -> int:
         ap.add_argument(f"--{service}-metrics-port", type=int, default=int(os.environ.get(env, 0)),
                         help=f"Prometheus /metrics port of the {service} (0 = a free port, logged; -1 = none; "
                              f"with --dp, group g gets this port + g) [env {env}, default 0]")
+    ap.add_argument("--max-worker-restarts", type=int, default=int(os.environ.get("BANYAN_MAX_WORKER_RESTARTS", 3)),
+                    help="a worker rank that exits once serving has its group (all --tp ranks) restarted, at most "
+                         "this many times within --worker-restart-window; then everything stops with exit code 1 "
+                         "(0: never restart) [env BANYAN_MAX_WORKER_RESTARTS, default 3]")
+    ap.add_argument("--worker-restart-window", type=float,
+                    default=float(os.environ.get("BANYAN_WORKER_RESTART_WINDOW", 600)),
+                    help="seconds over which --max-worker-restarts counts [env BANYAN_WORKER_RESTART_WINDOW, "
+                         "default 600]")
     ns = ap.parse_args(argv)
+    if ns.max_worker_restarts < 0 or ns.worker_restart_window <= 0:
+        ap.error("--max-worker-restarts must be >= 0 and --worker-restart-window > 0")
     if ns.num_tokenizers < 1:
         ap.error("--num-tokenizers must be >= 1")
     if ns.dp_size < 1:
@@ -47,7 +57,8 @@ def serve(argv: list[str]) -> int:
     cfg = ServeConfig(tokenizer=from_namespace(TokenizerConfig, ns), scheduler=from_namespace(SchedulerConfig, ns),
                       worker=from_namespace(WorkerConfig, ns), num_tokenizers=ns.num_tokenizers,
                       ready_file=ns.ready_file, scheduler_metrics_port=ns.scheduler_metrics_port,
-                      worker_metrics_port=ns.worker_metrics_port, dp=ns.dp_size)
+                      worker_metrics_port=ns.worker_metrics_port, dp=ns.dp_size,
+                      max_worker_restarts=ns.max_worker_restarts, worker_restart_window=ns.worker_restart_window)
     return Launcher(cfg).run()
 
 

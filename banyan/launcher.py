@@ -1,6 +1,7 @@
 """``banyan serve``: start the scheduler, the worker ranks and N tokenizer replicas on one host
 (``--dp N``: N scheduler + worker groups, every tokenizer connected to all of them), supervise
-them, and stop them in order (tokenizers drain first) on SIGINT/SIGTERM."""
+them, and stop them in order (tokenizers drain first) on SIGINT/SIGTERM. A worker rank that exits
+once serving has its group restarted (``--max-worker-restarts``); any other exit stops everything."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, replace
 from shared.config import SchedulerConfig, TokenizerConfig, WorkerConfig, to_argv
 from shared.logging import get_logger
 from shared.model_path import resolve_model
+from banyan.supervision import RestartBudget, how_it_ended, worker_group
 
 log = get_logger("launcher")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess mode (the tokenizers')
@@ -32,6 +34,8 @@ class ServeConfig:
     scheduler_metrics_port: int = 0  # Prometheus /metrics of the scheduler: 0 = a free port, -1 = none
     worker_metrics_port: int = 0  # … of worker rank 0
     dp: int = 1  # data-parallel groups: one scheduler + tp worker ranks each, own endpoints and KV pool
+    max_worker_restarts: int = 3  # worker-group restarts (after a rank exits) within worker_restart_window
+    worker_restart_window: float = 600.0  # seconds
 
 
 def _metrics_port(port: int, group: int = 0) -> int:
@@ -83,6 +87,8 @@ class Launcher:
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.spawned: dict[str, tuple[str, object, dict[str, str] | None]] = {}  # name → how to start it again
+        self.restarts = RestartBudget(cfg.max_worker_restarts, cfg.worker_restart_window)
         self.stopping = False
 
     def _spawn(self, name: str, module: str, cfg, extra_env: dict[str, str] | None = None) -> None:
@@ -92,6 +98,7 @@ class Launcher:
         env.update(extra_env or {})
         p = subprocess.Popen([sys.executable, "-m", module, *argv], start_new_session=True, env=env)
         self.procs.append((name, p))
+        self.spawned[name] = (module, cfg, extra_env)
         log.info("started", process=name, pid=p.pid)
 
     def run(self) -> int:
@@ -136,9 +143,14 @@ class Launcher:
         deadline = time.monotonic() + cfg.startup_timeout
         ready = False
         while not self.stopping:
-            dead = [(n, p.returncode) for n, p in self.procs if p.poll() is not None]
+            dead = [(n, p) for n, p in self.procs if p.poll() is not None]
             if dead:
-                log.error("process_exited", process=dead[0][0], returncode=dead[0][1])
+                name, p = dead[0]
+                if ready and name.startswith("worker") and self._restart_group(name, p):
+                    continue
+                how = how_it_ended(p.returncode)
+                log.error("process_exited", process=name, pid=p.pid, returncode=p.returncode, how=how)
+                print(f"Banyan is stopping: {name} (pid {p.pid}) exited, {how}", file=sys.stderr, flush=True)
                 self.shutdown()
                 return 1
             if not ready and all(os.path.exists(pf) for pf in port_files):
@@ -162,6 +174,32 @@ class Launcher:
                 return 1
             time.sleep(0.1)
         return 0 if self.shutdown() else 1
+
+    def _restart_group(self, name: str, dead: subprocess.Popen) -> bool:
+        """Worker rank ``name`` exited: kill its group's other ranks (useless alone, maybe stuck in
+        a collective) and start the whole group again; False when no restart is left."""
+        group = worker_group(name)
+        ranks = [(n, p) for n, p in self.procs if n.startswith("worker") and worker_group(n) == group]
+        for _, p in ranks:
+            if p.poll() is None:
+                p.kill()
+        for _, p in ranks:
+            p.wait()
+        how, limit = how_it_ended(dead.returncode), self.cfg.max_worker_restarts
+        if not self.restarts.take():
+            log.error("worker_restarts_exhausted", process=name, pid=dead.pid, returncode=dead.returncode, how=how,
+                      max_worker_restarts=limit, window_s=self.cfg.worker_restart_window)
+            return False
+        log.error("worker_exited", process=name, pid=dead.pid, returncode=dead.returncode, how=how,
+                  restart=self.restarts.used, max_worker_restarts=limit, ranks=[n for n, _ in ranks])
+        self.procs = [(n, p) for n, p in self.procs if all(p is not q for _, q in ranks)]
+        port = free_port()
+        for n, _ in ranks:
+            module, cfg, env = self.spawned[n]
+            if isinstance(cfg, WorkerConfig) and cfg.tp_size > 1:  # the ranks meet on a fresh port
+                cfg = replace(cfg, dist_init_addr=f"{cfg.dist_init_addr.rsplit(':', 1)[0]}:{port}")
+            self._spawn(n, module, cfg, env)
+        return True
 
     def _on_signal(self, signum, _frame) -> None:
         self.stopping = True

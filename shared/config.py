@@ -104,10 +104,15 @@ class SchedulerConfig(CommonConfig):
     disable_overlap_schedule: bool = field(default=False, metadata={
         "help": "build each step only after the previous one's results arrived (default: while it runs)"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
+    worker_timeout: float = field(default=30.0, metadata={
+        "help": "seconds without a heartbeat answer after which worker rank 0 counts as lost (host down, "
+                "network cut; a worker process that exits is noticed at once); every request then fails "
+                "with UNAVAILABLE until a worker is ready again"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.max_running_requests >= 1, "max_running_requests must be >= 1")
+        _check(self.worker_timeout >= 1.0, "worker_timeout must be >= 1 s")
         _check(self.max_prefill_tokens >= 16, "max_prefill_tokens must be >= 16")
         _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
         _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight"), f"bad schedule_policy {self.schedule_policy!r}")

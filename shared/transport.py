@@ -26,9 +26,12 @@ def _prepare(endpoint: str) -> None:
             os.makedirs(d, exist_ok=True)
 
 
-def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, identity: str = "") -> zmq.Socket:
+def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, identity: str = "",
+            options: dict[int, int] | None = None) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    for opt, value in (options or {}).items():  # (before bind/connect: connections copy them)
+        sock.setsockopt(opt, value)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     if identity:
@@ -73,8 +76,8 @@ class DealerQueue(Generic[In, Out]):
     """A DEALER socket (blocking API): worker rank 0 ↔ scheduler, either side may bind."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, recv: Codec[In], send: Codec[Out],
-                 bind: bool = False, identity: str = "") -> None:
-        self.sock = _socket(ctx, zmq.DEALER, endpoint, bind=bind, identity=identity)
+                 bind: bool = False, identity: str = "", options: dict[int, int] | None = None) -> None:
+        self.sock = _socket(ctx, zmq.DEALER, endpoint, bind=bind, identity=identity, options=options)
         self._recv, self._send = recv, send
 
     def recv(self, timeout_ms: int | None = None) -> In | None:
@@ -91,8 +94,40 @@ class DealerQueue(Generic[In, Out]):
     def recv_nowait(self) -> In | None:
         return self.recv(timeout_ms=0)
 
-    def send(self, msg: Out) -> None:
-        self.sock.send(self._send.encode(msg), copy=False)
+    def send(self, msg: Out, flags: int = 0) -> None:
+        """``flags=zmq.NOBLOCK``: raise ``zmq.Again`` instead of blocking while no peer is connected."""
+        self.sock.send(self._send.encode(msg), flags, copy=False)
+
+
+class PeerMonitor:
+    """A socket's connections, from its ZMQ monitor events: a peer process that exits, or whose
+    connection libzmq drops for missing heartbeats (``zmq.HEARTBEAT_*`` options), is noticed
+    without any message."""
+
+    EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock.get_monitor_socket(self.EVENTS)  # a PAIR socket: poll it to wake on a change
+        self.fds: set[int] = set()  # the connections open now (file descriptors)
+        self.disconnects = 0
+
+    def update(self) -> list[tuple[int, int]]:
+        """Take the pending events: (event, fd) in the order they happened (an fd may be reused)."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        events = []
+        while True:
+            try:
+                m = recv_monitor_message(self.sock, zmq.NOBLOCK)
+            except zmq.Again:
+                return events
+            event, fd = int(m["event"]), int(m["value"])
+            if event == zmq.EVENT_DISCONNECTED:
+                self.fds.discard(fd)
+                self.disconnects += 1
+            else:
+                self.fds.add(fd)
+            events.append((event, fd))
 
 
 class AsyncDealerQueue(Generic[In, Out]):

@@ -1,5 +1,6 @@
 """The scheduler process: owns every request's metadata and the KV bookkeeping, runs continuous
-batching, and talks to tokenizer replicas (ROUTER) and worker rank 0 (DEALER)."""
+batching, and talks to tokenizer replicas (ROUTER) and worker rank 0 (DEALER, ``worker_link.py``:
+a lost worker fails every request with UNAVAILABLE until a new one is ready)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,16 @@ from shared.messages.common import from_i32
 from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOutput, ToScheduler,
                                           TokenizerHello, WorkerError, WorkerReady)
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
-from shared.messages.to_worker import Shutdown, ToWorker, WorkerSetup
-from shared.transport import DealerQueue, RouterQueue
-from shared.model_path import resolve_model
+from shared.messages.to_worker import Shutdown
+from shared.transport import RouterQueue
 from shared.tracing import ensure, make_tracer
-from services.scheduler.batcher import Batcher, Limits, Scheduled
+from services.scheduler.batcher import Batcher, Scheduled
 from services.scheduler.grammar import GrammarBackend
 from services.scheduler.kv import KVManager
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.policy import POLICIES
 from services.scheduler.request import Req, Status
 from services.scheduler.step_io import StepLogprobs, deferred_mask, take_prompt_logprobs, token_out, with_extras
+from services.scheduler.worker_link import WorkerLink, worker_lost, worker_ready
 
 log = get_logger("scheduler")
 
@@ -45,12 +45,13 @@ class Scheduler:
         self.ctx = zmq.Context()
         inbox: Codec = Codec(ToScheduler)
         self.tok = RouterQueue(self.ctx, cfg.tokenizer_endpoint, inbox, Codec(ToTokenizer))
-        self.worker = DealerQueue(self.ctx, cfg.worker_endpoint, inbox, Codec(ToWorker), bind=True)
+        self.worker = WorkerLink(self.ctx, cfg.worker_endpoint, inbox, cfg.worker_timeout)
         self.poller = zmq.Poller()
-        self.poller.register(self.tok.sock, zmq.POLLIN)
-        self.poller.register(self.worker.sock, zmq.POLLIN)
-        self.info: ModelInfo | None = None
-        self.hellos: list[bytes] = []  # replicas waiting for ModelInfo
+        for sock in (self.tok.sock, self.worker.sock, self.worker.monitor.sock):
+            self.poller.register(sock, zmq.POLLIN)
+        self.info: ModelInfo | None = None  # None: not serving (no worker ready yet, or it was lost)
+        self.down = ""  # why not serving, once a worker was lost
+        self.replicas: set[bytes] = set()  # tokenizer replicas that said hello
         self.groups: dict[str, list[Req]] = {}  # rid → its branches (n > 1)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -72,6 +73,9 @@ class Scheduler:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
+        self.loop()
+
+    def loop(self) -> None:
         log.info("scheduler_start", tokenizer_endpoint=self.cfg.tokenizer_endpoint,
                  worker_endpoint=self.cfg.worker_endpoint)
         self.metrics.serve(self.cfg.metrics_port)
@@ -99,13 +103,15 @@ class Scheduler:
                 self.worker.send(sched.msg)
             self.last_built = sched is not None
             if self.inflight is not None:
-                self._complete(self.inflight)
+                if not self._complete(self.inflight):
+                    continue  # the worker was lost: every request failed
                 if sched is not None and sched.msg.mask_deferred:
                     self.worker.send(deferred_mask(sched, self.grammar))
             self.inflight = None
             if sched is not None:
                 if self.cfg.disable_overlap_schedule:
-                    self._complete(sched)
+                    if not self._complete(sched):
+                        continue
                 else:
                     self.inflight = sched
             self._apply_aborts()
@@ -121,14 +127,23 @@ class Scheduler:
         if self.worker.sock in events:
             while (msg := self.worker.recv_nowait()) is not None:
                 self._on_worker(msg)
+        self._check_worker()
+
+    def _check_worker(self, step: int = -1, since: float = 0.0) -> None:
+        reason = self.worker.lost(step, since)
+        if reason:
+            worker_lost(self, reason)
 
     def _drain_tokenizers(self) -> None:
         while (item := self.tok.recv_nowait()) is not None:
             self._on_tokenizer(*item)
 
-    def _complete(self, sched: Scheduled) -> None:
-        """Wait for ``sched``'s results and apply them (or fail its requests)."""
+    def _complete(self, sched: Scheduled) -> bool:
+        """Wait for ``sched``'s results and apply them (or fail its requests); False: the worker
+        was lost meanwhile (every request failed, the step state reset)."""
         out = self._await_step(sched.step)
+        if out is None:
+            return False
         if isinstance(out, StepOutput):
             self._process(sched, out)
         else:
@@ -139,18 +154,23 @@ class Scheduler:
                     r.discard = min(r.discard, r.pending)
                 if r.status is Status.RUNNING:
                     self._finish(r, "error", error=f"worker failed: {out.message}", code="internal")
+        return True
 
-    def _await_step(self, step: int) -> StepOutput | WorkerError:
+    def _await_step(self, step: int) -> StepOutput | WorkerError | None:
         """Wait for the worker's answer to ``step`` while serving tokenizer messages (answers come
-        in step order; one to a later step is kept for its turn)."""
+        in step order; one to a later step is kept for its turn); None when the worker is lost."""
+        since, losses = time.monotonic(), self.worker.losses
         while step not in self.answers:
             events = dict(self.poller.poll(1000))
             if self.tok.sock in events:
                 self._drain_tokenizers()
-            if self.worker.sock not in events:
-                continue
-            while (msg := self.worker.recv_nowait()) is not None:
-                self._on_worker(msg)
+            if self.worker.sock in events:
+                while (msg := self.worker.recv_nowait()) is not None:
+                    self._on_worker(msg)
+            if step not in self.answers:
+                self._check_worker(step, since)
+            if self.worker.losses != losses:
+                return None
         return self.answers.pop(step)
 
     # ---- inputs ----------------------------------------------------------------------------
@@ -164,10 +184,9 @@ class Scheduler:
                     self.aborts.append(r)
         elif isinstance(msg, TokenizerHello):
             log.info("tokenizer_connected", replica=msg.replica)
-            if self.info is not None:
+            self.replicas.add(ident)
+            if self.info is not None:  # (else: when the worker is ready)
                 self.tok.send(ident, self.info)
-            else:
-                self.hellos.append(ident)
         elif isinstance(msg, LoadReq):
             self.tok.send(ident, self._load(msg.token))
 
@@ -212,7 +231,8 @@ class Scheduler:
 
     def _reject_reason(self, msg: GenerateReq) -> tuple[str, str] | None:
         if self.info is None:
-            return "unavailable", "the model is not loaded yet"
+            return "unavailable", f"{self.down}: not serving until a worker is ready" if self.down else \
+                "the model is not loaded yet"
         if msg.rid in self.groups:
             return "already_exists", f"request_id {msg.rid!r} is already in flight"
         queued = len(self.waiting) + sum(len(p.reqs) for p in self.grammar.pending)
@@ -231,28 +251,16 @@ class Scheduler:
 
     def _on_worker(self, msg) -> None:
         if isinstance(msg, (StepOutput, WorkerError)):  # (overlap: it may come while the loop polls)
-            self.answers[msg.step] = msg
+            if self.worker.attached:
+                self.answers[msg.step] = msg
         elif isinstance(msg, WorkerReady):
-            self._on_ready(msg)
+            worker_ready(self, msg)
         else:
             log.warning("unexpected_worker_message", kind=type(msg).__name__)
 
-    def _on_ready(self, w: WorkerReady) -> None:
-        cfg = self.cfg
-        self.kv = KVManager(w.pool_size, cfg.max_running_requests, cfg.page_size, not cfg.disable_radix_cache)
-        self.batcher = Batcher(self.kv, POLICIES[cfg.schedule_policy](),
-                               Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size))
-        self.worker.send(WorkerSetup(max_running_requests=cfg.max_running_requests))
-        self.info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
-                              context_length=w.context_length, pool_size=self.kv.pool_size,
-                              max_running_requests=cfg.max_running_requests,
-                              eos_token_ids=w.eos_token_ids, device=w.device, dtype=w.dtype)
-        log.info("worker_ready", **{k: getattr(w, k) for k in w.__struct_fields__})
-        self.grammar = GrammarBackend(resolve_model(cfg.model)[0], w.vocab_size, w.eos_token_ids)
-        self.grammar.wait_ready()  # before serving: building it later would contend with the loop
-        for ident in self.hellos:
-            self.tok.send(ident, self.info)
-        self.hellos.clear()
+    def _live(self) -> list[Req]:
+        """Every request not finished: waiting, compiling, running."""
+        return [r for branches in self.groups.values() for r in branches if r.status is not Status.FINISHED]
 
     # ---- outputs ---------------------------------------------------------------------------
     def _process(self, sched: Scheduled, out: StepOutput) -> None:
@@ -374,14 +382,10 @@ class Scheduler:
 
     def _shutdown(self) -> None:
         log.info("scheduler_stop", running=len(self.running), waiting=len(self.waiting))
-        compiling = [r for p in self.grammar.pending for r in p.reqs] if self.info is not None else []
-        for r in list(self.waiting) + list(self.running) + compiling:
-            if r in self.waiting:
-                self.waiting.remove(r)
-            if r.status is not Status.FINISHED:
-                self._finish(r, "abort")
+        for r in self._live():
+            self._finish(r, "abort")
         self._flush()
-        if self.info is not None:
+        if getattr(self, "grammar", None) is not None:
             self.grammar.close()
         self.worker.send(Shutdown())
         self.metrics.close()

@@ -7,6 +7,8 @@ agree on the model (they must: any group may answer any request); a probe task a
 for its ``Load`` every ``probe_interval`` seconds, which feeds the router the other replicas'
 load and notices a group that stops answering (``DOWN_AFTER_S``): that group's requests in flight
 end with UNAVAILABLE, new ones go to the other groups, and it is used again once it answers.
+A group whose worker was lost says so (``EngineStatus``; its scheduler has failed its requests):
+it is routed around the same way until its restarted worker is ready (``ModelInfo`` again).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
 from shared.messages.common import Constraint, SamplingParams
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello
-from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
+from shared.messages.to_tokenizer import EngineStatus, Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
 from shared.tracing import trace_id
 from shared.transport import AsyncDealerQueue
 from services.tokenizer.router import Route, Router
@@ -53,6 +55,11 @@ class _Link:
         self.info: ModelInfo | None = None
         self.answered = time.monotonic()  # when it last answered a load probe
         self.up = True
+        self.down = ""  # why its engine is not serving (its worker was lost); "": serving
+
+    @property
+    def usable(self) -> bool:
+        return self.up and not self.down
 
 
 def merge_info(infos: list[ModelInfo]) -> ModelInfo:
@@ -129,6 +136,10 @@ class SchedulerClient:
                 log.info("scheduler_ready", group=g, model=msg.model, context_length=msg.context_length,
                          pool_size=msg.pool_size)
                 self._all_ready()
+                if link.down:  # its restarted worker is ready
+                    self._engine(g, "")
+            elif isinstance(msg, EngineStatus) and not msg.serving:
+                self._engine(g, msg.reason or "the engine stopped serving")
 
     def _all_ready(self) -> None:
         infos = [link.info for link in self.links]
@@ -161,11 +172,15 @@ class SchedulerClient:
         its outputs arrive on. Call ``release`` when done."""
         if self.info is None or self.closing:
             raise Unavailable("the engine is not ready" if self.info is None else "the engine is shutting down")
+        downs = [link.down for link in self.links if link.down]
+        if downs and not self.ready.is_set():  # (no group serves: say why)
+            raise Unavailable("the engine is not serving: " + "; ".join(dict.fromkeys(downs)))
         if rid in self._streams:
             raise AlreadyExists(f"request_id {rid!r} is already in flight")
         route = route or self.route(input_ids, cache_ns)
-        if not self.links[route.group].up:
-            raise Unavailable(f"data-parallel group {route.group} is not answering")
+        if not self.links[route.group].usable:
+            link = self.links[route.group]
+            raise Unavailable(f"data-parallel group {route.group} is not serving: {link.down or 'not answering'}")
         queue: asyncio.Queue[TokenOut] = asyncio.Queue()
         self._streams[rid] = _Flight(queue, route.group, n)
         self.router.started(route.group, n)
@@ -233,10 +248,21 @@ class SchedulerClient:
         if not link.up:
             self._set_up(g, True)
 
+    def _engine(self, g: int, down: str) -> None:
+        """Group ``g``'s engine stopped serving (``down``: why) or serves again ("")."""
+        link = self.links[g]
+        link.down = down
+        if down:
+            log.error("engine_not_serving", group=g, reason=down)
+        else:
+            log.warning("engine_serving", group=g)
+        self.router.set_up(g, link.usable)
+        self._health()
+
     def _set_up(self, g: int, up: bool) -> None:
         link = self.links[g]
         link.up = up
-        self.router.set_up(g, up)
+        self.router.set_up(g, link.usable)
         if up:
             log.warning("group_up", group=g, endpoint=link.endpoint)
         else:
@@ -247,7 +273,10 @@ class SchedulerClient:
                     for i in range(flight.n):
                         flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish="error", error_code="unavailable",
                                                          error=f"data-parallel group {g} stopped answering"))
-        serving = any(link.up for link in self.links)
+        self._health()
+
+    def _health(self) -> None:
+        serving = any(link.usable for link in self.links)
         if serving != self.ready.is_set() and self.info is not None:
             (self.ready.set if serving else self.ready.clear)()
             if self.on_health is not None:

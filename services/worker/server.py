@@ -18,7 +18,7 @@ from shared.messages.common import i32
 from shared.messages.to_scheduler import StepOutput, ToScheduler, WorkerError, WorkerReady
 from shared.messages.to_worker import ForwardBatch, Shutdown, StepMask, ToWorker, WorkerSetup
 from shared.tracing import make_tracer
-from shared.transport import DealerQueue
+from shared.transport import DealerQueue, PeerMonitor
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Launched, ModelRunner, resolve_device
 from services.worker.tp import Relay, init_tp
@@ -49,7 +49,8 @@ def serve(cfg: WorkerConfig, model_dir: str, model_name: str) -> None:
 def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_name: str) -> None:
     ctx = zmq.Context()
     q: DealerQueue = DealerQueue(ctx, cfg.scheduler_endpoint, Codec(ToWorker), Codec(ToScheduler))
-    stopping = False
+    link = PeerMonitor(q.sock)  # a dropped connection: the scheduler counts this worker lost
+    stopping = orphaned = False
 
     def _stop(*_):
         nonlocal stopping
@@ -65,7 +66,7 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
                        eos_token_ids=list(spec.eos_token_ids), device=str(runner.device),
                        dtype=str(runner.dtype).removeprefix("torch.")))
     log.info("worker_ready", pid=os.getpid(), tp_size=runner.tp.size)
-    steps = _Steps(runner, q, metrics)
+    steps = _Steps(runner, q, metrics, link)
     msg: ToWorker | None = None
     while not stopping:
         # a step in flight: look for the next batch without blocking, answer as soon as it is done
@@ -74,6 +75,8 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
             if steps.inflight is not None:
                 if steps.inflight.ready():  # (else spin: the next batch or the step's end, whichever first)
                     steps.answer()
+            elif orphaned := _scheduler_gone(link):
+                break
             elif relay is not None:
                 relay.heartbeat()
             continue
@@ -93,6 +96,17 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     runner.end_spans()
     metrics.close()
     ctx.destroy(linger=0)
+    if orphaned:  # exit non-zero: a supervisor starts a fresh worker, which announces itself
+        raise SystemExit(1)
+
+
+def _scheduler_gone(link: PeerMonitor) -> bool:
+    """The connection to the scheduler dropped once (it exited, or dropped this worker for missing
+    heartbeats): the scheduler has written this worker's state off, so it must not serve on."""
+    link.update()
+    if link.disconnects:
+        log.error("scheduler_connection_lost", pid=os.getpid())
+    return link.disconnects > 0
 
 
 class _Steps:
@@ -101,8 +115,8 @@ class _Steps:
     whose grammar bitmask is deferred is sampled once its ``StepMask`` arrives — after step N's
     results went out, since the scheduler needs them to fill it."""
 
-    def __init__(self, runner: ModelRunner, q: DealerQueue, metrics: WorkerMetrics) -> None:
-        self.runner, self.q, self.metrics = runner, q, metrics
+    def __init__(self, runner: ModelRunner, q: DealerQueue, metrics: WorkerMetrics, link: PeerMonitor) -> None:
+        self.runner, self.q, self.metrics, self.link = runner, q, metrics, link
         self.inflight: Launched | None = None
         self._t0 = 0.0
 
@@ -153,6 +167,8 @@ class _Steps:
                 return msg
             if isinstance(msg, Shutdown):
                 log.warning("shutdown_while_waiting_for_mask", step=step)
+                return None
+            if msg is None and _scheduler_gone(self.link):
                 return None
             if msg is not None:
                 log.warning("unexpected_message_while_waiting_for_mask", step=step, kind=type(msg).__name__)

@@ -6,7 +6,8 @@ import msgspec
 
 
 class ModelInfo(msgspec.Struct, tag="info", frozen=True):
-    """Sent in answer to ``TokenizerHello`` once the worker is ready."""
+    """Sent in answer to ``TokenizerHello`` once the worker is ready, and to every replica again
+    when a restarted worker is ready (serving again)."""
 
     model: str
     architecture: str
@@ -62,4 +63,12 @@ class Load(msgspec.Struct, tag="load", frozen=True):
     jump_forward_tokens: int = 0  # structured output: tokens appended without sampling
 
 
-ToTokenizer = ModelInfo | TokenOutBatch | Load
+class EngineStatus(msgspec.Struct, tag="status", frozen=True):
+    """The engine stopped serving (its worker was lost: every request in flight was failed first)
+    and why; a ``ModelInfo`` sent again later means it serves again (a restarted worker is ready)."""
+
+    serving: bool
+    reason: str = ""
+
+
+ToTokenizer = ModelInfo | TokenOutBatch | Load | EngineStatus
