@@ -24,6 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from benchmarks.gpu import suite_workloads as wl  # noqa: E402
 
 LENGTHS = (16, 37, 64, 100, 128, 200, 333, 512)
+GREEDY_TOKENS = 64
 
 
 def greedy(target: str, vocab: int, out_len: int) -> list[dict]:
@@ -56,7 +57,7 @@ def run_one(model: str, tp: int, out: Path, sizes: wl.Sizes, extra: list[str]) -
     try:
         vocab = _vocab(server.target)
         wl.warm_up(server.target, vocab, json_too=False)
-        res["greedy"] = greedy(server.target, vocab, 64)
+        res["greedy"] = greedy(server.target, vocab, GREEDY_TOKENS)
         res["W1"] = wl.w1(server.target, sizes, vocab)
         res["W2"] = wl.w2(server.target, sizes, vocab)
     except Exception as e:  # keep what finished
@@ -111,7 +112,7 @@ def table(results: dict[int, dict], cmp: dict) -> str:
     row("W2-shaped offline run: requests · duration s", lambda r: f"{r['W2']['completed']} · {r['W2']['duration_s']:.1f}")
     for tp, c in cmp.items():
         lines.append(f"\ntp={tp} vs tp={min(results)}: greedy identical on {c['identical_prompts']}/{c['prompts']} prompts "
-                     f"(64 tokens each); max |logprob diff| over the tokens both chose: {c['max_abs_logprob_diff']}")
+                     f"({GREEDY_TOKENS} tokens each); max |logprob diff| over the tokens both chose: {c['max_abs_logprob_diff']}")
     return "\n".join(lines)
 
 
@@ -122,10 +123,13 @@ def main() -> None:
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--w1-runs", type=int, default=2)
     ap.add_argument("--w2-num", type=int, default=256)
+    ap.add_argument("--greedy-tokens", type=int, default=64)
     ap.add_argument("--length-scale", type=float, default=1.0, help="scale W1/W2 lengths (CPU checks)")
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    global GREEDY_TOKENS
+    GREEDY_TOKENS = args.greedy_tokens
     ls = args.length_scale
     sizes = wl.Sizes(w1_runs=args.w1_runs, w1_input=max(1, round(128 * ls)), w1_output=max(2, round(256 * ls)),
                      w2_num=args.w2_num, w2_input=(max(1, round(256 * ls)), max(1, round(2048 * ls))),

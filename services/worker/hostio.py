@@ -73,6 +73,7 @@ class DeviceTimer:
         step's end has been reached (after its outputs were copied back)."""
         prev, self._prev_end = self._prev_end, end
         if self.cuda:
+            end.synchronize()  # (TP ranks > 0 copy nothing back: nothing else waited for the step)
             busy = start.elapsed_time(end) / 1e3
             idle = prev.elapsed_time(start) / 1e3 if follows and prev is not None else 0.0
         else:
