@@ -17,9 +17,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.logging import get_logger
+from shared.metrics_http import serve_metrics
 
 log = get_logger("scheduler")
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
@@ -51,7 +52,7 @@ class SchedulerMetrics:
     def serve(self, port: int) -> None:
         """Start the HTTP server thread (``port`` 0: none)."""
         if port:
-            self._server, _ = start_http_server(port, registry=self.registry)
+            self._server = serve_metrics(port, self.registry)
             log.info("metrics_listening", port=port)
 
     def step(self, running: int, waiting: int, kv_pool: int, kv_free: int, kv_evictable: int, retractions: int,

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from shared.logging import get_logger
+from shared.metrics_http import serve_metrics
 
 log = get_logger("worker")
 FORWARD_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
@@ -36,7 +37,7 @@ class WorkerMetrics:
     def serve(self, port: int) -> None:
         """Start the HTTP server thread (``port`` 0: none)."""
         if port:
-            self._server, _ = start_http_server(port, registry=self.registry)
+            self._server = serve_metrics(port, self.registry)
             log.info("metrics_listening", port=port)
 
     def step(self, seconds: float, batch_size: int, tokens: int, busy: float = 0.0, idle: float = 0.0) -> None:
