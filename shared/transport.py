@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from shared.logging import get_logger
 from shared.messages.codec import Codec, WireError
@@ -113,14 +114,9 @@ class PeerMonitor:
 
     def update(self) -> list[tuple[int, int]]:
         """Take the pending events: (event, fd) in the order they happened (an fd may be reused)."""
-        from zmq.utils.monitor import recv_monitor_message
-
         events = []
-        while True:
-            try:
-                m = recv_monitor_message(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
-                return events
+        while self.sock.get(zmq.EVENTS) & zmq.POLLIN:  # (cheaper than a receive that fails)
+            m = recv_monitor_message(self.sock)
             event, fd = int(m["event"]), int(m["value"])
             if event == zmq.EVENT_DISCONNECTED:
                 self.fds.discard(fd)
@@ -128,6 +124,7 @@ class PeerMonitor:
             else:
                 self.fds.add(fd)
             events.append((event, fd))
+        return events
 
 
 class AsyncDealerQueue(Generic[In, Out]):

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = get_logger("scheduler")
 HEARTBEAT_IVL_MS = 1000
-EXITED = "the worker process exited (its connection to the scheduler closed)"
+EXITED = "the worker process exited or was cut off (its connection to the scheduler closed)"
 UNREACHABLE = "the worker is not connected (a message to it could not be sent)"
 
 
