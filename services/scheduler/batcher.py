@@ -64,7 +64,7 @@ class Batcher:
         plan = _Plan()
         # (overlap: a request whose last token is still being sampled has nothing left to decode when
         # that token will be its last; it finishes when the token arrives)
-        decoding = [r for r in running if r.to_compute == 1 and r.remaining_new_tokens > 0]
+        decoding = [r for r in running if r.to_compute == 1 and (r.remaining_new_tokens > 0 or not r.in_flight)]
         self._make_room_for_decode(decoding, running, waiting)
         for r in decoding:
             if r.status is Status.RUNNING:

@@ -400,6 +400,7 @@ def test_scoring_request_retracted_mid_prefill_reports_each_position_once():
                 b.kv.cache_prefix(r)
             if not sample:
                 continue
+            r.pending -= 1  # (its token is known now: what the scheduler does when a step's results arrive)
             if r.params.max_new_tokens:
                 r.output.append(5)
             if len(r.output) >= r.params.max_new_tokens:
