@@ -163,6 +163,7 @@ def test_scheduler_fails_everything_on_worker_loss_and_serves_a_new_worker(tmp_p
         (o,) = f.outs(lambda o: True)
         assert (o.rid, o.finish, o.error_code) == ("meanwhile", "error", "unavailable") and EXITED in o.error
 
+        f.sched.batcher.retractions = 7  # (counters reported by GetLoad and the metrics go on)
         new = f.worker(pool_size=500)  # a restarted worker: a fresh, smaller pool
         info = f.recv(f.tok)
         assert isinstance(info, ModelInfo) and info.pool_size == 500
@@ -172,7 +173,7 @@ def test_scheduler_fails_everything_on_worker_loss_and_serves_a_new_worker(tmp_p
         f.answer(new, token=12)
         got = f.outs(lambda o: getattr(o, "finish", ""))
         assert [t for o in got for t in o.token_ids] == [11, 12] and got[-1].finish == "length"
-        assert f.sched.kv.pool_size == 500 and not f.sched.running
+        assert f.sched.kv.pool_size == 500 and not f.sched.running and f.sched.batcher.retractions == 7
         f.stop()
         assert isinstance(f.recv(new), Shutdown)
     finally:

@@ -115,11 +115,12 @@ def worker_ready(s: Scheduler, w: WorkerReady) -> None:
     if s.worker.attached:  # a new worker while the old one looked alive: the old one's state is gone
         worker_lost(s, "the worker process restarted")
     old = getattr(s, "grammar", None)
-    step = s.batcher.step if old is not None else 0  # (numbers go on: a late answer is never taken)
+    # step numbers go on (a late answer is never taken), and so do the counters GetLoad / metrics report
+    carried = (s.batcher.step, s.batcher.retractions, s.kv.evicted_tokens) if old is not None else (0, 0, 0)
     s.kv = KVManager(w.pool_size, cfg.max_running_requests, cfg.page_size, not cfg.disable_radix_cache)
     s.batcher = Batcher(s.kv, POLICIES[cfg.schedule_policy](),
                         Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size))
-    s.batcher.step = step
+    s.batcher.step, s.batcher.retractions, s.kv.evicted_tokens = carried
     s.worker.attach()
     s.worker.send(WorkerSetup(max_running_requests=cfg.max_running_requests))
     s.info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
