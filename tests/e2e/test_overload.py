@@ -38,10 +38,14 @@ def retry_delay(err: grpc.RpcError) -> float:
 
 
 def test_full_queue_is_refused_with_retry_info(server):
-    """One request runs, two wait; of a burst of six long requests the rest are refused at once."""
+    """One request runs, two wait; of a burst of five more long requests the rest are refused at once."""
     with server.channel() as ch:
         stub = pb_grpc.GenerationServiceStub(ch)
-        calls = [long_call(stub, i) for i in range(6)]  # all sent now; each runs for seconds
+        calls = [long_call(stub, 0)]  # running first (else a burst arriving before any admission
+        deadline = time.monotonic() + 20  # finds it waiting too: the queue limit counts it)
+        while stub.GetLoad(pb.GetLoadRequest()).num_running_requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        calls += [long_call(stub, i) for i in range(1, 6)]  # all sent now; each runs for seconds
         try:
             deadline = time.monotonic() + 20
             while sum(c.done() for c in calls) < 3 and time.monotonic() < deadline:
