@@ -71,7 +71,9 @@ class Server:
             cmd += ["--model", model]
         self._log = open(log_path, "wb")
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        e = dict(os.environ, PYTHONPATH=path, **(env or {}))
+        # one OpenMP thread per process: the services share the CI box's 2 cores, and torch's spinning
+        # threads, more of them than cores, slow every process down many times (set it to override)
+        e = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONPATH": path, **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=e)
         deadline = time.monotonic() + 180
         while not ready.exists():

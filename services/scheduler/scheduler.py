@@ -372,7 +372,8 @@ class Scheduler:
         pool = self.kv.pool_size if ready else 0
         free = self.kv.slots.num_free if ready else 0
         c = self.counters
-        return Load(token=token, num_running=len(self.running), num_waiting=len(self.waiting), kv_free=free,
+        compiling = sum(len(p.reqs) for p in self.grammar.pending) if ready else 0  # (their grammar compiles)
+        return Load(token=token, num_running=len(self.running), num_waiting=len(self.waiting) + compiling, kv_free=free,
                     kv_used=pool - free, kv_pool=pool, kv_evictable=self.kv.evictable if ready else 0,
                     steps=self.batcher.step if ready else 0, prefill_computed_tokens=c.prefill_computed,
                     prefill_cached_tokens=c.prefill_cached, decode_tokens=c.decode,
