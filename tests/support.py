@@ -105,7 +105,8 @@ class Server:
             return r.read().decode()
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # (also after stop(): a failed stop's message quotes the log)
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def log_records(self) -> list[dict]:
@@ -126,5 +127,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                self._log.write(f"[support.Server] still running {timeout} s after SIGTERM: killed\n".encode())
+        self._log.write(f"[support.Server] exit code {self.proc.returncode}\n".encode())
         self._log.close()
         return self.proc.returncode
