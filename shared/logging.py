@@ -33,7 +33,9 @@ def setup_logging(service: str, level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write per line (print() writes the text and its newline apart: with several processes
+        # on one log file, lines would interleave)
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
 
