@@ -93,6 +93,7 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     if relay is not None and not isinstance(msg, Shutdown):
         relay.send(Shutdown())
     log.info("worker_stop")
+    _ignore_sigterm()
     runner.end_spans()
     metrics.close()
     ctx.destroy(linger=0)
@@ -195,3 +196,10 @@ def _follow(runner: ModelRunner, relay: Relay) -> None:
         elif isinstance(msg, Shutdown):
             break
     log.info("worker_stop", tp_rank=runner.tp.rank)
+    _ignore_sigterm()
+
+
+def _ignore_sigterm() -> None:
+    """Stopping already (the scheduler's Shutdown): a SIGTERM now — the launcher stops workers last
+    and may signal one that is tearing down — must not kill it half-way (exit code -15)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
