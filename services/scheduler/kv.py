@@ -68,10 +68,7 @@ class KVManager:
         """Insert what ``r`` has computed so far, so others can share it (chunked prefill)."""
         if self.cache is None:
             return
-        key = r.tokens(0, min(len(r.slots), r.known_len))  # (a step in flight may be computing one more)
-        done = self.cache.insert(r.ns, key, r.slots[: len(key)])
-        end = len(key) - len(key) % self.page_size
-        r.owned.difference_update(r.slots[done:end])  # now the tree's
+        key = self._insert(r)
         m = self.cache.match(r.ns, key)
         self.cache.lock(m.node)
         if r.lock_node is not None:
@@ -83,10 +80,7 @@ class KVManager:
         the cache (unless ``keep`` is false: the KV may be bad), what the cache did not take is
         freed, its row is released."""
         if self.cache is not None and r.slots and keep:
-            key = r.tokens(0, min(len(r.slots), r.known_len))
-            done = self.cache.insert(r.ns, key, r.slots[: len(key)])
-            end = len(key) - len(key) % self.page_size
-            r.owned.difference_update(r.slots[done:end])
+            self._insert(r)
         if r.lock_node is not None:
             self.cache.unlock(r.lock_node)
         self.slots.free(r.owned)
@@ -94,6 +88,15 @@ class KVManager:
         self.rows.free(r.row)
         self.released_rows.append(r.row)
         r.row = -1
+
+    def _insert(self, r: Req) -> list[int]:
+        """Put ``r``'s computed KV (known tokens only: a step in flight may be computing one more)
+        into the tree; the slots the tree took (full pages) stop being ``r``'s. → the key inserted."""
+        key = r.tokens(0, min(len(r.slots), r.known_len))
+        done = self.cache.insert(r.ns, key, r.slots[: len(key)])
+        end = len(key) - len(key) % self.page_size
+        r.owned.difference_update(r.slots[done:end])
+        return key
 
     def take_released_rows(self) -> list[int]:
         rows, self.released_rows = self.released_rows, []

@@ -235,7 +235,7 @@ class Scheduler:
                 "the model is not loaded yet"
         if msg.rid in self.groups:
             return "already_exists", f"request_id {msg.rid!r} is already in flight"
-        queued = len(self.waiting) + sum(len(p.reqs) for p in self.grammar.pending)
+        queued = self._num_waiting()
         if self.cfg.max_queued_requests and queued + msg.n > self.cfg.max_queued_requests:
             return "resource_exhausted", (f"the queue is full ({queued} requests waiting, limit "
                                           f"{self.cfg.max_queued_requests}): retry later")
@@ -363,17 +363,21 @@ class Scheduler:
 
     def _update_metrics(self, queue_times: list[float]) -> None:
         c, kv = self.counters, self.kv
-        waiting = len(self.waiting) + sum(len(p.reqs) for p in self.grammar.pending)
+        waiting = self._num_waiting()
         self.metrics.step(len(self.running), waiting, kv.pool_size, kv.slots.num_free, kv.evictable,
                           self.batcher.retractions, c.prompt, c.prefill_cached, queue_times)
+
+    def _num_waiting(self) -> int:
+        """Requests not running yet: queued, or waiting for their grammar to compile."""
+        compiling = sum(len(p.reqs) for p in self.grammar.pending) if self.info is not None else 0
+        return len(self.waiting) + compiling
 
     def _load(self, token: str) -> Load:
         ready = self.info is not None
         pool = self.kv.pool_size if ready else 0
         free = self.kv.slots.num_free if ready else 0
         c = self.counters
-        compiling = sum(len(p.reqs) for p in self.grammar.pending) if ready else 0  # (their grammar compiles)
-        return Load(token=token, num_running=len(self.running), num_waiting=len(self.waiting) + compiling, kv_free=free,
+        return Load(token=token, num_running=len(self.running), num_waiting=self._num_waiting(), kv_free=free,
                     kv_used=pool - free, kv_pool=pool, kv_evictable=self.kv.evictable if ready else 0,
                     steps=self.batcher.step if ready else 0, prefill_computed_tokens=c.prefill_computed,
                     prefill_cached_tokens=c.prefill_cached, decode_tokens=c.decode,
