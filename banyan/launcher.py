@@ -38,11 +38,11 @@ class ServeConfig:
     worker_restart_window: float = 600.0  # seconds
 
 
-def _metrics_port(port: int, group: int = 0) -> int:
+def _metrics_port(port: int, reserve: PortReservations, group: int = 0) -> int:
     """A service's ``metrics_port`` (0 = off) from a launcher setting (0 = a free port, -1 = off;
     a fixed port is group 0's, group g gets port + g)."""
     if port == 0:
-        return free_port()
+        return reserve.take()
     return port + group if port > 0 else 0
 
 
@@ -72,6 +72,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortReservations:
+    """Ports the launcher picks for its services, held while they run. A port from
+    ``free_port()`` is free only at that instant: seconds pass before a tokenizer binds it, and another
+    process can take it meanwhile (the tokenizer then fails with EADDRINUSE). A reservation is a
+    bound, never listening, ``SO_REUSEPORT`` socket on the wildcard address: the kernel hands the
+    port to no one else, while our services (they bind with ``SO_REUSEPORT`` too, same user) can."""
+
+    def __init__(self) -> None:
+        self._socks: list[socket.socket] = []
+
+    def take(self) -> int:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("0.0.0.0", 0))
+        self._socks.append(s)
+        return s.getsockname()[1]
+
+    def release(self) -> None:
+        for s in self._socks:
+            s.close()
+        self._socks.clear()
+
+
 def _secrets_to_env(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """Move ``--api-key`` from a child's argv (visible to every local user in ``ps``) into its
     environment (``BANYAN_API_KEY``)."""
@@ -90,6 +114,7 @@ class Launcher:
         self.spawned: dict[str, tuple[str, object, dict[str, str] | None]] = {}  # name → how to start it again
         self.restarts = RestartBudget(cfg.max_worker_restarts, cfg.worker_restart_window)
         self.stopping = False
+        self.ports = PortReservations()
 
     def _spawn(self, name: str, module: str, cfg, extra_env: dict[str, str] | None = None) -> None:
         argv, env = _secrets_to_env(to_argv(cfg))
@@ -110,10 +135,11 @@ class Launcher:
             log.error("bad_dp", error=str(e))
             return 1
         run_dir = tempfile.mkdtemp(prefix="banyan-")
-        port = cfg.tokenizer.grpc_port or free_port()
-        http_port = cfg.tokenizer.http_port or free_port()  # -1 (no HTTP) stays
-        sched_metrics = [_metrics_port(cfg.scheduler_metrics_port, g) for g in range(cfg.dp)]
-        worker_metrics = [_metrics_port(cfg.worker_metrics_port, g) for g in range(cfg.dp)]
+        reserve = self.ports  # held for the launcher's life: a restarted worker binds its metrics port again
+        port = cfg.tokenizer.grpc_port or reserve.take()
+        http_port = cfg.tokenizer.http_port or reserve.take()  # -1 (no HTTP) stays
+        sched_metrics = [_metrics_port(cfg.scheduler_metrics_port, reserve, g) for g in range(cfg.dp)]
+        worker_metrics = [_metrics_port(cfg.worker_metrics_port, reserve, g) for g in range(cfg.dp)]
         # tokenizer replicas write their metrics here; a scrape of any of them sums all (multiprocess mode)
         metrics_dir = os.path.join(run_dir, "tokenizer-metrics")
         os.makedirs(metrics_dir)
@@ -223,5 +249,6 @@ class Launcher:
                 (log.info if p.returncode == 0 else log.error)("exited", process=name, pid=p.pid,
                                                                returncode=p.returncode)
                 clean = clean and p.returncode == 0
+        self.ports.release()
         log.info("stopped", clean=clean)
         return clean

@@ -5,10 +5,20 @@ so dashboards would see different names depending on the scraper."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+class _ReusePortServer(ThreadingHTTPServer):
+    """Binds with ``SO_REUSEPORT``: ``banyan serve`` holds the ports it picks for its services
+    (``PortReservations``) while they run."""
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
 
 
 def serve_metrics(port: int, registry: CollectorRegistry, host: str = "0.0.0.0") -> ThreadingHTTPServer:
@@ -29,7 +39,7 @@ def serve_metrics(port: int, registry: CollectorRegistry, host: str = "0.0.0.0")
         def log_message(self, *args) -> None:  # scrapes are not worth a log line
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _ReusePortServer((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

@@ -60,13 +60,14 @@ class Server:
     passing ``--http-port -1``)."""
 
     def __init__(self, model: str | None, log_path: Path, *args: str, env: dict | None = None) -> None:
-        self.port = free_port()
         self.log_path = log_path
         ready = log_path.with_suffix(".ready")
         ready.unlink(missing_ok=True)
-        http = [] if "--http-port" in args else ["--http-port", "0"]  # 0: the launcher picks a free port
-        cmd = [sys.executable, "-m", "banyan.cli", "serve", "--grpc-port", str(self.port), "--host", "127.0.0.1",
-               "--ready-file", str(ready), *http, *args]
+        # port 0: the launcher picks a free one and holds it until the tokenizers bind it (a port picked
+        # here could be taken by another process before they do); the ready file names them
+        ports = [f"--{kind}-port" for kind in ("grpc", "http") if f"--{kind}-port" not in args]
+        cmd = [sys.executable, "-m", "banyan.cli", "serve", "--host", "127.0.0.1", "--ready-file", str(ready),
+               *(x for p in ports for x in (p, "0")), *args]
         if model:
             cmd += ["--model", model]
         self._log = open(log_path, "wb")
@@ -81,8 +82,9 @@ class Server:
                 self.stop()
                 raise RuntimeError(f"server failed to start:\n{self.log_path.read_text(errors='replace')[-4000:]}")
             time.sleep(0.1)
-        self.target = f"127.0.0.1:{self.port}"
         lines = ready.read_text().split()
+        self.port = int(lines[0])
+        self.target = f"127.0.0.1:{self.port}"
         self.http_port = int(lines[1]) if len(lines) > 1 else -1
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         # Prometheus /metrics of the scheduler and worker rank 0 (0: none); the tokenizers' is on http_url
