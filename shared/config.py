@@ -103,6 +103,13 @@ class SchedulerConfig(CommonConfig):
         "help": "structured output: sample every token even where the grammar allows only one continuation"})
     disable_overlap_schedule: bool = field(default=False, metadata={
         "help": "build each step only after the previous one's results arrived (default: while it runs)"})
+    disable_cascade_attention: bool = field(default=False, metadata={
+        "help": "never read a prefix shared by many running requests once for the group (cascade attention)"})
+    cascade_min_group: int = field(default=4, metadata={
+        "help": "cascade attention: requests sharing a cached prefix before it is read once for all"})
+    cascade_min_prefix: int = field(default=64, metadata={"help": "cascade attention: shortest shared prefix (tokens)"})
+    cascade_min_saved: int = field(default=8192, metadata={
+        "help": "cascade attention: KV tokens a step must save (sum of (group size - 1) x prefix) to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
     worker_timeout: float = field(default=30.0, metadata={
         "help": "seconds without a heartbeat answer after which worker rank 0 counts as lost (host down, "
@@ -118,6 +125,9 @@ class SchedulerConfig(CommonConfig):
         _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight"), f"bad schedule_policy {self.schedule_policy!r}")
         _check(self.page_size >= 1, "page_size must be >= 1")
         _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
+        _check(self.cascade_min_group >= 2, "cascade_min_group must be >= 2")
+        _check(self.cascade_min_prefix >= 1, "cascade_min_prefix must be >= 1")
+        _check(self.cascade_min_saved >= 0, "cascade_min_saved must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
 
 

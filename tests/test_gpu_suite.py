@@ -66,11 +66,12 @@ def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
     assert w2["completed"] == 8 and w2["failed"] == 0 and w2["output_throughput"] > 0
     assert w2["total_tok_s"] > w2["output_throughput"] and w2["duration_s"] > 0 and w2["subset"]["output_tok_s"] > 0
     w3 = res["W3"]
-    for k in ("cache_on", "cache_off"):
+    for k in ("cache_on", "cache_off", "cascade_off"):
         assert w3[k]["completed"] == 6 and w3[k]["failed"] == 0 and w3[k]["output_throughput"] > 0
         assert 0.0 <= w3[k]["cache_hit_rate"] <= 1.0
     assert w3["cache_off"]["cache_hit_rate"] == 0.0 and w3["cache_on"]["cache_hit_rate"] > 0
     assert 0 < w3["optimum_hit_rate"] < 1 and w3["hit_vs_optimum"] > 0 and w3["speedup"] > 0
+    assert w3["cascade_speedup"] > 0 and w3["cascade_steps"] >= 0
     w4 = res["W4"]
     assert w4["constrained"]["failed"] == 0 and w4["unconstrained"]["failed"] == 0 and w4["same_lengths"]
     assert w4["unconstrained"]["total_output_tokens"] == w4["constrained"]["total_output_tokens"]

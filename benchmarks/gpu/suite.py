@@ -5,7 +5,8 @@ own process first, then ``banyan serve`` (extra flags after ``--``) for
   W1  batch-1 decode, in 128 / out 256: ms/token (median token gap), TTFT
   W2  offline: 1,024 requests, in 256–2,048 / out 64–512, all at once: output and total tok/s
   W3  shared prefix, 32 groups × 32 (2,048-token system prompt + 128 question, out 256): radix cache
-      on, then a second server with --disable-radix-cache: tok/s, speedup, hit rate vs optimum
+      on, then a second server with --disable-radix-cache and a third with --disable-cascade-attention:
+      tok/s, speedups, hit rate vs optimum, steps with shared-prefix attention
   W4  JSON schema (256 requests), then the same workload unconstrained with the same output lengths
   W5  Poisson arrivals at three rates (W2 lengths, 200 requests each): TTFT/ITL p50/p99
   HF  HF ``generate`` (static batches) and continuous batching on W1 and the first W2 requests
@@ -139,6 +140,8 @@ def worker_counters(server) -> dict | None:
             if f"gpu_{kind}" in fam.name:
                 found |= kind == "idle"
                 sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
+        if fam.name.startswith("banyan:cascade_steps"):  # steps run with shared-prefix attention groups
+            sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))
         if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
             kind = "fill" if "fill" in fam.name else "wait"
             for smp in fam.samples:
@@ -258,6 +261,8 @@ class Suite:
                     idle, busy = after["idle"] - before["idle"], after["busy"] - before["busy"]
                     self.doc["gpu_idle"][w] = idle / (idle + busy) if idle + busy > 0 else None
                     res = self.doc["results"].get(w)
+                    if w == "W3" and isinstance(res, dict) and "cascade_steps" in after:
+                        res["cascade_steps"] = after["cascade_steps"] - before.get("cascade_steps", 0)
                     for kind in ("fill", "wait"):  # grammar bitmask time per constrained step
                         n = after.get(f"mask_{kind}_count", 0) - before.get(f"mask_{kind}_count", 0)
                         if n and isinstance(res, dict):
@@ -280,14 +285,19 @@ class Suite:
             return None
 
     def w3_off(self) -> None:
-        server = self.server("no_radix", "--disable-radix-cache")
-        try:
-            w3 = self.doc["results"]["W3"]
-            w3["cache_off"] = wl.w3(server.target, self.sizes, self.facts["vocab"])
-            on, off = w3["cache_on"]["output_throughput"], w3["cache_off"]["output_throughput"]
-            w3["speedup"] = on / off if off else 0.0
-        finally:
-            server.stop()
+        """W3 again on a server without the radix cache, then on one with the cache but without
+        shared-prefix (cascade) attention (what the groups add on top of the cache)."""
+        w3 = self.doc["results"]["W3"]
+        for key, name, flag in (("cache_off", "no_radix", "--disable-radix-cache"),
+                                ("cascade_off", "no_cascade", "--disable-cascade-attention")):
+            server = self.server(name, flag)
+            try:
+                w3[key] = wl.w3(server.target, self.sizes, self.facts["vocab"])
+            finally:
+                server.stop()
+            on, off = w3["cache_on"]["output_throughput"], w3[key]["output_throughput"]
+            w3["speedup" if key == "cache_off" else "cascade_speedup"] = on / off if off else 0.0
+            self.save()
 
     def run(self) -> int:
         if self.phase("model", self.build_model) is not None:  # its error

@@ -181,6 +181,10 @@ def table(doc: dict) -> str:
         row("W3 output tok/s, cache off (--disable-radix-cache) · speedup", f"{_n(off)} · {_n(speed, 2)}×",
             limit=f"{_n(_get(lim, 'w3_cache_off', 'output_tok_s_ceiling'))} (run floor)" if "w3_cache_off" in lim
             else "", goal_key="w3_speedup", value=speed)
+        nc = _get(w3, "cascade_off", "output_throughput")
+        if nc is not None:
+            row("W3 output tok/s, cache on, cascade attention off (--disable-cascade-attention) · cascade speedup · "
+                "steps with groups", f"{_n(nc)} · {_n(_ratio(on, nc), 2)}× · {_n(_get(w3, 'cascade_steps'))}")
         hit, opt = _get(w3, "cache_on", "cache_hit_rate"), _get(w3, "optimum_hit_rate")
         rel = _ratio(hit, opt)
         row("W3 cache hit rate: achieved / optimum = ratio", f"{_pct(hit)} / {_pct(opt)} = {_pct(rel)}",

@@ -17,10 +17,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from shared.logging import get_logger, stage
 from shared.messages.common import i32
 from shared.messages.to_worker import ForwardBatch, NewReq
 from services.scheduler.cache import RadixCache
+from services.scheduler.cascade import CascadePolicy, plan_groups
 from services.scheduler.kv import KVManager, OutOfSlots
 from services.scheduler.policy import Policy
 from services.scheduler.request import Req, Status
@@ -43,6 +46,7 @@ class Scheduled:
     prefill_tokens: int
     msg: ForwardBatch
     queue_s: list[float] = field(default_factory=list)  # queue times of requests scheduled for the first time
+    cascade_saved: int = 0  # KV tokens the shared-prefix groups save (0: no groups)
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,13 @@ class Limits:
 
 
 class Batcher:
-    def __init__(self, kv: KVManager, policy: Policy, limits: Limits) -> None:
+    def __init__(self, kv: KVManager, policy: Policy, limits: Limits, cascade: CascadePolicy | None = None) -> None:
         self.kv, self.policy, self.limits = kv, policy, limits
+        self.cascade = cascade if kv.cache is not None else None  # (no cache: nothing is shared)
         self.step = 0
         self.new_token_ratio = INIT_RATIO
         self.retractions = 0
+        self.cascade_steps = self.cascade_saved = 0  # steps with shared-prefix groups, KV tokens they saved
         self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
@@ -161,8 +167,13 @@ class Batcher:
             step=self.step, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
             sample=i32(plan.sample), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
+        groups = plan_groups(plan.reqs, plan.prefix, self.cascade) if self.cascade else None
+        if groups is not None:
+            self.cascade_steps += 1
+            self.cascade_saved += groups.saved
+            msg = msgspec.structs.replace(msg, cascade_group=i32(groups.group), cascade_lens=i32(groups.lens))
         return Scheduled(self.step, plan.reqs, plan.extend, plan.sample, len(plan.ids), plan.prefill_tokens, msg,
-                         plan.queue_s)
+                         plan.queue_s, groups.saved if groups else 0)
 
 
 class _Plan:

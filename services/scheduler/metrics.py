@@ -13,6 +13,9 @@
   over every request prefilled since start (for a windowed rate, divide the ``rate()`` of the
   tokenizer's ``banyan:cached_tokens_total`` by that of ``banyan:prompt_tokens_total``).
 - ``banyan:retractions_total``, ``banyan:grammar_compile_seconds``.
+- ``banyan:cascade_steps_total``: steps with shared-prefix (cascade) attention groups;
+  ``banyan:cascade_saved_tokens_total``: KV tokens those steps did not read (a shared prefix read
+  once per group instead of once per member).
 """
 
 from __future__ import annotations
@@ -46,7 +49,13 @@ class SchedulerMetrics:
                                    registry=r)
         self.grammar_compile = Histogram("banyan:grammar_compile_seconds", "Structured-output grammar compile time",
                                          buckets=COMPILE_BUCKETS, registry=r)
+        self.cascade_steps = Counter("banyan:cascade_steps", "Steps with shared-prefix (cascade) attention groups",
+                                     registry=r)
+        self.cascade_saved = Counter("banyan:cascade_saved_tokens",
+                                     "KV tokens not read thanks to shared-prefix groups (read once per group)",
+                                     registry=r)
         self._retractions = 0
+        self._cascade = (0, 0)
         self._server = None
 
     def serve(self, port: int) -> None:
@@ -56,7 +65,8 @@ class SchedulerMetrics:
             log.info("metrics_listening", port=port)
 
     def step(self, running: int, waiting: int, kv_pool: int, kv_free: int, kv_evictable: int, retractions: int,
-             prompt_tokens: int, cached_tokens: int, queue_times: list[float]) -> None:
+             prompt_tokens: int, cached_tokens: int, queue_times: list[float],
+             cascade: tuple[int, int] = (0, 0)) -> None:
         """One update per scheduler step (or idle pass), from the scheduler's own counters."""
         self.running.set(running)
         self.waiting.set(waiting)
@@ -69,6 +79,10 @@ class SchedulerMetrics:
             self._retractions = retractions
         for q in queue_times:
             self.queue_time.observe(q)
+        if cascade[0] > self._cascade[0]:  # (the batcher's totals: steps, saved tokens)
+            self.cascade_steps.inc(cascade[0] - self._cascade[0])
+            self.cascade_saved.inc(cascade[1] - self._cascade[1])
+            self._cascade = cascade
 
     def grammar_compiled(self, seconds: list[float]) -> None:
         for s in seconds:

@@ -365,7 +365,8 @@ class Scheduler:
         c, kv = self.counters, self.kv
         waiting = self._num_waiting()
         self.metrics.step(len(self.running), waiting, kv.pool_size, kv.slots.num_free, kv.evictable,
-                          self.batcher.retractions, c.prompt, c.prefill_cached, queue_times)
+                          self.batcher.retractions, c.prompt, c.prefill_cached, queue_times,
+                          (self.batcher.cascade_steps, self.batcher.cascade_saved))
 
     def _num_waiting(self) -> int:
         """Requests not running yet: queued, or waiting for their grammar to compile."""

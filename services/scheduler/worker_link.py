@@ -32,6 +32,7 @@ from shared.messages.to_worker import ToWorker, WorkerSetup
 from shared.model_path import resolve_model
 from shared.transport import DealerQueue, PeerMonitor
 from services.scheduler.batcher import Batcher, Limits
+from services.scheduler.cascade import CascadePolicy
 from services.scheduler.grammar import GrammarBackend
 from services.scheduler.kv import KVManager
 from services.scheduler.policy import POLICIES
@@ -116,11 +117,15 @@ def worker_ready(s: Scheduler, w: WorkerReady) -> None:
         worker_lost(s, "the worker process restarted")
     old = getattr(s, "grammar", None)
     # step numbers go on (a late answer is never taken), and so do the counters GetLoad / metrics report
-    carried = (s.batcher.step, s.batcher.retractions, s.kv.evicted_tokens) if old is not None else (0, 0, 0)
+    b = s.batcher if old is not None else None
+    carried = (b.step, b.retractions, b.cascade_steps, b.cascade_saved, s.kv.evicted_tokens) if b else (0,) * 5
     s.kv = KVManager(w.pool_size, cfg.max_running_requests, cfg.page_size, not cfg.disable_radix_cache)
     s.batcher = Batcher(s.kv, POLICIES[cfg.schedule_policy](),
-                        Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size))
-    s.batcher.step, s.batcher.retractions, s.kv.evicted_tokens = carried
+                        Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size),
+                        None if cfg.disable_cascade_attention else
+                        CascadePolicy(cfg.cascade_min_group, cfg.cascade_min_prefix, cfg.cascade_min_saved))
+    b = s.batcher
+    b.step, b.retractions, b.cascade_steps, b.cascade_saved, s.kv.evicted_tokens = carried
     s.worker.attach()
     s.worker.send(WorkerSetup(max_running_requests=cfg.max_running_requests))
     s.info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,

@@ -32,6 +32,8 @@ class WorkerMetrics:
         self.mask_wait = Histogram("banyan:grammar_mask_wait_seconds", "Worker time waiting for a deferred bitmask "
                                    "(after the forward was queued and the previous step answered)",
                                    buckets=MASK_BUCKETS, registry=r)
+        self.cascade = Counter("banyan:cascade_steps", "Steps run with shared-prefix (cascade) attention: a prefix "
+                               "shared by a group of requests read once for the group", registry=r)
         self._server = None
 
     def serve(self, port: int) -> None:
@@ -40,8 +42,11 @@ class WorkerMetrics:
             self._server = serve_metrics(port, self.registry)
             log.info("metrics_listening", port=port)
 
-    def step(self, seconds: float, batch_size: int, tokens: int, busy: float = 0.0, idle: float = 0.0) -> None:
+    def step(self, seconds: float, batch_size: int, tokens: int, busy: float = 0.0, idle: float = 0.0,
+             cascade: bool = False) -> None:
         self.forward.observe(seconds)
+        if cascade:
+            self.cascade.inc()
         self.busy.inc(busy)
         self.idle.inc(idle)
         self.batch_size.observe(batch_size)

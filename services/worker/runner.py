@@ -23,7 +23,7 @@ from shared.messages.common import SamplingParams, from_i32
 from shared.messages.to_worker import ForwardBatch
 from shared.tracing import Span, Tracer
 from services.worker.attention import make_backend, resolve_backend
-from services.worker.attention.base import AttentionBatch
+from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
 from services.worker.models.layers import TPGroup
@@ -220,7 +220,8 @@ class ModelRunner:
         n, t = len(rows), len(ids)
         positions = np.arange(t) - np.repeat(np.cumsum(extend) - extend - prefix, extend)  # (T,)
         self._scores = {}
-        bs = self.graphs.size_for(n) if self.graphs is not None and t == n and not b.score_rows else None
+        eager = b.score_rows or b.cascade_group  # (graphs: no scoring positions, no shared-prefix groups)
+        bs = self.graphs.size_for(n) if self.graphs is not None and t == n and not eager else None
         if bs is not None:  # pure decode: pad to the graph's size with the padding row
             pad = bs - n
             ids, slots, positions, rows, prefix = (np.pad(a, (0, pad)) for a in (ids, slots, positions, rows, prefix))
@@ -246,9 +247,12 @@ class ModelRunner:
         if pending:
             self._resolve(ids_d, tok_rows_d)
         self.req_to_token[tok_rows_d, pos_d] = slots_d.to(torch.int32)
+        cascade = None
+        if b.cascade_group:
+            cascade = make_cascade(from_i32(b.cascade_group), from_i32(b.cascade_lens), rows, extend, self.device)
         batch = AttentionBatch(req_to_token=self.req_to_token, rows=rows_d, prefix_lens=prefix_d,
                                extend_lens=extend_d, out_slots=slots_d, positions=pos_d,
-                               prefix_lens_cpu=prefix.tolist(), extend_lens_cpu=extend.tolist())
+                               prefix_lens_cpu=prefix.tolist(), extend_lens_cpu=extend.tolist(), cascade=cascade)
         self.attn.prepare(batch)
         hidden = self.model.forward(ids_d, pos_d, self.attn)  # (T, H)
         if b.score_rows:  # scoring requests: the logits of their prompt positions

@@ -159,7 +159,8 @@ class _Steps:
             return
         seconds = time.perf_counter() - self._t0
         self.q.send(StepOutput(step=b.step, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
-        self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s)
+        self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s,
+                          cascade=bool(b.cascade_group))
 
     def _wait_mask(self, step: int) -> StepMask | None:
         while True:

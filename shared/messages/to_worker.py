@@ -51,6 +51,10 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     mask_deferred: bool = False
     mask_fill_ms: float = 0.0  # scheduler time filling ``bitmask`` (metrics)
     follows: bool = False  # sent while the previous step's requests were still being served (idle metric)
+    # Shared-prefix (cascade) attention: requests of a group share the KV of their first cascade_lens[g]
+    # positions; the worker reads it once for the group. Empty: none this step.
+    cascade_group: bytes = b""  # int32 (B,): each request's group, -1 for none
+    cascade_lens: bytes = b""  # int32 (G,): each group's shared prefix length (<= its members' prefix_lens)
 
 
 class StepMask(msgspec.Struct, tag="mask", frozen=True):

@@ -16,6 +16,8 @@ import torch
 
 from benchmarks.driver import Driver
 from benchmarks.gpu.make_model import build
+from cascade_cases import CASES
+from cascade_cases import build as cascade_batch
 from services.worker.attention.base import AttentionBatch
 from services.worker.attention.torch_backend import TorchAttention
 from services.worker.kv_pool import KVPool
@@ -99,6 +101,23 @@ def test_flashinfer_attention_matches_torch(heads, prefill_backend) -> None:
         err = rel_err(fi.forward(q, k, v, 0), want)
         REPORT[f"attention_{name}_{hq}x{hkv}x{d}_{prefill_backend}"] = err
         assert err < 1e-2, name
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_flashinfer_cascade_matches_plain_attention(name) -> None:
+    """Two-level attention (shared prefixes read once per group, states merged) equals plain
+    attention over each request's whole KV."""
+    from services.worker.attention.flashinfer_backend import FlashInferAttention
+
+    pool, plain, grouped, (q, k, v) = cascade_batch(name, 32, 8, 128, torch.bfloat16, "cuda")
+    ref = TorchAttention(pool)
+    ref.prepare(plain)
+    want = ref.forward(q, k, v, 0)
+    fi = FlashInferAttention(pool, 32)
+    fi.prepare(grouped)
+    err = rel_err(fi.forward(q, k, v, 0), want)
+    REPORT[f"attention_cascade_{name}"] = err
+    assert err < 1e-2, name
 
 
 def test_fused_ops_match_torch() -> None:

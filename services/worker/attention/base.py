@@ -11,7 +11,54 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from services.worker.hostio import to_device
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """Shared-prefix groups of a step (the scheduler's ``cascade_group`` / ``cascade_lens``): the
+    members of group g share the KV of positions 0..lens[g]-1, read once for the group (level 0,
+    every member's new tokens against it, no mask: all of it precedes them); each request's own
+    attention (level 1) reads only positions ``skip`` onwards. The two partial states merge by
+    their log-sum-exp."""
+
+    lens: np.ndarray  # (G,) int64: shared prefix length per group
+    skip: np.ndarray  # (B,) int64: positions each request reads through its group (0: none)
+    first_rows: np.ndarray  # (G,) int64: table row of each group's first member (holds the shared slots)
+    qo_lens: np.ndarray  # (G,) int64: new tokens of each group's members
+    q_index: np.ndarray  # (Tg,) int64: the members' new tokens (indices into the step's T), group by group
+    q_index_dev: torch.Tensor  # the same on the device
+
+
+def make_cascade(group: np.ndarray, lens: np.ndarray, rows: np.ndarray, extend: np.ndarray,
+                 device: torch.device) -> Cascade:
+    """From the scheduler's per-request group (-1: none) and per-group lengths, all on the host."""
+    group, lens, extend = group.astype(np.int64), lens.astype(np.int64), extend.astype(np.int64)
+    member = np.flatnonzero(group >= 0)
+    order = member[np.argsort(group[member], kind="stable")]  # members, group by group, batch order within
+    skip = np.where(group >= 0, lens[np.maximum(group, 0)], 0)
+    starts = np.cumsum(extend) - extend
+    n = extend[order]
+    offsets = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    q_index = np.repeat(starts[order], n) + offsets
+    first = order[np.searchsorted(group[order], np.arange(len(lens)))]
+    qo_lens = np.bincount(group[member], weights=extend[member], minlength=len(lens)).astype(np.int64)
+    return Cascade(lens=lens, skip=skip, first_rows=rows[first].astype(np.int64), qo_lens=qo_lens, q_index=q_index,
+                   q_index_dev=to_device(q_index, torch.int64, device))
+
+
+def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
+                 lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over two disjoint key sets A and B, from each one's output (T, H, D) and natural
+    log-sum-exp of its scores (T, H) → the output and log-sum-exp over A ∪ B (float32)."""
+    m = torch.maximum(lse_a, lse_b)
+    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = wa + wb
+    out = (o_a.float() * (wa / total)[..., None]) + (o_b.float() * (wb / total)[..., None])
+    return out, m + torch.log(total)
 
 
 @dataclass
@@ -29,6 +76,7 @@ class AttentionBatch:
     positions: torch.Tensor  # (T,) int64 device: absolute position of each new token
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
+    cascade: Cascade | None = None  # shared-prefix groups, when the scheduler sent some
 
     @property
     def num_reqs(self) -> int:

@@ -9,7 +9,12 @@ one of three plans:
 - no request has KV before this step (fresh prompts only) → ``BatchPrefillWithRaggedKVCacheWrapper``
   over the new tokens' own K/V, nothing gathered from the pool;
 - otherwise (a cached prefix, or decodes mixed with prefill chunks) → one causal
-  ``BatchPrefillWithPagedKVCacheWrapper`` plan over prefix + new tokens.
+  ``BatchPrefillWithPagedKVCacheWrapper`` plan over prefix + new tokens;
+- with shared-prefix groups (``AttentionBatch.cascade``), two levels: each group's new tokens
+  against its shared prefix, read once (a non-causal paged prefill plan, ``shared``), and each
+  request against the rest of its KV (the decode or paged plan above, minus the shared part), both
+  returning their log-sum-exp; FlashInfer's ``merge_state_in_place`` combines them. Never under
+  CUDA graphs (the runner runs such steps eagerly).
 
 Page indices are gathered on the device from the table rows (``kv_indices``); the indptr arrays
 are built on the host from the lengths the batch already carries there, which is where
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 
 from services.worker.attention.base import AttentionBackend, AttentionBatch
+from services.worker.hostio import to_device
 from services.worker.kv_pool import KVPool
 from shared.logging import get_logger
 
@@ -36,16 +42,18 @@ Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
 
 def kv_indices(
     req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, total: int,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Slots of positions 0..seq_lens[i]-1 of each row ``rows[i]``, concatenated: (total,) int32
-    (into ``out`` when given).
+    """Slots of positions 0..seq_lens[i]-1 (``starts[i]``..``starts[i]``+seq_lens[i]-1 with
+    ``starts``) of each row ``rows[i]``, concatenated: (total,) int32 (into ``out`` when given).
 
-    rows, seq_lens (B,) int64 on the table's device; ``total`` (their sum) is known on the host, so
-    nothing here waits for the device.
+    rows, seq_lens, starts (B,) int64 on the table's device; ``total`` (the sum of seq_lens) is
+    known on the host, so nothing here waits for the device.
     """
     device = req_to_token.device
     row_start = rows * req_to_token.stride(0) - (torch.cumsum(seq_lens, 0) - seq_lens)  # (B,) flat offset - kv start
+    if starts is not None:
+        row_start = row_start + starts
     flat = torch.repeat_interleave(row_start, seq_lens, output_size=total) + torch.arange(total, device=device)
     return torch.index_select(req_to_token.view(-1), 0, flat, out=out)
 
@@ -83,6 +91,7 @@ class FlashInferAttention(AttentionBackend):
         )
         self.paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
         self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
+        self.shared = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
         self._graph_decode: dict[int, object] = {}  # batch size -> wrapper on fixed buffers
         self._graph_plan_info: dict[int, list] = {}  # batch size -> FlashInfer's plan at capture
         self._fast_replan = self.tensor_cores and self.decode_backend in ("auto", "fa2")
@@ -97,7 +106,9 @@ class FlashInferAttention(AttentionBackend):
         self._out_slots = batch.out_slots
         prefix = np.asarray(batch.prefix_lens_cpu, dtype=np.int64)
         extend = np.asarray(batch.extend_lens_cpu, dtype=np.int64)
-        if batch.is_decode:
+        if batch.cascade is not None:
+            self._plan_cascade(batch, prefix, extend)
+        elif batch.is_decode:
             self._plan_decode(batch, self.decode)
         elif not prefix.any():
             qo_indptr = _indptr(extend)
@@ -116,6 +127,34 @@ class FlashInferAttention(AttentionBackend):
         k_cache.index_copy_(0, self._out_slots, k)
         v_cache.index_copy_(0, self._out_slots, v)
         return self._run(q, k, v, k_cache, v_cache)  # (T, Hq, D)
+
+    def _plan_cascade(self, batch: AttentionBatch, prefix: np.ndarray, extend: np.ndarray) -> None:
+        c, dev, n = batch.cascade, self.pool.device, batch.num_reqs
+        own = prefix + extend - c.skip  # positions each request reads itself
+        skip = to_device(c.skip, torch.int64, dev)
+        indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + batch.extend_lens - skip,
+                             int(own.sum()), starts=skip)
+        if batch.is_decode:
+            self.decode.plan(_indptr(own), indices, self._last_page_len(n), *self._heads, 1, **self._dtypes)
+            level1 = lambda q, kv: self.decode.run(q, kv, return_lse=True)  # noqa: E731
+        else:
+            self.paged.plan(_indptr(extend), _indptr(own), indices, self._last_page_len(n), *self._heads, 1,
+                            causal=True, **self._dtypes)
+            level1 = lambda q, kv: self.paged.run(q.contiguous(), kv, return_lse=True)  # noqa: E731
+        shared = kv_indices(batch.req_to_token, to_device(c.first_rows, torch.int64, dev),
+                            to_device(c.lens, torch.int64, dev), int(c.lens.sum()))
+        self.shared.plan(_indptr(c.qo_lens), _indptr(c.lens), shared, self._last_page_len(len(c.lens)),
+                         *self._heads, 1, causal=False, **self._dtypes)
+        idx = c.q_index_dev
+
+        def run(q, k, v, k_cache, v_cache) -> torch.Tensor:
+            out, lse = level1(q, (k_cache, v_cache))
+            o0, lse0 = self.shared.run(q.index_select(0, idx), (k_cache, v_cache), return_lse=True)
+            o1, lse1 = out.index_select(0, idx), lse.index_select(0, idx)
+            self._fi.merge_state_in_place(o1, lse1, o0, lse0)
+            return out.index_copy_(0, idx, o1)
+
+        self._run = run
 
     # --- CUDA graphs ---------------------------------------------------------------------------
     def init_graph(self, batch_sizes: list[int], max_context: int) -> None:

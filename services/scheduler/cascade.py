@@ -1,0 +1,92 @@
+"""Shared-prefix (cascade) attention groups for one batch.
+
+When many requests in a step read the same cached prefix (a system prompt, a document, the prompt
+of n > 1 branches), the worker can read that prefix's KV once for the whole group and merge the
+partial attention states (log-sum-exp) with each request's own suffix, instead of reading it once
+per request. The scheduler decides the groups, because it owns the radix tree: a request's cached
+prefix is the path from the root to its locked node, so requests under the same node share the KV
+slots of that whole path.
+
+Each request joins the deepest node on its path that at least ``min_group`` requests of the batch
+pass through (a longer shared prefix, a smaller group). A request joins only if its KV really is
+the tree's at that depth — its slot at the node's last position is the node's: a slot belongs to
+one node, and a node to one path, so one equal slot means the whole prefix is shared (a request
+that computed a duplicate of a cached prefix keeps its own slots and joins nothing). Groups are
+sent only when they save enough: sum over groups of (members - 1) × prefix length, in tokens of
+KV not read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from services.scheduler.request import Req
+
+
+@dataclass(frozen=True)
+class CascadePolicy:
+    min_group: int = 4  # requests reading one prefix before it is read once for all
+    min_prefix: int = 64  # shortest shared prefix worth a group (tokens)
+    min_saved: int = 8192  # KV tokens a step must save to use groups at all
+
+
+@dataclass(frozen=True)
+class Groups:
+    group: list[int]  # per request in batch order: its group, -1 for none
+    lens: list[int]  # per group: the shared prefix length in tokens
+    saved: int  # KV tokens not read this step thanks to the groups
+
+
+def _path(r: Req, start: int) -> list[tuple[object, int]]:
+    """(node, prefix length at its end) from the root's child down to ``r``'s locked node, keeping
+    the nodes whose KV ``r`` reads (its slot there is the node's) and that end within the KV
+    already computed before this step (``start`` tokens)."""
+    chain = []
+    node = r.lock_node
+    while node is not None and node.parent is not None:  # the root holds no tokens
+        chain.append(node)
+        node = node.parent
+    out, depth = [], 0
+    for node in reversed(chain):
+        depth += len(node.key)
+        if depth > start or depth > len(r.slots) or r.slots[depth - 1] != node.value[-1]:
+            break
+        out.append((node, depth))
+    return out
+
+
+def plan_groups(reqs: list[Req], starts: list[int], policy: CascadePolicy) -> Groups | None:
+    """The groups of a batch (``starts``: each request's tokens in KV before the step), or None
+    when they would not save ``policy.min_saved`` tokens."""
+    if len(reqs) < policy.min_group:
+        return None
+    paths = [_path(r, s) if r.lock_node is not None else [] for r, s in zip(reqs, starts, strict=True)]
+    count: Counter = Counter()
+    for p in paths:
+        count.update(id(node) for node, depth in p if depth >= policy.min_prefix)
+    if not count or max(count.values()) < policy.min_group:
+        return None
+    chosen: list[tuple[int, int] | None] = []  # per request: (node id, depth)
+    for p in paths:
+        pick = None
+        for node, depth in reversed(p):  # deepest first
+            if depth >= policy.min_prefix and count[id(node)] >= policy.min_group:
+                pick = (id(node), depth)
+                break
+        chosen.append(pick)
+    members = Counter(c for c in chosen if c is not None)
+    index: dict[tuple[int, int], int] = {}
+    group, lens, saved = [], [], 0
+    for c in chosen:
+        if c is None or members[c] < 2:  # alone under its node (the others went deeper)
+            group.append(-1)
+            continue
+        if c not in index:
+            index[c] = len(lens)
+            lens.append(c[1])
+            saved += (members[c] - 1) * c[1]
+        group.append(index[c])
+    if saved < policy.min_saved:
+        return None
+    return Groups(group, lens, saved)
