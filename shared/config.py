@@ -108,7 +108,7 @@ class SchedulerConfig(CommonConfig):
     cascade_min_group: int = field(default=4, metadata={
         "help": "cascade attention: requests sharing a cached prefix before it is read once for all"})
     cascade_min_prefix: int = field(default=64, metadata={"help": "cascade attention: shortest shared prefix (tokens)"})
-    cascade_min_saved: int = field(default=8192, metadata={
+    cascade_min_saved: int = field(default=32768, metadata={
         "help": "cascade attention: KV tokens a step must save (sum of (group size - 1) x prefix) to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
     worker_timeout: float = field(default=30.0, metadata={

@@ -28,7 +28,7 @@ from services.scheduler.request import Req
 class CascadePolicy:
     min_group: int = 4  # requests reading one prefix before it is read once for all
     min_prefix: int = 64  # shortest shared prefix worth a group (tokens)
-    min_saved: int = 8192  # KV tokens a step must save to use groups at all
+    min_saved: int = 32768  # KV tokens a step must save to use groups at all (they cost the CUDA graph)
 
 
 @dataclass(frozen=True)
