@@ -10,6 +10,7 @@ the rows travel with the batch and the worker applies them to the logits before 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +48,28 @@ class Pending:
     future: Future
 
 
+# Fill the masks of at least this many matchers in xgrammar's threads. It starts a new pool on
+# every call and waits for its slowest thread: below this, one thread (~5 µs a row) takes under a
+# millisecond and waits for no core the worker and the tokenizers keep busy.
+PARALLEL_FILL_ROWS = 128
+FORCED_CACHE = 4096  # jump-forward strings whose token ids are kept (a schema forces a few, often)
+
+
+def fill_threads() -> int:
+    """Threads for a parallel bitmask fill: half the CPUs this process may use (the worker and the
+    tokenizers run beside it), at most 8 (one step's rows are too few to share further)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cpus // 2))
+
+
+def _bits_except(vocab_size: int, stop_ids: list[int]) -> np.ndarray:
+    """A bitmask row with the bit of every token but ``stop_ids`` set (padding bits clear)."""
+    bits = np.ones((vocab_size + 31) // 32 * 32, dtype=np.uint8)
+    bits[vocab_size:] = 0
+    bits[[t for t in stop_ids if 0 <= t < vocab_size]] = 0
+    return np.packbits(bits, bitorder="little").view(np.int32)
+
+
 class GrammarBackend:
     def __init__(self, model_dir: str, vocab_size: int, stop_ids: list[int], threads: int = 2,
                  timeout_s: float = 30.0) -> None:
@@ -61,7 +84,12 @@ class GrammarBackend:
         self._started: dict[tuple[str, str], float] = {}  # when each compile began
         self.pending: list[Pending] = []
         self.compile_ms: list[float] = []  # recent compile times, for metrics
-        self._batch = None  # xgrammar's multi-threaded bitmask filler, made on first use
+        self._fillers = None  # xgrammar's (serial, threaded) bitmask fillers, made on first use
+        words = (vocab_size + 31) // 32
+        self._mask = np.empty((0, words), dtype=np.int32)  # reused each step (grown as needed)
+        self._row = np.empty(words, dtype=np.int32)  # one matcher's mask (``only_stop_left``)
+        self._not_stop = _bits_except(vocab_size, self.stop_ids)
+        self._forced_ids: dict[str, list[int]] = {}  # jump-forward string → its token ids
 
     # ---- compilation -----------------------------------------------------------------------
     def _compiler(self):
@@ -143,19 +171,35 @@ class GrammarBackend:
         return xgr.GrammarMatcher(compiled, override_stop_tokens=self.stop_ids or None)
 
     # ---- per step --------------------------------------------------------------------------
-    def bitmask(self, matchers: list) -> np.ndarray:
-        """One int32 row of allowed-token bits per matcher: (N, ceil(V / 32)), filled by xgrammar's
-        own threads (one row per matcher, in parallel, outside the GIL)."""
-        import xgrammar as xgr
-
-        mask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+    def bitmask(self, matchers: list, rows: list[int] | None = None, n: int | None = None) -> np.ndarray:
+        """(n, ceil(V / 32)) int32 allowed-token bits: row ``rows[k]`` from ``matchers[k]`` (default:
+        row k), every other row allows every token. A view of a buffer the next call overwrites:
+        copy it (``tobytes``) first. The buffer is numpy's, not torch's (``allocate_token_bitmask``):
+        torch fills a large tensor in its intra-op threads, and on a host whose cores the worker and
+        tokenizers keep busy that waits for descheduled threads (ms per step). xgrammar's fill
+        holds the GIL: nothing else in the scheduler runs meanwhile."""
+        n = len(matchers) if n is None else n
+        if self._mask.shape[0] < n:
+            self._mask = np.empty((max(n, 2 * self._mask.shape[0]), self._mask.shape[1]), dtype=np.int32)
+        mask = self._mask[:n]
+        if rows is None:
+            rows = list(range(len(matchers)))
+        elif len(rows) < n:
+            mask.fill(-1)  # (the filled rows are overwritten whole)
         if len(matchers) == 1:
-            matchers[0].fill_next_token_bitmask(mask, 0)
-        else:
-            if self._batch is None:
-                self._batch = xgr.BatchGrammarMatcher()
-            self._batch.batch_fill_next_token_bitmask(matchers, mask)
-        return mask.numpy()
+            matchers[0].fill_next_token_bitmask(mask, rows[0])
+        elif matchers:
+            serial, threaded = self._filler()
+            filler = threaded if len(matchers) >= PARALLEL_FILL_ROWS else serial
+            filler.batch_fill_next_token_bitmask(matchers, mask, rows)
+        return mask
+
+    def _filler(self):
+        if self._fillers is None:
+            import xgrammar as xgr
+
+            self._fillers = (xgr.BatchGrammarMatcher(1), xgr.BatchGrammarMatcher(fill_threads()))
+        return self._fillers
 
     def jump_forward(self, matcher, budget: int) -> list[int]:
         """Tokens of the one continuation the grammar allows now (e.g. ``", "age": `` between two
@@ -164,8 +208,13 @@ class GrammarBackend:
         forced = matcher.find_jump_forward_string()
         if not forced or budget <= 0:
             return []
+        ids = self._forced_ids.get(forced)
+        if ids is None:
+            if len(self._forced_ids) >= FORCED_CACHE:
+                self._forced_ids.clear()
+            ids = self._forced_ids[forced] = self.tokenizer.encode(forced, add_special_tokens=False)
         out: list[int] = []
-        for t in self.tokenizer.encode(forced, add_special_tokens=False)[:budget]:
+        for t in ids[:budget]:
             if not matcher.accept_token(t):
                 break
             out.append(t)
@@ -175,9 +224,8 @@ class GrammarBackend:
         """The grammar is complete and cannot continue: only stop tokens are allowed next."""
         if not matcher.is_completed():
             return False
-        bits = np.unpackbits(self.bitmask([matcher])[0].view(np.uint8), bitorder="little")[: self.vocab_size]
-        allowed = np.flatnonzero(bits)
-        return set(allowed.tolist()) <= set(self.stop_ids)
+        matcher.fill_next_token_bitmask(self._row)
+        return not np.bitwise_and(self._row, self._not_stop).any()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -72,16 +72,17 @@ class Req:
         """Prompt + generated tokens whose ids the scheduler has."""
         return len(self.prompt) + len(self.output)
 
+    # (the batcher reads these for every running request each step: written out, not via each other)
     @property
     def seq_len(self) -> int:
         """Known tokens + the ones sampled by steps in flight."""
-        return len(self.prompt) + len(self.output) + self.in_flight
+        return len(self.prompt) + len(self.output) + self.pending - self.discard
 
     @property
     def to_compute(self) -> int:
         """Tokens not yet in KV. 1 while decoding (the last sampled token); more while prefilling
         (a new prompt, or a retracted request resuming)."""
-        return self.seq_len - len(self.slots)
+        return len(self.prompt) + len(self.output) + self.pending - self.discard - len(self.slots)
 
     def tokens(self, start: int, end: int) -> list[int]:
         """``seq[start:end]`` without building ``seq`` (O(end - start)); -1 for tokens still being
@@ -96,7 +97,7 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        return self.params.max_new_tokens - len(self.output) - self.in_flight
+        return self.params.max_new_tokens - len(self.output) - self.pending + self.discard
 
     def prefix_key(self) -> list[int]:
         """Tokens whose KV may come from the cache: all but the last, whose logits are needed
@@ -114,6 +115,6 @@ class Req:
         last = self.output[-1]
         if last in self.params.stop_token_ids:
             return "stop"
-        if len(self.output) >= self.params.max_new_tokens or len(self.seq) >= context_length:
+        if len(self.output) >= self.params.max_new_tokens or len(self.prompt) + len(self.output) >= context_length:
             return "length"
         return ""

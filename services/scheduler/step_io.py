@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import msgspec
-import numpy as np
 
 from shared.messages.common import from_f32, from_i32, i32
 from shared.messages.to_scheduler import StepOutput
@@ -73,11 +72,9 @@ def deferred_mask(sched: Scheduled, grammar: GrammarBackend) -> StepMask:
     """The bitmask ``with_extras`` deferred, from the matchers as they are now. Rows whose sample
     will be dropped (finished, or replaced by jump-forward) allow every token."""
     t0 = time.perf_counter()
-    rows = _mask_rows(sched)
-    live = [k for k, i in enumerate(rows) if sched.reqs[i].status is Status.RUNNING and not sched.reqs[i].discard]
-    mask = np.full((len(rows), (grammar.vocab_size + 31) // 32), -1, dtype=np.int32)
-    if live:
-        mask[live] = grammar.bitmask([sched.reqs[rows[k]].matcher for k in live])
+    reqs = [sched.reqs[i] for i in _mask_rows(sched)]
+    live = [k for k, r in enumerate(reqs) if r.status is Status.RUNNING and not r.discard]
+    mask = grammar.bitmask([reqs[k].matcher for k in live], live, len(reqs))
     return StepMask(step=sched.step, bitmask=mask.tobytes(), fill_ms=(time.perf_counter() - t0) * 1e3)
 
 
