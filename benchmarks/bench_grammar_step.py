@@ -55,6 +55,7 @@ from shared.messages.common import Constraint, SamplingParams, from_i32, i32  # 
 from shared.messages.to_scheduler import GenerateReq, StepOutput, WorkerReady  # noqa: E402
 from shared.messages.to_tokenizer import ToTokenizer  # noqa: E402
 from shared.messages.to_worker import ForwardBatch, StepMask, ToWorker  # noqa: E402
+import services.scheduler.outputs as outputs_mod  # noqa: E402
 import services.scheduler.scheduler as sched_mod  # noqa: E402
 from services.scheduler.worker_link import worker_ready  # noqa: E402
 
@@ -309,18 +310,20 @@ def make_scheduler(running: int, args, tmp: str):
 
 
 def _instrument(s, sec: Sections) -> None:
-    """Time the scheduler's own methods by wrapping them on the instance (module functions of
-    step_io through the scheduler module's names)."""
-    for attr, name in (("_process", "process"), ("_grammar_finish", "accept"), ("_grammar_done", "accept"),
-                       ("_flush", "flush"), ("_update_metrics", "metrics"), ("_poll", "poll"),
+    """Time the scheduler's own methods by wrapping them on the instance, and module functions
+    through the names the calling module sees (``outputs``, ``scheduler``)."""
+    for attr, name in (("_flush", "flush"), ("_update_metrics", "metrics"), ("_poll", "poll"),
                        ("_poll_grammars", "grammar_poll")):
         setattr(s, attr, sec.wrap(name, getattr(s, attr)))
+    sched_mod.process_step = sec.wrap("process", _orig["process_step"])
+    outputs_mod.grammar_finish = sec.wrap("accept", _orig["grammar_finish"])
+    outputs_mod.grammar_done = sec.wrap("accept", _orig["grammar_done"])
     g = s.grammar
     g.jump_forward = sec.wrap("jump_forward", g.jump_forward)
     g.only_stop_left = sec.wrap("accept", g.only_stop_left)
     g.bitmask = sec.wrap(lambda parent: "fill" if parent in ("mask", "extras") else "accept", g.bitmask)
-    sched_mod.deferred_mask = sec.wrap("mask", _orig_deferred_mask)
-    sched_mod.with_extras = sec.wrap("extras", _orig_with_extras)
+    outputs_mod.deferred_mask = sec.wrap("mask", _orig["deferred_mask"])
+    sched_mod.with_extras = sec.wrap("extras", _orig["with_extras"])
     build = s.batcher.build
     iters: list[dict] = []
     last = 0.0
@@ -339,7 +342,15 @@ def _instrument(s, sec: Sections) -> None:
     s.iterations = iters
 
 
-_orig_deferred_mask, _orig_with_extras = sched_mod.deferred_mask, sched_mod.with_extras
+_orig = {"process_step": sched_mod.process_step, "with_extras": sched_mod.with_extras,
+         "deferred_mask": outputs_mod.deferred_mask, "grammar_finish": outputs_mod.grammar_finish,
+         "grammar_done": outputs_mod.grammar_done}
+
+
+def _restore() -> None:
+    sched_mod.process_step, sched_mod.with_extras = _orig["process_step"], _orig["with_extras"]
+    for name in ("deferred_mask", "grammar_finish", "grammar_done"):
+        setattr(outputs_mod, name, _orig[name])
 
 
 def summarize(recs: list[dict]) -> dict:
@@ -371,7 +382,7 @@ def run_one(running: int, args) -> dict:
         finally:
             sec.close()
             gc.unfreeze()
-            sched_mod.deferred_mask, sched_mod.with_extras = _orig_deferred_mask, _orig_with_extras
+            _restore()
         wall = time.perf_counter() - t0
     recs = s.iterations[warmup:warmup + steps]
     finished = [(ids, f) for ids, f in s.tok.done if f != "abort"]

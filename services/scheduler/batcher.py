@@ -84,7 +84,8 @@ class Batcher:
                 scratch.insert(r.ns, r.tokens(0, n), range(n))
         for r in running:
             if r.to_compute > 1:
-                scratch.insert(r.ns, r.prefix_key(), range(r.seq_len))
+                if r.num_computed < len(r.prompt):  # (a jump-forward chunk is its own: nobody waits for it)
+                    scratch.insert(r.ns, r.prefix_key(), range(r.seq_len))
                 if budget > 0:
                     budget -= plan.add(r, self.kv, min(r.to_compute, cap, budget))
         new_reqs = self._admit(running, waiting, scratch, budget, plan)
@@ -213,5 +214,6 @@ class _Plan:
         r.pending += sample  # its next token is unknown until this step's results arrive
         if prefill:
             self.prefill_tokens += n
-            self.prefilled.append(r)
+            if start < len(r.prompt):  # prompt tokens others may want (in-batch dedup next step)
+                self.prefilled.append(r)
         return n

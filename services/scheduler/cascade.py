@@ -38,21 +38,20 @@ class Groups:
     saved: int  # KV tokens not read this step thanks to the groups
 
 
-def _path(r: Req, start: int) -> list[tuple[object, int]]:
-    """(node, prefix length at its end) from the root's child down to ``r``'s locked node, keeping
-    the nodes whose KV ``r`` reads (its slot there is the node's) and that end within the KV
-    already computed before this step (``start`` tokens)."""
-    chain = []
-    node = r.lock_node
+def _path(r: Req, start: int) -> list:
+    """The nodes whose KV ``r`` reads — its slot at the node's end is the node's — and that end
+    within the KV computed before this step (``start`` tokens), deepest first: the ancestors of the
+    deepest such node on its locked path (both tests hold for every ancestor of a node passing them)."""
+    node, slots = r.lock_node, r.slots
     while node is not None and node.parent is not None:  # the root holds no tokens
-        chain.append(node)
-        node = node.parent
-    out, depth = [], 0
-    for node in reversed(chain):
-        depth += len(node.key)
-        if depth > start or depth > len(r.slots) or r.slots[depth - 1] != node.value[-1]:
+        d = node.depth
+        if d <= start and d <= len(slots) and slots[d - 1] == node.value[-1]:
             break
-        out.append((node, depth))
+        node = node.parent
+    out = []
+    while node is not None and node.parent is not None:
+        out.append(node)
+        node = node.parent
     return out
 
 
@@ -61,19 +60,15 @@ def plan_groups(reqs: list[Req], starts: list[int], policy: CascadePolicy) -> Gr
     when they would not save ``policy.min_saved`` tokens."""
     if len(reqs) < policy.min_group:
         return None
-    paths = [_path(r, s) if r.lock_node is not None else [] for r, s in zip(reqs, starts, strict=True)]
-    count: Counter = Counter()
-    for p in paths:
-        count.update(id(node) for node, depth in p if depth >= policy.min_prefix)
+    lo = policy.min_prefix
+    paths = [[n for n in _path(r, s) if n.depth >= lo] if r.lock_node is not None else []
+             for r, s in zip(reqs, starts, strict=True)]
+    count: Counter = Counter(id(node) for p in paths for node in p)
     if not count or max(count.values()) < policy.min_group:
         return None
     chosen: list[tuple[int, int] | None] = []  # per request: (node id, depth)
     for p in paths:
-        pick = None
-        for node, depth in reversed(p):  # deepest first
-            if depth >= policy.min_prefix and count[id(node)] >= policy.min_group:
-                pick = (id(node), depth)
-                break
+        pick = next(((id(n), n.depth) for n in p if count[id(n)] >= policy.min_group), None)  # deepest first
         chosen.append(pick)
     members = Counter(c for c in chosen if c is not None)
     index: dict[tuple[int, int], int] = {}

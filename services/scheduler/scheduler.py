@@ -14,7 +14,6 @@ import zmq
 from shared.config import SchedulerConfig
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
-from shared.messages.common import from_i32
 from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOutput, ToScheduler,
                                           TokenizerHello, WorkerError, WorkerReady)
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
@@ -26,7 +25,8 @@ from services.scheduler.grammar import GrammarBackend
 from services.scheduler.kv import KVManager
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.request import Req, Status
-from services.scheduler.step_io import StepLogprobs, deferred_mask, take_prompt_logprobs, token_out, with_extras
+from services.scheduler.outputs import process_step, send_mask
+from services.scheduler.step_io import token_out, with_extras
 from services.scheduler.worker_link import WorkerLink, worker_lost, worker_ready
 
 log = get_logger("scheduler")
@@ -103,10 +103,9 @@ class Scheduler:
                 self.worker.send(sched.msg)
             self.last_built = sched is not None
             if self.inflight is not None:
-                if not self._complete(self.inflight):
+                # the next step's deferred mask goes out as soon as the matchers have advanced
+                if not self._complete(self.inflight, sched if sched is not None and sched.msg.mask_deferred else None):
                     continue  # the worker was lost: every request failed
-                if sched is not None and sched.msg.mask_deferred:
-                    self.worker.send(deferred_mask(sched, self.grammar))
             self.inflight = None
             if sched is not None:
                 if self.cfg.disable_overlap_schedule:
@@ -138,14 +137,15 @@ class Scheduler:
         while (item := self.tok.recv_nowait()) is not None:
             self._on_tokenizer(*item)
 
-    def _complete(self, sched: Scheduled) -> bool:
-        """Wait for ``sched``'s results and apply them (or fail its requests); False: the worker
-        was lost meanwhile (every request failed, the step state reset)."""
+    def _complete(self, sched: Scheduled, mask_for: Scheduled | None = None) -> bool:
+        """Wait for ``sched``'s results and apply them (or fail its requests), sending the deferred
+        mask of ``mask_for`` (the step after it) on the way; False: the worker was lost meanwhile
+        (every request failed, the step state reset)."""
         out = self._await_step(sched.step)
         if out is None:
             return False
         if isinstance(out, StepOutput):
-            self._process(sched, out)
+            process_step(self, sched, out, mask_for)
         else:
             log.error("worker_step_failed", step=sched.step, error=out.message)
             for r, sample in zip(sched.reqs, sched.sample):
@@ -154,6 +154,7 @@ class Scheduler:
                     r.discard = min(r.discard, r.pending)
                 if r.status is Status.RUNNING:
                     self._finish(r, "error", error=f"worker failed: {out.message}", code="internal")
+            send_mask(self, mask_for)
         return True
 
     def _await_step(self, step: int) -> StepOutput | WorkerError | None:
@@ -263,69 +264,6 @@ class Scheduler:
         return [r for branches in self.groups.values() for r in branches if r.status is not Status.FINISHED]
 
     # ---- outputs ---------------------------------------------------------------------------
-    def _process(self, sched: Scheduled, out: StepOutput) -> None:
-        c = self.counters
-        c.prefill_computed += sched.prefill_tokens
-        c.decode += sched.num_tokens - sched.prefill_tokens
-        assert self.info is not None
-        lps = StepLogprobs(out)
-        take_prompt_logprobs(sched, out)
-        for i, (r, n, sample, tok) in enumerate(zip(sched.reqs, sched.extend, sched.sample,
-                                                    from_i32(out.next_ids).tolist())):
-            if not sample:
-                if r.status is Status.RUNNING:
-                    self.kv.cache_prefix(r)  # a prefill chunk: share it with requests arriving meanwhile
-                continue
-            r.pending -= 1
-            if r.status is Status.FINISHED:
-                continue
-            if r.discard:  # overlap: jump-forward replaced what this step sampled
-                r.discard -= 1
-                continue
-            if r.status is Status.RUNNING and (n > 1 or not r.output):
-                self.kv.cache_prefix(r)
-            if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
-                c.prefill_cached += r.cached_tokens
-                c.prompt += len(r.prompt)
-                self._finish(r, "length")
-                continue
-            if not r.output:
-                c.prefill_cached += r.cached_tokens
-                c.prompt += len(r.prompt)
-                stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(r.wait_ms(), 3))
-            r.output.append(tok)
-            r.unsent += 1
-            if r.params.logprobs:
-                lps.take(i, r)
-            reason = self._grammar_finish(r, tok) if r.matcher is not None else ""
-            reason = reason or r.check_finished(self.info.context_length)
-            if not reason and r.matcher is not None and self.jump_forward_ok(r):
-                forced = self.grammar.jump_forward(r.matcher, r.remaining_new_tokens)
-                if forced:
-                    r.output += forced
-                    r.unsent += len(forced)
-                    r.discard = r.pending  # steps in flight sample after the old end: drop their tokens
-                    self.jump_forward_tokens += len(forced)
-                    reason = self._grammar_done(r) or r.check_finished(self.info.context_length)
-            if reason:
-                self._finish(r, reason)
-            else:
-                self._emit(r.replica, token_out(r))
-
-    def _grammar_finish(self, r: Req, tok: int) -> str:
-        """Advance the matcher; "stop" when the grammar ended (EOS taken, or nothing but EOS left)."""
-        if not r.matcher.accept_token(tok):
-            log.error("grammar_rejected_token", request_id=r.rid, token=tok)
-            return "stop"
-        return self._grammar_done(r)
-
-    def _grammar_done(self, r: Req) -> str:
-        return "stop" if r.matcher.is_terminated() or self.grammar.only_stop_left(r.matcher) else ""
-
-    def jump_forward_ok(self, r: Req) -> bool:
-        """Forced tokens carry no logprobs and are not seen by the worker's penalty counts."""
-        return not (self.cfg.disable_jump_forward or r.params.logprobs or r.params.penalized)
-
     def _apply_aborts(self) -> None:
         """Aborts take effect between steps (a running request may be in the batch in flight)."""
         for r in self.aborts:
@@ -336,6 +274,11 @@ class Scheduler:
         self.aborts.clear()
 
     def _finish(self, r: Req, reason: str, error: str = "", code: str = "") -> None:
+        self._end(r, reason)
+        self._report(r, reason, error, code)
+
+    def _end(self, r: Req, reason: str) -> None:
+        """``r`` stops: out of the running set or the queue, its KV released."""
         if r.status is Status.RUNNING:
             self.running.remove(r)
             self.kv.release(r, keep=reason != "error")
@@ -345,6 +288,9 @@ class Scheduler:
         group = self.groups.get(r.rid, [])
         if all(b.status is Status.FINISHED for b in group):
             self.groups.pop(r.rid, None)
+
+    def _report(self, r: Req, reason: str, error: str = "", code: str = "") -> None:
+        """The final TokenOut, stage line and span of a request that ended."""
         self._emit(r.replica, token_out(r, finish=reason, error=error, error_code=code, prompt_tokens=len(r.prompt),
                                         completion_tokens=len(r.output)))
         stage("finished", r.rid, trace_id=r.trace_id, index=r.index, finish_reason=reason,

@@ -14,7 +14,7 @@ from services.scheduler.cache.base import MatchResult, PrefixCache
 
 
 class Node:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "depth")
 
     def __init__(self, key: list[int], value: list[int], parent: Node | None, tick: int = 0) -> None:
         self.children: dict = {}
@@ -23,6 +23,9 @@ class Node:
         self.value = value  # KV slot per token of the edge
         self.lock_ref = 0
         self.last_access = tick
+        # tokens from the root to the end of this edge: fixed for the node's life (a split puts a
+        # new node above it, ending where its edge now starts)
+        self.depth = (parent.depth if parent is not None else 0) + len(key)
 
     def __lt__(self, other: Node) -> bool:  # heap tie-break
         return id(self) < id(other)
@@ -222,6 +225,7 @@ class RadixCache(PrefixCache):
                 for edge, c in node.children.items():
                     assert c.parent is node and edge == self._edge(c.key, 0), "bad edge"
                     assert c.key and len(c.key) == len(c.value) and len(c.key) % self.page_size == 0
+                    assert c.depth == node.depth + len(c.key), "depth"
                     assert seen.isdisjoint(c.value), "a KV slot is cached twice"
                     seen.update(c.value)
                     if c.lock_ref:
