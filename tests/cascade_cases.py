@@ -14,7 +14,10 @@ CASES = {
     "decode": [(700, 1, 0), (650, 1, 0), (512, 1, 0), (300, 1, -1), (900, 1, 1), (800, 1, 1), (5, 1, -1)],
     "mixed": [(700, 1, 0), (512, 40, 0), (600, 1, 0), (0, 33, -1), (900, 1, 1), (256, 300, 1)],
     "exact_prefix": [(512, 1, 0), (512, 1, 0), (512, 3, 0)],  # members' own part is just their new tokens
+    "prefill_only": [(512, 20, 0), (600, 40, 0), (0, 50, -1), (100, 7, -1)],
+    "fresh": [(0, 30, -1), (0, 5, -1), (0, 1, -1)],  # no KV before the step, no groups
 }
+GROUPED = [name for name, reqs in CASES.items() if any(g >= 0 for _, _, g in reqs)]
 SHARED = [512, 256]  # group 0 shares positions 0..511, group 1 0..255
 
 
@@ -48,7 +51,7 @@ def build(name: str, hq: int, hkv: int, d: int, dtype: torch.dtype, device: str,
                   prefix_lens_cpu=prefix, extend_lens_cpu=extend)
     used = sorted({gi for _, _, gi in reqs if gi >= 0})
     cascade = make_cascade(np.array([gi for _, _, gi in reqs]), np.array([SHARED[i] for i in used]),
-                           np.arange(n), np.array(extend), torch.device(device))
+                           np.arange(n), np.array(extend), torch.device(device)) if used else None
     t = positions.numel()
     qkv = (torch.randn(t, hq, d, generator=g).to(dtype).to(device),
            torch.randn(t, hkv, d, generator=g).to(dtype).to(device),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cascade_cases import CASES, build
+from cascade_cases import CASES, GROUPED, build
 from services.scheduler.batcher import Batcher, Limits
 from services.scheduler.cascade import CascadePolicy, plan_groups
 from services.scheduler.kv import KVManager
@@ -24,7 +24,7 @@ from test_scheduler_units import finish_all, req, step
 # --- worker: two-level attention ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", GROUPED)
 @pytest.mark.parametrize("heads", [(8, 2, 16), (4, 4, 32)])
 def test_torch_cascade_equals_plain_attention(name, heads):
     hq, hkv, d = heads
@@ -164,10 +164,10 @@ def test_no_cache_no_groups():
 
 
 # --- the FlashInfer backend's plans, against a PyTorch stand-in of FlashInfer ----------------------
+# (the plain batches too: a mixed batch's decode rows and prefill chunks go through two plans)
 
 
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("name,grouped", [(n, False) for n in CASES] + [(n, True) for n in GROUPED])
 def test_flashinfer_backend_plans_on_a_stand_in(monkeypatch, name, grouped):
     import fake_flashinfer
     from services.worker.attention.flashinfer_backend import FlashInferAttention
@@ -180,6 +180,8 @@ def test_flashinfer_backend_plans_on_a_stand_in(monkeypatch, name, grouped):
     fi = FlashInferAttention(pool, 8)
     fi.prepare(cascaded if grouped else plain)
     assert fi.shared.plans == int(grouped)
+    if name == "mixed":  # decodes and prefill chunks: split between the decode and the prefill plan
+        assert fi.decode.plans == 1 and fi.paged.plans == 1
     torch.testing.assert_close(fi.forward(q, k, v, 0), want, rtol=1e-5, atol=1e-5)
 
 

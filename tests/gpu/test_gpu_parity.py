@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.driver import Driver
 from benchmarks.gpu.make_model import build
-from cascade_cases import CASES
+from cascade_cases import GROUPED
 from cascade_cases import build as cascade_batch
 from services.worker.attention.base import AttentionBatch
 from services.worker.attention.torch_backend import TorchAttention
@@ -103,7 +103,7 @@ def test_flashinfer_attention_matches_torch(heads, prefill_backend) -> None:
         assert err < 1e-2, name
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", GROUPED)
 def test_flashinfer_cascade_matches_plain_attention(name) -> None:
     """Two-level attention (shared prefixes read once per group, states merged) equals plain
     attention over each request's whole KV."""
