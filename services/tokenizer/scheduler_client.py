@@ -62,6 +62,16 @@ class _Link:
         return self.up and not self.down
 
 
+def merge_outputs(a: TokenOut, b: TokenOut) -> TokenOut:
+    """Two consecutive outputs of one branch as one (``b`` after ``a``; ``b`` may be the last)."""
+    return TokenOut(rid=a.rid, index=a.index, token_ids=a.token_ids + b.token_ids, finish=b.finish, error=b.error,
+                    error_code=b.error_code, prompt_tokens=b.prompt_tokens or a.prompt_tokens,
+                    cached_tokens=max(a.cached_tokens, b.cached_tokens),
+                    completion_tokens=b.completion_tokens or a.completion_tokens, logprobs=a.logprobs + b.logprobs,
+                    top_ids=a.top_ids + b.top_ids, top_logprobs=a.top_logprobs + b.top_logprobs,
+                    prompt_logprobs=a.prompt_logprobs + b.prompt_logprobs)
+
+
 def merge_info(infos: list[ModelInfo]) -> ModelInfo:
     """One ``ModelInfo`` for all groups: they must agree on the model and the per-request limits;
     the pool is the smallest (a request runs in one group); devices are listed once each."""
@@ -203,10 +213,23 @@ class SchedulerClient:
         if flight is not None:
             self.router.ended(flight.group, flight.n)
 
-    async def stream(self, queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:
-        """Outputs of all branches as they come; the caller stops when every branch is done."""
+    @staticmethod
+    async def stream(queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:
+        """Outputs of all branches as they come; the caller stops when every branch is done.
+        Outputs of one branch that queued up behind each other while the caller was busy (a slow
+        client, a busy process) come as one: one message to write instead of one per step, so a
+        replica that falls behind catches up instead of falling further behind."""
+        held: TokenOut | None = None
         while True:
-            yield await queue.get()
+            out = held if held is not None else await queue.get()
+            held = None
+            while not out.finish and not queue.empty():
+                nxt = queue.get_nowait()
+                if nxt.index != out.index or nxt.finish == "error":
+                    held = nxt
+                    break
+                out = merge_outputs(out, nxt)
+            yield out
 
     # ---- load ----------------------------------------------------------------------------------
     async def _load_of(self, g: int, timeout: float) -> Load:
