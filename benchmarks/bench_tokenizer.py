@@ -1,0 +1,185 @@
+"""How many streamed tokens one tokenizer replica delivers, with the scheduler taken out.
+
+A fake scheduler (this process, the real ZMQ codec) answers the replica's hello with a ModelInfo
+and, every ``--step-ms``, sends each running request one token (what a scheduler step does), real
+text tokens of the model's tokenizer, ``--tokens`` per request. The replica is the real
+``services.tokenizer`` process (``--root``: from another checkout, to compare versions); a client
+process opens ``--streams`` gRPC Generate streams at once and counts what arrives. Offered load
+is streams × 1000 / step-ms tokens/s: above what the replica can write, it falls behind, and
+delivered tokens/s is its capacity.
+
+    python -m benchmarks.bench_tokenizer --streams 256 --tokens 200 --step-ms 2 --out R.json [--root DIR]
+
+Prints one line and writes JSON (delivered tokens/s, messages/s, tokens per message, the
+replica's CPU seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from shared.messages.codec import Codec  # noqa: E402
+from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello  # noqa: E402
+from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch  # noqa: E402
+
+
+class FakeScheduler(threading.Thread):
+    def __init__(self, endpoint: str, text_ids: list[int], tokens: int, step_s: float, vocab: int) -> None:
+        super().__init__(daemon=True)
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.bind(endpoint)
+        self.dec, self.enc = Codec(ToScheduler), Codec(ToTokenizer)
+        self.ids, self.tokens, self.step_s, self.vocab = text_ids, tokens, step_s, vocab
+        self.active: dict[str, list] = {}  # rid -> [replica, sent]
+        self.stop = False
+        self.steps = 0
+
+    def send(self, ident: bytes, msg) -> None:
+        self.sock.send_multipart([ident, self.enc.encode(msg)])
+
+    def run(self) -> None:
+        next_step = time.perf_counter()
+        while not self.stop:
+            while self.sock.poll(0):
+                ident, frame = self.sock.recv_multipart()
+                msg = self.dec.decode(frame)
+                if isinstance(msg, TokenizerHello):
+                    self.send(ident, ModelInfo(model="bench", architecture="LlamaForCausalLM", vocab_size=self.vocab,
+                                               context_length=4096, pool_size=1 << 20, max_running_requests=4096,
+                                               eos_token_ids=[], device="cpu", dtype="float32"))
+                elif isinstance(msg, GenerateReq):
+                    self.active[msg.rid] = [ident, 0, len(msg.input_ids)]
+                elif isinstance(msg, AbortReq):
+                    self.active.pop(msg.rid, None)
+                elif isinstance(msg, LoadReq):
+                    self.send(ident, Load(msg.token, len(self.active), 0, 1 << 20, 0, 1 << 20, 0, self.steps, 0, 0, 0,
+                                          0, 0))
+            now = time.perf_counter()
+            if now < next_step:
+                time.sleep(min(next_step - now, 0.0005))
+                continue
+            next_step += self.step_s
+            self.steps += 1
+            batches: dict[bytes, list[TokenOut]] = {}
+            for rid, st in list(self.active.items()):
+                ident, sent, prompt = st
+                tok = self.ids[(sent + hash(rid)) % len(self.ids)]
+                st[1] = sent = sent + 1
+                last = sent >= self.tokens
+                batches.setdefault(ident, []).append(TokenOut(
+                    rid=rid, token_ids=[tok], finish="length" if last else "",
+                    prompt_tokens=prompt if last else 0, completion_tokens=sent if last else 0))
+                if last:
+                    del self.active[rid]
+            for ident, outs in batches.items():
+                self.send(ident, TokenOutBatch(outs=outs))
+
+
+def client(port: int, streams: int, tokens: int, out: multiprocessing.Queue) -> None:
+    import asyncio
+
+    import grpc
+
+    from shared.proto.banyan.v1 import generation_pb2 as pb
+    from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.GenerationServiceStub(ch)
+            counts = [0, 0]  # messages, tokens
+
+            async def one(i: int) -> None:
+                req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[100 + i % 50] * 16), sampling_params=pb.SamplingParams(
+                    max_tokens=tokens, ignore_eos=True, temperature=0.0))
+                async for r in stub.Generate(req, timeout=600):
+                    counts[0] += 1
+                    counts[1] += len(r.token_ids)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(streams)))
+            out.put({"wall_s": time.perf_counter() - t0, "messages": counts[0], "tokens": counts[1]})
+
+    asyncio.run(main())
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=200, help="tokens per request")
+    ap.add_argument("--step-ms", type=float, default=2.0, help="one token per request per step")
+    ap.add_argument("--model", default="", help="model directory whose tokenizer the replica loads (default: demo)")
+    ap.add_argument("--root", default=str(ROOT), help="checkout the replica runs from")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from shared.model_path import resolve_model
+
+    model_dir, _ = resolve_model(args.model)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text_ids = tok.encode((ROOT / "docs" / "architecture.md").read_text(), add_special_tokens=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        endpoint, port_file = f"ipc://{tmp}/sched.ipc", f"{tmp}/tok.port"
+        sched = FakeScheduler(endpoint, text_ids, args.tokens, args.step_ms / 1e3, len(tok))
+        sched.start()
+        env = dict(os.environ, PYTHONPATH=args.root, OMP_NUM_THREADS="1")
+        proc = subprocess.Popen([sys.executable, "-m", "services.tokenizer", "--scheduler-endpoint", endpoint,
+                                 "--grpc-port", "0", "--http-port", "-1", "--port-file", port_file,
+                                 "--model", model_dir, "--host", "127.0.0.1"], cwd=args.root, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(port_file):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the tokenizer replica did not start")
+                time.sleep(0.1)
+            port = int(Path(port_file).read_text().split()[0])
+            cpu0 = cpu_seconds(proc.pid)
+            q: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
+            c = multiprocessing.get_context("spawn").Process(target=client, args=(port, args.streams, args.tokens, q))
+            c.start()
+            res = q.get(timeout=900)
+            c.join()
+            res["replica_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+        finally:
+            sched.stop = True
+            proc.terminate()
+            proc.wait(30)
+    offered = args.streams * 1e3 / args.step_ms
+    res.update(label=args.label, root=args.root, streams=args.streams, tokens_per_request=args.tokens,
+               step_ms=args.step_ms, offered_tok_s=offered, delivered_tok_s=res["tokens"] / res["wall_s"],
+               messages_s=res["messages"] / res["wall_s"], tokens_per_message=res["tokens"] / max(1, res["messages"]),
+               cpu_us_per_token=res["replica_cpu_s"] / max(1, res["tokens"]) * 1e6, cpus=os.cpu_count())
+    print(f"{args.label or args.root}: offered {offered:,.0f} tok/s · delivered {res['delivered_tok_s']:,.0f} tok/s · "
+          f"{res['messages_s']:,.0f} msg/s · {res['tokens_per_message']:.2f} tok/msg · replica "
+          f"{res['cpu_us_per_token']:.1f} µs CPU/token · {res['tokens']} tokens in {res['wall_s']:.1f} s")
+    if args.out:
+        doc = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "tokenizer_replica", "runs": []}
+        doc["runs"].append(res)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
