@@ -1,0 +1,20 @@
+"""The tokenizer-replica benchmark runs end to end (tiny load) and counts every token once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import ROOT
+
+
+def test_bench_tokenizer_tiny(tmp_path, demo_dir):
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.bench_tokenizer", "--streams", "4", "--tokens", "10",
+                        "--step-ms", "5", "--model", demo_dir, "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["tokens"] == 40 and 4 <= run["messages"] <= 40 and run["delivered_tok_s"] > 0
+    assert "delivered" in r.stdout
