@@ -191,3 +191,31 @@ def test_kv_indices_with_starts():
     table = torch.arange(3 * 10, dtype=torch.int32).view(3, 10)
     got = kv_indices(table, torch.tensor([2, 0]), torch.tensor([3, 2]), 5, starts=torch.tensor([4, 7]))
     assert got.tolist() == [24, 25, 26, 7, 8]
+
+
+def test_a_request_reading_a_duplicate_below_its_own_inserted_tail_is_not_grouped():
+    """``dup`` computed SYSTEM + [1] beside ``a`` and inserted its own tail after ``a`` had cached
+    the common part: the tree's path to dup's tail node is a's slots, then dup's. Requests matching
+    that path share it; dup (its own duplicate slots below) does not."""
+    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0))
+    tail_a, tail_d = list(range(7000, 7040)), list(range(8000, 8040))
+    a, dup = req(SYSTEM + [1] + tail_a + [2], rid="a"), req(SYSTEM + [1] + tail_d + [2], rid="dup")
+    running = []
+    for r in (a, dup):
+        b.kv.admit(r)
+        r.status = type(r.status).RUNNING
+        b.kv.extend(r, len(r.prompt))
+        running.append(r)
+    b.kv.cache_prefix(a)
+    b.kv.cache_prefix(dup)
+    assert dup.lock_node.depth == 242 and dup.slots[241] == dup.lock_node.value[-1]  # its tail is the tree's
+    assert dup.slots[:201] != a.slots[:201]  # ... below it, its own duplicates
+    later = [req(SYSTEM + [1] + tail_d + [2, 3 + i], rid=f"l{i}") for i in range(2)]
+    for r in later:
+        b.kv.admit(r)
+        r.status = type(r.status).RUNNING
+        running.append(r)
+    assert all(len(r.slots) == 242 for r in later)
+    groups = plan_groups([dup, *later], [242, 242, 242], b.cascade)
+    assert groups is not None and groups.group == [-1, 0, 0] and groups.lens == [242]
+    finish_all(b, running)

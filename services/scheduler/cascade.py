@@ -9,11 +9,12 @@ slots of that whole path.
 
 Each request joins the deepest node on its path that at least ``min_group`` requests of the batch
 pass through (a longer shared prefix, a smaller group). A request joins only if its KV really is
-the tree's at that depth — its slot at the node's last position is the node's: a slot belongs to
-one node, and a node to one path, so one equal slot means the whole prefix is shared (a request
-that computed a duplicate of a cached prefix keeps its own slots and joins nothing). Groups are
-sent only when they save enough: sum over groups of (members - 1) × prefix length, in tokens of
-KV not read.
+the tree's from the root to that node: a request that computed a duplicate of a prefix someone
+else cached first keeps its own slots for it (even when the tail it inserted after it is the
+tree's). A node's slots come from one insert and a request's slots inside one node are either all
+the node's or none (the tree splits at every boundary between the two), so comparing the last
+slot of each node on the path is exact. Groups are sent only when they save enough: sum over
+groups of (members - 1) × prefix length, in tokens of KV not read.
 """
 
 from __future__ import annotations
@@ -39,19 +40,21 @@ class Groups:
 
 
 def _path(r: Req, start: int) -> list:
-    """The nodes whose KV ``r`` reads — its slot at the node's end is the node's — and that end
-    within the KV computed before this step (``start`` tokens), deepest first: the ancestors of the
-    deepest such node on its locked path (both tests hold for every ancestor of a node passing them)."""
-    node, slots = r.lock_node, r.slots
+    """The nodes of ``r``'s locked path whose KV it reads, deepest first: from the root down, up
+    to the first node whose last slot is not ``r``'s slot at that position, or that ends beyond the
+    KV computed before this step (``start`` tokens)."""
+    chain = []
+    node = r.lock_node
     while node is not None and node.parent is not None:  # the root holds no tokens
+        chain.append(node)
+        node = node.parent
+    slots, out = r.slots, []
+    for node in reversed(chain):
         d = node.depth
-        if d <= start and d <= len(slots) and slots[d - 1] == node.value[-1]:
+        if d > start or d > len(slots) or slots[d - 1] != node.value[-1]:
             break
-        node = node.parent
-    out = []
-    while node is not None and node.parent is not None:
         out.append(node)
-        node = node.parent
+    out.reverse()
     return out
 
 
