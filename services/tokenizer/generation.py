@@ -65,7 +65,7 @@ class _Branch:
         self.finish = ""
         self.started = False  # the scheduler took it (an output arrived)
         self.last = 0.0  # when its last tokens arrived
-        self.gaps: list[float] = []  # inter-token latencies
+        self.gaps: list[float] = []  # inter-token latencies, one per token after the first
 
 
 class Generator:
@@ -109,8 +109,13 @@ class Generator:
                         first = now
                         if self.metrics is not None:
                             self.metrics.ttft.observe(now - trace.start)
+                    # per token after the branch's first: tokens that came together share the gap
+                    # (jump-forward spans; outputs merged while the replica was busy)
+                    k = len(out.token_ids)
                     if b.last:
-                        b.gaps.append(now - b.last)
+                        b.gaps.extend([(now - b.last) / k] * k)
+                    else:
+                        b.gaps.extend([0.0] * (k - 1))
                     b.last = now
                 b.generated += len(out.token_ids)
                 b.cached = max(b.cached, out.cached_tokens)

@@ -2,8 +2,8 @@
 
 The tokenizer sees what the client sees, so the request latencies are measured here, from
 ``received`` (before tokenization): ``banyan:time_to_first_token_seconds`` (per request, the
-first token of any branch), ``banyan:inter_token_latency_seconds`` (per branch, between outputs
-carrying tokens), ``banyan:e2e_request_latency_seconds`` (requests that completed). Counters, per
+first token of any branch), ``banyan:inter_token_latency_seconds`` (per branch, one per token after
+its first; tokens that arrive together share the gap), ``banyan:e2e_request_latency_seconds`` (requests that completed). Counters, per
 request when it ends: ``banyan:prompt_tokens_total``, ``banyan:generation_tokens_total``,
 ``banyan:cached_tokens_total`` (as the response's usage counts them: the prompt once, its cached
 tokens the least any branch reused) and ``banyan:request_success_total{finish_reason}`` per
@@ -43,7 +43,7 @@ class TokenizerMetrics:
                                     ["endpoint"], registry=r, multiprocess_mode="livesum")
         self.ttft = Histogram("banyan:time_to_first_token_seconds", "Time from received to the first token",
                               buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("banyan:inter_token_latency_seconds", "Time between outputs of a branch",
+        self.itl = Histogram("banyan:inter_token_latency_seconds", "Time between tokens of a branch (tokens arriving together share the gap)",
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("banyan:e2e_request_latency_seconds", "Time from received to the last output",
                              buckets=E2E_BUCKETS, registry=r)

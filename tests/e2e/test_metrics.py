@@ -58,7 +58,7 @@ class Ledger:
         self.requests = 0
         self.prompt = self.completion = self.cached = 0
         self.reasons: dict[str, int] = {}
-        self.gaps = 0  # inter-token latencies: token-carrying outputs of a branch after its first
+        self.gaps = 0  # inter-token latencies: one per token of a branch after its first
         self.lock = threading.Lock()
 
     def add(self, prompt: int, completion: int, cached: int, reasons: list[str], completions: list[int]) -> None:
@@ -72,7 +72,7 @@ class Ledger:
         self.cached += cached
         for r in reasons:
             self.reasons[r] = self.reasons.get(r, 0) + 1
-        self.gaps += sum(max(0, c - 1) for c in completions)  # one token per output (no stop strings here)
+        self.gaps += sum(max(0, c - 1) for c in completions)
 
 
 GRPC_REASON = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
