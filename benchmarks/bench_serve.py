@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
-from support import Server  # noqa: E402
+from tests.support import Server  # noqa: E402
 from banyan.bench import datasets  # noqa: E402
 from banyan.bench.backends import GrpcBackend  # noqa: E402
 from banyan.bench.runner import run as bench_run  # noqa: E402

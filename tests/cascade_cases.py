@@ -1,5 +1,5 @@
 """Attention batches with shared-prefix groups over a random KV pool, for the CPU reference test
-(tests/test_cascade.py) and the FlashInfer one (tests/gpu/test_gpu_parity.py)."""
+(tests/scheduler/test_cascade.py) and the FlashInfer one (tests/gpu/test_gpu_parity.py)."""
 
 from __future__ import annotations
 

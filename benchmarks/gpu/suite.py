@@ -37,7 +37,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from benchmarks.gpu import suite_report as report  # noqa: E402
 from benchmarks.gpu import suite_workloads as wl  # noqa: E402
@@ -228,7 +228,7 @@ class Suite:
         return res
 
     def server(self, name: str, *flags: str):
-        from support import Server
+        from tests.support import Server
 
         args = ["--http-port", "-1", *(["--device", "cpu"] if self.args.tiny else []), *flags, *self.args.serve_args]
         s = Server(self.model, self.args.out / f"server_{name}.log", *args)

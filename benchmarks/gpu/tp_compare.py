@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from benchmarks.gpu import suite_workloads as wl  # noqa: E402
 
@@ -49,7 +49,7 @@ def greedy(target: str, vocab: int, out_len: int) -> list[dict]:
 
 
 def run_one(model: str, tp: int, out: Path, sizes: wl.Sizes, extra: list[str]) -> dict:
-    from support import Server
+    from tests.support import Server
 
     t0 = time.perf_counter()
     server = Server(model, out / f"server_tp{tp}.log", "--tp", str(tp), "--http-port", "-1", *extra)

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from shared.proto.banyan.v1 import generation_pb2 as pb, generation_pb2_grpc as pb_grpc
-from support import ROOT, Server
+from tests.support import ROOT, Server
 
 API_KEY = "client-test-key"
 PROMPT = "Once upon a time"

@@ -11,7 +11,7 @@ import grpc
 import pytest
 import requests
 
-from support import Server
+from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from services.tokenizer.server import MAX_MESSAGE
 from services.tokenizer.http.middleware import MAX_BODY

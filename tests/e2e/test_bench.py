@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support import ROOT, Server
+from tests.support import ROOT, Server
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import grpc
 import pytest
 import requests
 
-from support import Server
+from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 

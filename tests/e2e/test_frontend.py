@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 import banyan as bn
-from support import ROOT, Server, free_port
+from tests.support import ROOT, Server, free_port
 from services.scheduler.batcher import DEDUP_MIN_TOKENS
 from shared.proto.banyan.v1 import generation_pb2 as pb
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from support import Server, make_tiny_model
+from tests.support import Server, make_tiny_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from support import Server
+from tests.support import Server
 
 FUZZ_SECONDS = 40.0  # the whole fuzz run stops drawing cases after this
 EXAMPLES = 50  # per operation and mode

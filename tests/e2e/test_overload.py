@@ -12,7 +12,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from support import Server
+from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 

@@ -24,7 +24,7 @@ import aiohttp
 import grpc
 import pytest
 
-from support import Server
+from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 

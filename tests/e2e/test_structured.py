@@ -12,7 +12,7 @@ import grpc
 import jsonschema
 import pytest
 
-from support import ROOT, Server, make_tiny_model
+from tests.support import ROOT, Server, make_tiny_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
 
 LLAMA3 = ROOT.parent / "shared" / "assets" / "tokenizers" / "llama3"

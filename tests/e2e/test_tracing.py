@@ -14,7 +14,7 @@ import grpc
 import pytest
 import requests
 
-from support import Server
+from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
 
 OTEL = importlib.util.find_spec("opentelemetry.sdk") is not None and \

@@ -16,8 +16,8 @@ import torch
 
 from benchmarks.driver import Driver
 from benchmarks.gpu.make_model import build
-from cascade_cases import GROUPED
-from cascade_cases import build as cascade_batch
+from tests.cascade_cases import GROUPED
+from tests.cascade_cases import build as cascade_batch
 from services.worker.attention.base import AttentionBatch
 from services.worker.attention.torch_backend import TorchAttention
 from services.worker.kv_pool import KVPool

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from support import ROOT
+from tests.support import ROOT
 
 
 def test_bench_tokenizer_tiny(tmp_path, demo_dir):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from support import free_port
+from tests.support import free_port
 
 from services.scheduler.metrics import SchedulerMetrics
 from services.worker.metrics import WorkerMetrics

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from support import ROOT
+from tests.support import ROOT
 from shared import tracing
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from support import ROOT
+from tests.support import ROOT
 
 CHILD = r'''
 from shared.logging import get_logger, setup_logging

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cascade_cases import CASES, GROUPED, build
+from tests.cascade_cases import CASES, GROUPED, build
 from services.scheduler.batcher import Batcher, Limits
 from services.scheduler.cascade import CascadePolicy, plan_groups
 from services.scheduler.kv import KVManager
@@ -18,7 +18,7 @@ from services.scheduler.policy import POLICIES
 from services.worker.attention.base import make_cascade, merge_states
 from services.worker.attention.torch_backend import TorchAttention
 from shared.messages.common import from_i32
-from test_scheduler_units import finish_all, req, step
+from tests.scheduler.test_scheduler_units import finish_all, req, step
 
 
 # --- worker: two-level attention ----------------------------------------------------------------
@@ -169,7 +169,7 @@ def test_no_cache_no_groups():
 
 @pytest.mark.parametrize("name,grouped", [(n, False) for n in CASES] + [(n, True) for n in GROUPED])
 def test_flashinfer_backend_plans_on_a_stand_in(monkeypatch, name, grouped):
-    import fake_flashinfer
+    from tests import fake_flashinfer
     from services.worker.attention.flashinfer_backend import FlashInferAttention
 
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module())

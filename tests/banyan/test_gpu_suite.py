@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import make_tiny_model
+from tests.support import make_tiny_model
 
 from benchmarks.gpu import suite_report as report
 from benchmarks.gpu.make_model import LLAMA_8B
 from benchmarks.gpu.suite import TOKENIZERS
 from benchmarks.gpu.suite_workloads import Sizes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LLAMA3 = next((t for t in TOKENIZERS if (t / "tokenizer.json").exists()), None)  # .assets/ or the team folder
 SMALL = ["--length-scale", "0.05", "--w4-output", "24", "--w1-runs", "2", "--w2-num", "8", "--w3-groups", "2",
          "--w3-per-group", "3", "--w4-num", "4", "--w5-num", "3", "--w5-rates", "50,x0.5", "--hf-subset", "4",

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from banyan import demo
 from banyan.demo import DEMO_FILES, demo_cache_root, demo_version, ensure_demo_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _sha256(path: Path) -> str:

@@ -23,7 +23,7 @@ from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut,
 from services.tokenizer import scheduler_client
 from services.tokenizer.router import Router, block_hashes, rendezvous
 from services.tokenizer.scheduler_client import SchedulerClient
-from support import ROOT
+from tests.support import ROOT
 
 B = 16  # block tokens in these tests
 

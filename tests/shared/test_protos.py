@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from support import ROOT
+from tests.support import ROOT
 
 
 def test_generated_stubs_are_current():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from support import ROOT
+from tests.support import ROOT
 from services.scheduler.metrics import SchedulerMetrics
 from services.tokenizer.metrics import TokenizerMetrics
 from services.worker.metrics import WorkerMetrics

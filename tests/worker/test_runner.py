@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from test_models import KVTable, hf_logits, random_seqs, save_tiny_model, tiny_config
+from tests.worker.test_models import KVTable, hf_logits, random_seqs, save_tiny_model, tiny_config
 
 from benchmarks.driver import Driver
 from services.worker.attention import resolve_backend

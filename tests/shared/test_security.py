@@ -28,7 +28,7 @@ from shared.messages.to_tokenizer import ToTokenizer
 from shared.messages.to_worker import ToWorker
 from shared.transport import DealerQueue, RouterQueue
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("banyan", "services", "shared")
 PICKLING_MODULES = {"pickle", "_pickle", "cPickle", "cloudpickle", "dill", "joblib", "marshal", "shelve",
                     "multiprocessing"}  # multiprocessing pickles everything it sends between processes

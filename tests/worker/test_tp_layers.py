@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_models import random_seqs, run_schedule, save_tiny_model, tiny_config
+from tests.worker.test_models import random_seqs, run_schedule, save_tiny_model, tiny_config
 
 from services.worker.models.layers import TPGroup
 
