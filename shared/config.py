@@ -91,7 +91,9 @@ class TokenizerConfig(CommonConfig):
 class SchedulerConfig(CommonConfig):
     tokenizer_endpoint: str = field(default="tcp://0.0.0.0:5557", metadata={"help": "bind: tokenizers connect here"})
     worker_endpoint: str = field(default="tcp://0.0.0.0:5558", metadata={"help": "bind: worker rank 0 connects here"})
-    max_running_requests: int = field(default=256, metadata={"help": "requests decoding at once"})
+    max_running_requests: int = field(default=0, metadata={
+        "help": "requests running at once (0: 1024 with a GPU worker, where shared prefixes let a large batch "
+                "read little KV per request, 256 on a CPU)"})
     max_prefill_tokens: int = field(default=16384, metadata={"help": "prompt tokens computed per step (all requests)"})
     chunked_prefill_size: int = field(default=8192, metadata={"help": "prompt tokens per request per step"})
     schedule_policy: str = field(default="lpm", metadata={"help": "fcfs | lpm | dfs-weight"})
@@ -109,7 +111,11 @@ class SchedulerConfig(CommonConfig):
         "help": "cascade attention: requests sharing a cached prefix before it is read once for all"})
     cascade_min_prefix: int = field(default=64, metadata={"help": "cascade attention: shortest shared prefix (tokens)"})
     cascade_min_saved: int = field(default=32768, metadata={
-        "help": "cascade attention: KV tokens a step must save (sum of (group size - 1) x prefix) to use it"})
+        "help": "cascade attention: KV tokens (sum of (group size - 1) x prefix) a step that could replay a CUDA "
+                "graph must save to use it (a grouped step runs eagerly)"})
+    cascade_min_saved_eager: int = field(default=4096, metadata={
+        "help": "cascade attention: KV tokens a step that runs eagerly anyway (prefill chunks in it, or a batch "
+                "above the largest CUDA graph) must save to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
     worker_timeout: float = field(default=30.0, metadata={
         "help": "seconds without a heartbeat answer after which worker rank 0 counts as lost (host down, "
@@ -118,7 +124,7 @@ class SchedulerConfig(CommonConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.max_running_requests >= 1, "max_running_requests must be >= 1")
+        _check(self.max_running_requests >= 0, "max_running_requests must be >= 0 (0: auto)")
         _check(self.worker_timeout >= 1.0, "worker_timeout must be >= 1 s")
         _check(self.max_prefill_tokens >= 16, "max_prefill_tokens must be >= 16")
         _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
@@ -127,7 +133,8 @@ class SchedulerConfig(CommonConfig):
         _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         _check(self.cascade_min_group >= 2, "cascade_min_group must be >= 2")
         _check(self.cascade_min_prefix >= 1, "cascade_min_prefix must be >= 1")
-        _check(self.cascade_min_saved >= 0, "cascade_min_saved must be >= 0")
+        _check(self.cascade_min_saved >= 0 and self.cascade_min_saved_eager >= 0,
+               "cascade_min_saved and cascade_min_saved_eager must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
 
 
@@ -144,7 +151,7 @@ class WorkerConfig(CommonConfig):
                 "fused norm/rope/activation/sampling kernels"})
     mem_fraction_static: float = field(default=0.85, metadata={
         "help": "fraction of the GPU's memory for weights + KV pool (the KV pool gets what the weights leave)"})
-    cuda_graph_max_bs: int = field(default=160, metadata={"help": "largest decode batch replayed as a CUDA graph"})
+    cuda_graph_max_bs: int = field(default=512, metadata={"help": "largest decode batch replayed as a CUDA graph"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run every step eagerly"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (one worker process each)"})
     tp_rank: int = field(default=0, metadata={"help": "this worker's tensor-parallel rank (0 talks to the scheduler)"})

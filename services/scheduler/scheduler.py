@@ -230,7 +230,7 @@ class Scheduler:
         self.grammar = e.grammar
         self.applier = StepApplier(self.table, e, self.counters, self.worker.send, not self.cfg.disable_jump_forward)
         self.worker.attach()
-        self.worker.send(WorkerSetup(max_running_requests=self.cfg.max_running_requests))
+        self.worker.send(WorkerSetup(max_running_requests=e.info.max_running_requests))
         log.info("worker_ready", restarted=restarted, **{k: getattr(w, k) for k in w.__struct_fields__})
         self.down = ""
         for ident in self.replicas:

@@ -64,7 +64,8 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     q.send(WorkerReady(model=model_name, architecture=spec.architecture, vocab_size=spec.vocab_size,
                        context_length=runner.context_length, pool_size=runner.pool_size,
                        eos_token_ids=list(spec.eos_token_ids), device=str(runner.device),
-                       dtype=str(runner.dtype).removeprefix("torch.")))
+                       dtype=str(runner.dtype).removeprefix("torch."),
+                       cuda_graph_max_bs=runner.graphs.max_bs if runner.graphs is not None else 0))
     log.info("worker_ready", pid=os.getpid(), tp_size=runner.tp.size)
     steps = _Steps(runner, q, metrics, link)
     msg: ToWorker | None = None

@@ -50,6 +50,7 @@ class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
     eos_token_ids: list[int]
     device: str
     dtype: str
+    cuda_graph_max_bs: int = 0  # the largest pure-decode batch it replays as a CUDA graph (0: none)
 
 
 class StepOutput(msgspec.Struct, tag="out", frozen=True):

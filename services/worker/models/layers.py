@@ -191,9 +191,10 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection sharded like the embedding (so it can share its weight)."""
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, V) float32
-        logits = self.tp.all_gather(F.linear(hidden, self.weight))  # (N, V padded)
-        return logits[:, : self.vocab_size].float()
+    def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, H) -> (N, V) float32, into ``out`` (N, V) when given (a CUDA graph's shared buffer)."""
+        logits = self.tp.all_gather(F.linear(hidden, self.weight))[:, : self.vocab_size]  # (N, V)
+        return logits.float() if out is None else out.copy_(logits)
 
 
 class RMSNorm(nn.Module):
