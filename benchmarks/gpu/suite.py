@@ -75,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
         else:
             ap.add_argument("--" + f.name.replace("_", "-"), type=int, default=None, help=f"default {f.default}")
     ap.add_argument("--hf-engines", default="generate,cb", help="HF baselines: generate and/or cb")
+    ap.add_argument("--w3-baselines", default="cache_off,cascade_off",
+                    help="W3's second servers: cache_off (--disable-radix-cache) and/or cascade_off")
     ap.add_argument("--hf-timeout", type=float, default=420.0, help="seconds for the HF process")
     ap.add_argument("--hbm-bw", type=float, default=report.HBM_BYTES_S, help="bytes/s for the limits")
     ap.add_argument("--peak-flops", type=float, default=report.BF16_FLOP_S, help="FLOP/s for the limits")
@@ -305,8 +307,11 @@ class Suite:
         """W3 again on a server without the radix cache, then on one with the cache but without
         shared-prefix (cascade) attention (what the groups add on top of the cache)."""
         w3 = self.doc["results"]["W3"]
+        wanted = {b.strip() for b in self.args.w3_baselines.split(",")}
         for key, name, flag in (("cache_off", "no_radix", "--disable-radix-cache"),
                                 ("cascade_off", "no_cascade", "--disable-cascade-attention")):
+            if key not in wanted:
+                continue
             server = self.server(name, flag)
             try:
                 w3[key] = wl.w3(server.target, self.sizes, self.facts["vocab"])
