@@ -71,6 +71,23 @@ def steps(runner: ModelRunner, driver: Driver, rids: list[str], n: int, eager: b
     return statistics.median(wall[k:]) * 1e3, statistics.median(busy[k:]) * 1e3
 
 
+def profile(runner: ModelRunner, driver: Driver, rids: list[str], cascade, out: Path | None) -> str:
+    """Kernel and host-call totals of 3 plain eager and 3 cascade steps (torch.profiler)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    text = []
+    for name, groups in (("plain eager", None), ("cascade", cascade)):
+        steps(runner, driver, rids, 2, True, groups)  # warm
+        with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            steps(runner, driver, rids, 3, True, groups)
+        text.append(f"=== {name}: by CUDA time\n" + p.key_averages().table(sort_by="cuda_time_total", row_limit=22))
+        text.append(f"=== {name}: by CPU time\n" + p.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+        if out is not None:
+            p.export_chrome_trace(str(out.with_name(out.stem + f"_{name.split()[0]}_trace.json")))
+    return "\n".join(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="/tmp/llama8b")
@@ -80,6 +97,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--graph-max-bs", type=int, default=512)
     ap.add_argument("--shapes", default=",".join(f"{g}x{m}" for g, m in SHAPES))
+    ap.add_argument("--profile", action="store_true", help="profile the first shape's plain and cascade steps")
     ap.add_argument("--device", default="auto", help="auto | cuda | cpu (a CPU run checks the script, not speed)")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -106,6 +124,10 @@ def main() -> None:
             row["eager_overhead_ms"] = row["plain_eager_ms"] - row["plain_graph_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if args.profile and len(rows) == 1:
+            report = profile(runner, driver, rids, groups, args.out)
+            if args.out:
+                args.out.with_name(args.out.stem + "_profile.txt").write_text(report)
         for rid in rids + [f"{tag}o{i}" for i in range(g)]:
             driver.release(rid)
     doc = {"device": torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu", "model": args.model,
