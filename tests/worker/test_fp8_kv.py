@@ -156,8 +156,8 @@ def fp8_flashinfer():
     return m
 
 
-@pytest.mark.parametrize("per_head", [False, True])
-@pytest.mark.parametrize("name,grouped", [(n, False) for n in CASES] + [(n, True) for n in GROUPED])
+@pytest.mark.parametrize("name,grouped,per_head", [(n, False, False) for n in CASES] + [(n, True, False) for n in GROUPED]
+                         + [("decode", False, True), ("mixed", True, True)])
 def test_flashinfer_fp8_plans_on_a_stand_in(monkeypatch, name, grouped, per_head) -> None:
     from services.worker.attention.flashinfer_backend import FlashInferAttention
 

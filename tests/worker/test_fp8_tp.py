@@ -66,7 +66,7 @@ def _expected(full: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str, ran
     return w[rows], s[rows]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_fp8_tp2_shards_and_logits(tmp_path: Path) -> None:
     src = tmp_path / "bf16"
     hf = save_tiny_model(tiny_config("llama", vocab_size=509), src)
