@@ -264,8 +264,11 @@ def runners(model: str, device: str) -> dict:
             if name == "fp8_weights" and "bf16" in logits:  # what if lm_head were FP8 too (eager: graphs have it)
                 r.graphs, head = None, r.model.lm_head
                 q, s = quantize_rows(head.weight.data)
-                head.forward = lambda h, q=q, s=s, head=head: head.tp.all_gather(fp8_linear(h, q, s, None))[
-                    :, : head.vocab_size].float()
+                def fp8_head(h, out=None, q=q, s=s, head=head):
+                    logits = head.tp.all_gather(fp8_linear(h, q, s, None))[:, : head.vocab_size]
+                    return logits.float() if out is None else out.copy_(logits)
+
+                head.forward = fp8_head
                 res["fp8_lm_head_too_vs_bf16"] = agreement(workload(r, vocab), logits["bf16"])
                 res["lm_head_bytes"] = head.weight.numel() * head.weight.element_size()
             out[name] = res
