@@ -45,7 +45,10 @@ def enable_cuda_kernels(device: torch.device) -> dict[str, str]:
     → which implementation each operation got (logged). Any failure keeps the PyTorch one."""
     from services.worker.quant import fp8, kv
 
-    chosen = {"activation_quant": "torch", "kv_store": "torch"}
+    chosen = {"gemm": "scaled_mm" if fp8.check_scaled_mm(device) else "dequantize", "activation_quant": "torch",
+              "kv_store": "torch"}
+    if chosen["gemm"] != "scaled_mm":
+        log.warning("fp8_scaled_mm_unavailable", device=str(device))
     try:
         from services.worker.quant import triton_kernels as tk
 

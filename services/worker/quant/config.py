@@ -17,11 +17,11 @@ SUPPORTED = "fp8 (HF fp8 or compressed-tensors float8 checkpoints, or --quantiza
 @dataclass(frozen=True)
 class QuantConfig:
     """FP8 weights: ``source`` is "online" (quantized at load), "fp8" (an HF fp8 checkpoint) or
-    "compressed-tensors"; ``block`` the (rows, cols) of the checkpoint's block-wise scales, if any."""
+    "compressed-tensors"; ``block`` the (rows, cols) of the checkpoint's block-wise scales, if any.
+    Activations are always scaled per token at run time (a checkpoint's static input scales unused)."""
 
     source: str
     block: tuple[int, int] | None = None
-    static_activations: bool = False  # the checkpoint has input_scale tensors (ignored: we scale per token)
 
     @property
     def name(self) -> str:
@@ -56,14 +56,14 @@ def _hf_fp8(qc: Mapping[str, Any], where: str) -> QuantConfig:
     scheme = str(qc.get("activation_scheme", "dynamic")).lower()
     if scheme not in ("dynamic", "static"):
         raise ValueError(f"{where}: fp8 activation_scheme {scheme!r} is not supported (dynamic | static)")
-    return QuantConfig("fp8", _block(qc.get("weight_block_size"), where), static_activations=scheme == "static")
+    return QuantConfig("fp8", _block(qc.get("weight_block_size"), where))  # (static input scales: unused)
 
 
 def _compressed_tensors(qc: Mapping[str, Any], where: str) -> QuantConfig:
     groups = qc.get("config_groups") or {}
     if not groups:
         raise ValueError(f"{where}: compressed-tensors quantization_config without config_groups")
-    block, static = None, False
+    block = None
     for name, group in groups.items():
         fmt = str(group.get("format") or qc.get("format") or "float-quantized")
         w = group.get("weights") or {}
@@ -81,12 +81,11 @@ def _compressed_tensors(qc: Mapping[str, Any], where: str) -> QuantConfig:
         if acts and (str(acts.get("type", "float")).lower() != "float" or acts.get("num_bits", 8) != 8):
             raise ValueError(f"{where}: compressed-tensors group {name!r} quantizes activations to "
                              f"{acts.get('num_bits')}-bit {acts.get('type')}; only float8 (or none) is supported")
-        static = static or (bool(acts) and not acts.get("dynamic", True))
     kv = qc.get("kv_cache_scheme")
     if kv and (str(kv.get("type", "float")).lower() != "float" or kv.get("num_bits", 8) != 8):
         raise ValueError(f"{where}: compressed-tensors kv_cache_scheme {kv.get('num_bits')}-bit {kv.get('type')} "
                          "is not supported (float8 only, with --kv-cache-dtype fp8_e4m3)")
-    return QuantConfig("compressed-tensors", block, static_activations=static)
+    return QuantConfig("compressed-tensors", block)
 
 
 def _block(value: Any, where: str) -> tuple[int, int] | None:

@@ -102,7 +102,8 @@ def load_fp8_rows(weight: Tensor, scale: Tensor, loaded: Tensor | QuantizedWeigh
 # --- linear layers -------------------------------------------------------------------------------
 
 ActQuant = Callable[[Tensor], tuple[Tensor, Tensor]]
-_act_quant: ActQuant = quantize_per_token  # on CUDA: the Triton kernel once ``use_cuda_kernels`` checked it
+_act_quant: ActQuant = quantize_per_token  # on CUDA: the Triton kernel once ``enable_cuda_kernels`` checked it
+_scaled_mm = True  # off when torch._scaled_mm failed its check on the device (then: dequantize and multiply)
 
 
 def set_activation_quant(fn: ActQuant) -> None:
@@ -110,11 +111,27 @@ def set_activation_quant(fn: ActQuant) -> None:
     _act_quant = fn
 
 
+def check_scaled_mm(device: torch.device) -> bool:
+    """``torch._scaled_mm`` with row-wise scales works on ``device`` and agrees with the dequantized
+    product; else FP8 linears there dequantize and multiply (correct, slower)."""
+    global _scaled_mm
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(48, 64, generator=g), torch.randn(5, 64, generator=g).bfloat16()
+    q, s = quantize_rows(w)
+    try:
+        got = fp8_linear(x.to(device), q.to(device), s.to(device), None).float().cpu()
+        want = fp8_linear(x, q, s, None).float()
+        _scaled_mm = bool(((got - want).norm() / want.norm()) < 1e-2)
+    except Exception:  # an arch or a cuBLAS without FP8 GEMMs
+        _scaled_mm = False
+    return _scaled_mm
+
+
 def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
     """y = x W^T (+ b) with W ≈ weight * scale[:, None] (weight (N, K) e4m3, scale (N,) fp32) and x
     quantized per token; x (T, K) → y (T, N) in x's dtype."""
     n, k = weight.shape
-    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % 16 == 0:
+    if x.is_cuda and _scaled_mm and x.dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % 16 == 0:
         xq, xs = _act_quant(x)
         y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
     else:
