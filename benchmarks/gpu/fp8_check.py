@@ -16,7 +16,8 @@ Sections, each on its own (a failure prints its error and the rest still runs):
     --mem-fraction-static 0.85: KV pool tokens (ratio), weight bytes (ratio), batch-1 decode graph
     replay (W1-like), and logits of 8 x (128 + 128 prompt tokens, 16 teacher-forced decode steps;
     the second chunk and the decodes read the pool) → top-1 agreement with bf16 on positions where
-    bf16's top-2 margin ≥ 0.1, relative error; FP8 weights also with an FP8 lm_head (what if)
+    bf16's top-2 margin ≥ 0.1, relative error; the same steps without graphs (graphs vs eager);
+    FP8 weights also with an FP8 lm_head (what if)
  5. checkpoint: an FP8 checkpoint of the model (HF fp8 layout, per-channel scales) written, loaded
     through the worker and served (its logits against the online-quantized run's)
 Prints a table last; writes everything as JSON to --out.
@@ -261,6 +262,10 @@ def runners(model: str, device: str) -> dict:
             if name != "bf16" and "bf16" in logits:
                 res["vs_bf16"] = agreement(logits[name], logits["bf16"])
             res["w1"] = w1(r, vocab)
+            if r.graphs is not None:  # the decode steps replayed graphs: the same steps eagerly
+                graphs, r.graphs = r.graphs, None
+                res["graphs_vs_eager_rel_err"] = agreement(logits[name], workload(r, vocab))["rel_err"]
+                r.graphs = graphs
             if name == "fp8_weights" and "bf16" in logits:  # what if lm_head were FP8 too (eager: graphs have it)
                 r.graphs, head = None, r.model.lm_head
                 q, s = quantize_rows(head.weight.data)
@@ -342,6 +347,8 @@ def table() -> str:
             ("batch-1 decode replay ms, FP8 weights (goal ≤ 2.6)",
              run.get("fp8_weights", {}).get("w1", {}).get("replay_ms")),
             ("batch-1 decode replay ms, FP8 KV", run.get("fp8_kv", {}).get("w1", {}).get("replay_ms")),
+            ("FP8 KV: graph-replayed vs eager decode logits, rel. err", run.get("fp8_kv", {}).get(
+                "graphs_vs_eager_rel_err")),
             ("decode 64x1k µs/layer bf16 KV (tensor cores)", att.get("decode_64x1k_bf16_tensor_cores_us")),
             ("decode 64x1k µs/layer FP8 KV, tensor cores", att.get("decode_64x1k_fp8_tensor_cores_us")),
             ("decode 64x1k µs/layer FP8 KV, CUDA cores", att.get("decode_64x1k_fp8_cuda_cores_us")),
