@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 
 ENV_PREFIX = "BANYAN_"
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8")  # fp8: fp8_e4m3
+QUANTIZATIONS = ("", "fp8")
 
 
 class ConfigError(ValueError):
@@ -151,6 +153,13 @@ class WorkerConfig(CommonConfig):
                 "fused norm/rope/activation/sampling kernels"})
     mem_fraction_static: float = field(default=0.85, metadata={
         "help": "fraction of the GPU's memory for weights + KV pool (the KV pool gets what the weights leave)"})
+    kv_cache_dtype: str = field(default="auto", metadata={
+        "help": "KV cache storage: auto (the model dtype) | fp8_e4m3 (FP8 with a per-tensor scale, or the "
+                "checkpoint's per-layer / per-head k_scale and v_scale: twice the tokens in the same memory)"})
+    quantization: str = field(default="", metadata={
+        "help": "weight quantization: empty (none, or what the checkpoint's quantization_config says: FP8 "
+                "checkpoints load as FP8) | fp8 (FP8 e4m3 weights with per-output-channel scales, quantized at "
+                "load; activations scaled per token at run time; embeddings and lm_head stay in --dtype)"})
     cuda_graph_max_bs: int = field(default=512, metadata={"help": "largest decode batch replayed as a CUDA graph"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run every step eagerly"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (one worker process each)"})
@@ -167,6 +176,10 @@ class WorkerConfig(CommonConfig):
         _check(self.attention_backend in ("auto", "flashinfer", "torch"),
                f"bad attention backend {self.attention_backend!r} (auto | flashinfer | torch)")
         _check(0.0 < self.mem_fraction_static <= 1.0, "mem_fraction_static must be in (0, 1]")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"bad kv_cache_dtype {self.kv_cache_dtype!r} ({' | '.join(KV_CACHE_DTYPES)})")
+        _check(self.quantization in QUANTIZATIONS, f"quantization {self.quantization!r} is not supported (empty: "
+               f"none or the checkpoint's own | fp8; AWQ, GPTQ, bitsandbytes and other methods are not)")
         _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
         _check(self.tp_size >= 1, "tp_size must be >= 1")
         _check(0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is not in [0, {self.tp_size})")
