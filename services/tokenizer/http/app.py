@@ -187,12 +187,13 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
     async def models() -> api.ModelList:
         info = front.model()
         return api.ModelList(data=[api.ModelCard(id=info.model, created=front.created,
-                                                 max_model_len=info.context_length)])
+                                                 max_model_len=info.context_length, vocab_size=info.vocab_size)])
 
     @app.get("/v1/models/{model:path}", response_model=api.ModelCard, responses=_ERRORS)
     async def model(model: str) -> api.ModelCard:
         info = front.model(model)
-        return api.ModelCard(id=info.model, created=front.created, max_model_len=info.context_length)
+        return api.ModelCard(id=info.model, created=front.created, max_model_len=info.context_length,
+                             vocab_size=info.vocab_size)
 
     @app.post("/tokenize", response_model=api.TokenizeResponse, responses=_ERRORS)
     async def tokenize(body: api.TokenizeRequest) -> api.TokenizeResponse:

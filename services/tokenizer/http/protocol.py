@@ -234,6 +234,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "banyan"
     max_model_len: int
+    vocab_size: int = Field(description="Banyan extension: token ids are in [0, vocab_size) (banyan bench asks it)")
 
 
 class ModelList(BaseModel):
