@@ -23,6 +23,7 @@ from services.tokenizer import tokens, validation
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.http import convert, errors
+from services.tokenizer.http.docs import install_docs
 from services.tokenizer.http import protocol as api
 from services.tokenizer.http.middleware import Edge
 from services.tokenizer.http.streams import ClientGone, merge, unless_disconnected
@@ -151,7 +152,8 @@ def _request_id(request: Request, prefix: str) -> str:
 def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, metrics: TokenizerMetrics,
                tracer: Tracer | None = None) -> FastAPI:
     app = FastAPI(title="Banyan", version="1", summary="OpenAI-compatible API of a Banyan tokenizer replica",
-                  redoc_url=None)
+                  docs_url=None, redoc_url=None)
+    install_docs(app)  # /docs with Swagger UI's assets served here, not from a CDN
     errors.install(app)
     app.add_middleware(Edge, api_key=api_key, metrics=metrics)
     front = Frontend(text, client, metrics, tracer)
