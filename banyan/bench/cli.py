@@ -19,7 +19,8 @@ def _range(text: str) -> tuple[int, int]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="banyan bench", description="Serving benchmark (Banyan gRPC or OpenAI HTTP)")
     ap.add_argument("--backend", choices=("grpc", "openai"), default="grpc")
-    ap.add_argument("--target", default="localhost:50051", help="gRPC host:port, or the HTTP base URL")
+    ap.add_argument("--target", default=os.environ.get("BANYAN_ADDRESS", "localhost:50051"),
+                    help="gRPC host:port, or the HTTP base URL [env BANYAN_ADDRESS, default localhost:50051]")
     ap.add_argument("--model", default="", help="model name sent to OpenAI servers (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("BANYAN_API_KEY", ""))
     ap.add_argument("--dataset", choices=("random", "shared-prefix", "json", "sharegpt"), default="random")

@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-file", default=os.environ.get("BANYAN_READY_FILE", ""),
                     help="the --ready-file of banyan serve: every endpoint from it [env BANYAN_READY_FILE]")
     ap.add_argument("--host", default="127.0.0.1", help="host of the ports in the ready file")
+    ap.add_argument("--wait", type=float, default=0.0,
+                    help="seconds to wait for the ready file to appear (a banyan serve starting; default 0)")
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between scrapes (default 2)")
     ap.add_argument("--once", action="store_true", help="print one snapshot (two scrapes --interval apart) and exit")
     ap.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
@@ -261,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--interval must be > 0")
     if bool(ns.urls) == bool(ns.ready_file):
         ap.error("give either --ready-file PATH (as passed to banyan serve) or the metrics URLs")
+    deadline = time.monotonic() + ns.wait
+    while ns.ready_file and not os.path.exists(ns.ready_file) and time.monotonic() < deadline:
+        time.sleep(0.2)
     try:
         eps = from_ready_file(ns.ready_file, ns.host) if ns.ready_file else from_urls(ns.urls)
     except (OSError, ValueError) as e:
