@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -60,15 +61,21 @@ def test_top_once_shows_what_the_server_did(server, stub) -> None:
         req = pb.GenerateRequest(text=f"Top test {i}", sampling_params=pb.SamplingParams(max_tokens=6, ignore_eos=True))
         assert list(stub.Generate(req, timeout=60))[-1].finish_reason == pb.FINISH_REASON_LENGTH
     ready = server.log_path.with_suffix(".ready")
+
+    def finished() -> float:  # what the tokenizers counted (they record a request as its stream closes)
+        return sum(float(line.split()[-1]) for line in server.metrics("tokenizer").splitlines()
+                   if line.startswith('banyan:request_success_total{finish_reason="length"}'))
+
+    deadline = time.monotonic() + 30
+    while finished() < REQUESTS:
+        assert time.monotonic() < deadline, server.metrics("tokenizer")
+        time.sleep(0.1)
     r = banyan("top", "--ready-file", str(ready), "--once", "--json", "--interval", "0.5")
     assert r.returncode == 0, r.stdout + r.stderr
     v = json.loads(r.stdout)
     tok = v["tokenizer"]
-    # what the tokenizers counted, as top reads it, equals what the endpoint itself says
-    text = server.metrics("tokenizer")
-    finished = sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith('banyan:request_success_total{finish_reason="length"}'))
-    assert tok["finished"]["length"] == finished >= REQUESTS
+    # what top reads equals what the endpoint itself says
+    assert tok["finished"]["length"] == finished() == REQUESTS
     assert tok["errors"]["since_start"] == 0 and tok["errors"]["http_5xx"] == 0
     assert tok["ttft_ms"]["since_start"]["p50"] > 0 and tok["itl_ms"]["since_start"]["p99"] > 0
     assert tok["requests_per_s"] == 0  # nothing finished between the two scrapes
@@ -80,7 +87,7 @@ def test_top_once_shows_what_the_server_did(server, stub) -> None:
     # the text view: the same numbers, one table row per group
     t = banyan("top", "--ready-file", str(ready), "--once", "--interval", "0.2")
     assert t.returncode == 0, t.stderr
-    assert "TTFT ms" in t.stdout and f"length {finished:.0f}" in t.stdout
+    assert "TTFT ms" in t.stdout and f"length {REQUESTS}" in t.stdout
     assert any(line.split()[:3] == ["0", "0", "0"] for line in t.stdout.splitlines()), t.stdout
     # given as URLs instead: each endpoint recognised by what it serves
     u = banyan("top", "--once", "--json", "--interval", "0.2", f"127.0.0.1:{server.worker_metrics_port}",
