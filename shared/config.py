@@ -31,12 +31,16 @@ def _check(cond: bool, msg: str) -> None:
 class CommonConfig:
     model: str = field(default="", metadata={"help": "HF model directory (empty: the embedded demo model)"})
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+    log_format: str = field(default="auto", metadata={
+        "help": "text (one readable line per event and request stage) | json (one JSON object a line) | auto "
+                "(text when stderr is a terminal, else JSON)"})
     otlp_endpoint: str = field(default="", metadata={
         "help": "export OpenTelemetry spans to this OTLP endpoint (grpc host:4317, or http/protobuf with "
                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL; needs the otel extra; empty: no export)"})
 
     def __post_init__(self) -> None:
         _check(self.log_level in ("debug", "info", "warning", "error"), f"bad log level {self.log_level!r}")
+        _check(self.log_format in ("auto", "text", "json"), f"bad log format {self.log_format!r} (auto | text | json)")
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,9 @@ class SchedulerConfig(CommonConfig):
         "help": "cascade attention: KV tokens a step that runs eagerly anyway (prefill chunks in it, or a batch "
                 "above the largest CUDA graph) must save to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
+    log_interval: float = field(default=10.0, metadata={
+        "help": "seconds between summary log lines (running, queued, tokens/s in and out, cache hit rate, KV "
+                "usage; none while idle; 0: off)"})
     worker_timeout: float = field(default=30.0, metadata={
         "help": "seconds without a heartbeat answer after which worker rank 0 counts as lost (host down, "
                 "network cut; a worker process that exits is noticed at once); every request then fails "
@@ -138,6 +145,7 @@ class SchedulerConfig(CommonConfig):
         _check(self.cascade_min_saved >= 0 and self.cascade_min_saved_eager >= 0,
                "cascade_min_saved and cascade_min_saved_eager must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
+        _check(self.log_interval >= 0, "log_interval must be >= 0 (0: no summary lines)")
 
 
 @dataclass(frozen=True)
@@ -194,10 +202,13 @@ def _parse(tp: typing.Any, raw: str) -> typing.Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--flag`` per field of ``cls``; defaults come from ``BANYAN_*`` env vars."""
+    """Add one ``--flag`` per field of ``cls``; defaults come from ``BANYAN_*`` env vars. A field whose
+    flag the parser has already (a ``CommonConfig`` field when several services' flags are combined,
+    as ``banyan serve`` does) is not added again."""
     hints = typing.get_type_hints(cls)
+    have = {s for a in parser._actions for s in a.option_strings}
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or "--" + f.name.replace("_", "-") in have:
             continue
         tp = hints[f.name]
         env = ENV_PREFIX + f.name.upper()

@@ -131,8 +131,8 @@ class Recording:
         self.backend = backend
         self.results: dict[int, Result] = {}
 
-    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float) -> Result:
-        res = await self.backend.send(r, ignore_eos, temperature)
+    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float, progress=None) -> Result:
+        res = await self.backend.send(r, ignore_eos, temperature, progress)
         self.results[id(r)] = res
         return res
 
