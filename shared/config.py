@@ -115,11 +115,13 @@ class SchedulerConfig(CommonConfig):
         "help": "never read a prefix shared by many running requests once for the group (cascade attention)"})
     cascade_min_group: int = field(default=4, metadata={
         "help": "cascade attention: requests sharing a cached prefix before it is read once for all"})
-    cascade_min_prefix: int = field(default=64, metadata={"help": "cascade attention: shortest shared prefix (tokens)"})
-    cascade_min_saved: int = field(default=32768, metadata={
+    cascade_min_prefix: int = field(default=640, metadata={
+        "help": "cascade attention: shortest shared prefix (tokens; below ~600 the merge costs more than it saves "
+                "on an H200)"})
+    cascade_min_saved: int = field(default=131072, metadata={
         "help": "cascade attention: KV tokens (sum of (group size - 1) x prefix) a step that could replay a CUDA "
                 "graph must save to use it (a grouped step runs eagerly)"})
-    cascade_min_saved_eager: int = field(default=4096, metadata={
+    cascade_min_saved_eager: int = field(default=32768, metadata={
         "help": "cascade attention: KV tokens a step that runs eagerly anyway (prefill chunks in it, or a batch "
                 "above the largest CUDA graph) must save to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})

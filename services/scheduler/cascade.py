@@ -35,9 +35,9 @@ class CascadePolicy:
     a batch above the largest graph), ``min_saved_eager`` (the merge pass and the second plan)."""
 
     min_group: int = 4  # requests reading one prefix before it is read once for all
-    min_prefix: int = 64  # shortest shared prefix worth a group (tokens)
-    min_saved: int = 32768  # KV tokens a step that could replay a graph must save
-    min_saved_eager: int = 4096  # KV tokens an eager step must save
+    min_prefix: int = 640  # shortest shared prefix worth a group (tokens)
+    min_saved: int = 131072  # KV tokens a step that could replay a graph must save
+    min_saved_eager: int = 32768  # KV tokens an eager step must save
     graph_bs: int = 0  # the worker's largest CUDA-graph batch (0: none)
 
 
