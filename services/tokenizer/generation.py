@@ -88,6 +88,7 @@ class Generator:
         live = p.n
         first = 0.0
         try:
+            await self.client.watch.wait_serving()  # a scheduler restarting: wait for it (bounded)
             queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, span.traceparent, p.constraint)
         except Exception:
             self._ended(trace, span, p, branches, first, "error")
