@@ -83,7 +83,7 @@ def sweep(root: str | None = None) -> list[str]:
 
 def owner_of_port(port: int, root: str | None = None) -> Owner | None:
     """A live Banyan launcher that serves on ``port``, if its run directory says so."""
-    return next((o for o in owners(root) if port in o.ports and o.alive and o.pid != os.getpid()), None)
+    return next((o for o in owners(root) if port in o.ports and o.alive), None)
 
 
 class RunDir:

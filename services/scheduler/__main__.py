@@ -15,9 +15,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = configured(ap.prog, ns.debug, lambda: from_namespace(SchedulerConfig, ns), SchedulerConfig)
     setup_logging("scheduler", cfg.log_level)
     from shared.model_path import resolve_model
+
+
+    configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # a bad model: one line, before the heavy imports
     from services.scheduler.scheduler import Scheduler
 
-    configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # (a bad model: one line, before serving)
     Scheduler(cfg).run()
 
 

@@ -15,9 +15,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = configured(ap.prog, ns.debug, lambda: from_namespace(TokenizerConfig, ns), TokenizerConfig)
     setup_logging("tokenizer", cfg.log_level)
     from shared.model_path import resolve_model
+
+
+    configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # a bad model: one line, before the heavy imports
     from services.tokenizer.server import main_async
 
-    configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # (a bad model: one line, before serving)
     main_async(cfg)
 
 

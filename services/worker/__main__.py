@@ -15,9 +15,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = configured(ap.prog, ns.debug, lambda: from_namespace(WorkerConfig, ns), WorkerConfig)
     setup_logging("worker", cfg.log_level)
     from shared.model_path import resolve_model
+
+
+    model_dir, name = configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # before the heavy imports
     from services.worker.server import serve
 
-    model_dir, name = configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))
     serve(cfg, model_dir, (cfg.served_model_names or [name])[0])
 
 
