@@ -53,7 +53,7 @@ class SchedulerWatch:
         self.gone_grace, self.restart_wait, self.clock = gone_grace, restart_wait, clock
         self.on_gone: Callable[[], None] | None = None  # every scheduler gone for gone_grace
         self.gone_since: dict[int, float] = {}  # groups whose connection is closed now → since when
-        self.restarting: set[int] = set()  # groups gone once that have not served since
+        self.lost: dict[int, str] = {}  # group → the reason it was marked down with when its scheduler went
         self._monitors: list[zmq.Socket] = []
 
     def start(self) -> list[asyncio.Task]:
@@ -78,8 +78,7 @@ class SchedulerWatch:
     def on_event(self, g: int, event: int) -> None:
         if event == zmq.EVENT_DISCONNECTED and g not in self.gone_since:
             self.gone_since[g] = self.clock()
-            self.restarting.add(g)
-            reason = f"{self.what(g)} exited (its connection closed)"
+            reason = self.lost[g] = f"{self.what(g)} exited (its connection closed)"
             log.error("scheduler_gone", group=g, endpoint=self.client.links[g].endpoint)
             self.client.scheduler_lost(g, reason)
         elif event == zmq.EVENT_CONNECTED and g in self.gone_since:
@@ -102,12 +101,17 @@ class SchedulerWatch:
                     self.on_gone()
                 return
 
+    @property
+    def restarting(self) -> list[int]:
+        """Groups whose scheduler went and that have not served since (down for that reason still:
+        a ``ModelInfo`` clears it, a later worker loss replaces it)."""
+        return [g for g, why in self.lost.items() if self.client.links[g].down == why]
+
     async def wait_serving(self) -> None:
         """Before a new request: when no group serves and one is restarting, wait for one to serve
         (at most ``restart_wait`` s); the request then goes on (and is refused, if still nothing serves)."""
         client = self.client
-        self.restarting = {g for g in self.restarting if client.links[g].down or g in self.gone_since}
-        if client.ready.is_set() or not self.restarting or self.restart_wait <= 0 or client.info is None:
+        if client.ready.is_set() or self.restart_wait <= 0 or client.info is None or not self.restarting:
             return
         try:
             await asyncio.wait_for(client.ready.wait(), self.restart_wait)

@@ -14,7 +14,7 @@ import zmq.asyncio
 from shared.messages.codec import Codec
 from shared.messages.common import SamplingParams
 from shared.messages.to_scheduler import GenerateReq, ToScheduler, TokenizerHello
-from shared.messages.to_tokenizer import ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
+from shared.messages.to_tokenizer import EngineStatus, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
 from services.tokenizer.scheduler_client import SchedulerClient
 
 WAIT_S = 30.0  # bound on waits for something that must happen (not a timing claim)
@@ -79,6 +79,16 @@ def test_scheduler_gone_and_back(tmp_path):
             client.submit("b", [1, 2], SamplingParams())
             assert (await next_of(sched, GenerateReq))[1].rid == "b"
             client.release("b")
+            # its worker lost later: that is not a restart to wait for (refused at once, as always)
+            await sched.send_multipart([ident, SEND.encode(EngineStatus(serving=False, reason="the worker died"))])
+            for _ in range(int(WAIT_S * 100)):
+                if not client.ready.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert client.watch.restarting == []
+            await asyncio.wait_for(client.watch.wait_serving(), 5)  # returns at once (bounded here)
+            await sched.send_multipart([ident, SEND.encode(INFO)])
+            await asyncio.wait_for(client.ready.wait(), WAIT_S)
 
             assert not gone
             sched.close(linger=0)  # gone again, and this time for good
@@ -98,8 +108,6 @@ def test_scheduler_gone_and_back(tmp_path):
 def test_a_worker_loss_is_not_waited_for(tmp_path):
     """A group down because its worker was lost (``EngineStatus``) refuses new requests at once:
     only a restarting scheduler is waited for."""
-    from shared.messages.to_tokenizer import EngineStatus
-
     ep = f"ipc://{tmp_path}/s.ipc"
 
     async def main() -> None:
