@@ -63,8 +63,8 @@ def _metrics_port(port: int, reserve: PortReservations, group: int = 0) -> int:
 
 def fixed_ports(cfg: ServeConfig) -> list[FixedPort]:
     """The ports the user fixed (checked and held before anything starts)."""
-    out = [FixedPort(p, f) for p, f in ((cfg.tokenizer.grpc_port, "--grpc-port"), (cfg.tokenizer.http_port, "--http-port"))
-           if p > 0]
+    given = ((cfg.tokenizer.grpc_port, "--grpc-port"), (cfg.tokenizer.http_port, "--http-port"))
+    out = [FixedPort(p, f) for p, f in given if p > 0]
     for port, flag in ((cfg.scheduler_metrics_port, "--scheduler-metrics-port"),
                        (cfg.worker_metrics_port, "--worker-metrics-port")):
         out += [FixedPort(port + g, flag) for g in range(cfg.dp) if port > 0]
@@ -235,7 +235,8 @@ class Launcher:
         """What is restarted together when ``name`` exits: (unit, its processes, in start order)."""
         if name.startswith("scheduler"):
             sfx = name[len("scheduler"):]
-            return name, [name, *(n for n in self.spawned if n.startswith("worker") and worker_group(n) == f"worker{sfx}")]
+            workers = [n for n in self.spawned if n.startswith("worker") and worker_group(n) == f"worker{sfx}"]
+            return name, [name, *workers]
         if name.startswith("worker"):
             group = worker_group(name)
             return group, [n for n in self.spawned if n.startswith("worker") and worker_group(n) == group]

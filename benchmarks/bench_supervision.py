@@ -219,10 +219,10 @@ def main() -> int:
         rs = [r for r in rows if r["kind"] == kind]
         if rs:
             rec = [r["recovery_s"] for r in rs]
-            kinds[kind] = {"faults": len(rs), "recovery_p50_s": statistics.median(rec), "recovery_p99_s": pct(rec, 0.99),
-                           "in_flight": sum(r["in_flight"] for r in rs), "exposed": sum(r["exposed"] for r in rs),
-                           "lost": sum(r["lost"] for r in rs), "lost_not_exposed": sum(r["lost_not_exposed"] for r in rs),
-                           "refused": sum(r["refused"] for r in rs)}
+            kinds[kind] = {"faults": len(rs), "recovery_p50_s": statistics.median(rec),
+                           "recovery_p99_s": pct(rec, 0.99),
+                           **{k: sum(r[k] for r in rs) for k in ("in_flight", "exposed", "lost", "lost_not_exposed",
+                                                                 "refused")}}
     print(f"\n{'fault (kill -9)':<16}{'n':>3}{'recovery p50':>14}{'p99':>8}{'in flight':>11}{'on it':>7}{'lost':>6}"
           f"{'others lost':>13}{'refused':>9}")
     for kind, k in kinds.items():

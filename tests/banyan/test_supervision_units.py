@@ -87,7 +87,8 @@ def test_sweep_removes_only_run_dirs_whose_launcher_is_gone(tmp_path):
     me = os.getpid()
     dead = fake_run_dir(tmp_path, "banyan-1-dead", {"pid": dead_pid(), "start": "", "ports": []})
     reused = fake_run_dir(tmp_path, "banyan-2-reused", {"pid": me, "start": "1", "ports": []})  # my pid, not me
-    parent = fake_run_dir(tmp_path, "banyan-3-parent", {"pid": os.getppid(), "start": rundir.process_start(os.getppid())})
+    parent = fake_run_dir(tmp_path, "banyan-3-parent",
+                          {"pid": os.getppid(), "start": rundir.process_start(os.getppid())})
     ownerless = fake_run_dir(tmp_path, "banyan-4-other", None)  # not a run dir of ours
     unrelated = fake_run_dir(tmp_path, "other-5", {"pid": dead_pid()})
     assert sorted(rundir.sweep(str(tmp_path))) == sorted([str(dead), str(reused)])
@@ -118,7 +119,8 @@ def test_fixed_port_check_names_the_port_its_holder_and_the_way_out(tmp_path):
     try:
         with pytest.raises(PortBusy) as e:
             check_free([FixedPort(port, "--http-port")], str(tmp_path))
-        assert f"port {port} (--http-port) is in use by another Banyan server (launcher pid {os.getpid()})" in str(e.value)
+        busy = f"port {port} (--http-port) is in use by another Banyan server (launcher pid {os.getpid()})"
+        assert busy in str(e.value)
         assert f"kill {os.getpid()}" in str(e.value)
     finally:
         held.release()

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.e2e.test_worker_death import greedy, health, open_streams, started, wait_health
+from tests.e2e.test_worker_death import greedy, health, open_streams, started
 from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
@@ -196,7 +196,8 @@ def test_crash_loop_stops_the_server_and_leaves_nothing(server, model_dir, run_r
     assert took < 60, f"the launcher stopped {took:.1f} s after the crash loop began"
     text = server.log_text()
     stops = [x for x in text.splitlines() if x.startswith("Banyan is stopping:")]
-    assert len(stops) == 1 and stops[0].startswith("Banyan is stopping: worker-0 ") and "a crash loop" in stops[0], stops
+    assert len(stops) == 1 and stops[0].startswith("Banyan is stopping: worker-0 "), stops
+    assert "a crash loop" in stops[0], stops
     assert "no config.json" in text  # the worker's own one line says why it dies
     assert len(records(server, "worker_exited")) == 2 and len(records(server, "worker_restarts_exhausted")) == 1
     for pid in pids + [p for ps in started(server).values() for p in ps]:

@@ -7,16 +7,16 @@ a clean SIGTERM stop leaves no process and no run directory."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
+
+from grpc_health.v1 import health_pb2
 
 from banyan.ports import FixedPort, check_free
 from tests.e2e.test_worker_death import greedy, health, open_streams, started
 from tests.support import ROOT, Server, free_port
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
-from grpc_health.v1 import health_pb2
 
 BOUND_S = 5.0  # the issue's bound: launcher killed → every service process gone
 
