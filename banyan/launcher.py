@@ -120,7 +120,8 @@ class Launcher:
         self.run_dir: rundir.RunDir | None = None
         self.counter: RestartCounter | None = None
         self.ready = False
-        self.signals = 0  # SIGINT/SIGTERM/SIGHUP received: the first stops in order, the second at once
+        self.signals = 0  # SIGINT/SIGTERM/SIGHUP received: the first stops in order …
+        self.at_once = False  # … and a Ctrl-C (SIGINT) after it stops at once (a repeated SIGTERM does not)
 
     def _spawn(self, name: str, module: str, cfg, extra_env: dict[str, str] | None = None) -> None:
         argv, env = _secrets_to_env(to_argv(cfg))
@@ -305,11 +306,12 @@ class Launcher:
 
     # ---- stopping -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
+        self.at_once = self.at_once or (self.signals > 0 and signum == signal.SIGINT)
         self.signals += 1
 
     def shutdown(self) -> bool:
         """Tokenizers first (they drain their streams), then the scheduler, then the worker; a
-        second signal kills what is left at once. Each exit is logged (``exited``, with its
+        second Ctrl-C kills what is left at once. Each exit is logged (``exited``, with its
         returncode); True when every process exited 0."""
         self.pending.clear()
         grace = self.cfg.tokenizer.grace_seconds
@@ -324,9 +326,8 @@ class Launcher:
                     c.proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + grace + 5
             while any(c.proc.poll() is None for c in group):
-                now_ = self.signals > 1
-                if now_ or time.monotonic() > deadline:
-                    if now_ and not told:
+                if self.at_once or time.monotonic() > deadline:
+                    if self.at_once and not told:
                         told = True
                         say("Banyan is stopping at once: the services are killed")
                     for c in group:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -293,3 +295,39 @@ def test_nothing_in_shared_or_services_imports_banyan():
                 found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n == "banyan" or n.startswith("banyan.")]
     assert not found, found
 
+
+
+# ---- stopping ------------------------------------------------------------------------------------
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+
+
+def test_a_second_ctrl_c_stops_at_once_and_a_second_sigterm_does_not(capsys):
+    from banyan.launcher import Child, Launcher, ServeConfig
+    from shared.config import WorkerConfig
+
+    def launcher() -> Launcher:
+        la = Launcher(ServeConfig(TokenizerConfig(grace_seconds=5), SchedulerConfig(), WorkerConfig()))
+        for name in ("tokenizer-0", "scheduler"):  # processes that ignore SIGTERM, as a stuck service would
+            p = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
+            assert p.stdout.readline() == "up\n"
+            la.children[name] = Child(name, p, time.monotonic())
+        return la
+
+    la = launcher()
+    la._on_signal(signal.SIGINT, None)  # Ctrl-C: stop in order …
+    procs = [c.proc for c in la.children.values()]
+    threading.Timer(0.5, la._on_signal, (signal.SIGINT, None)).start()  # … Ctrl-C again
+    t0 = time.monotonic()
+    assert la.shutdown() is False
+    assert time.monotonic() - t0 < 5 + 5  # before the tokenizers' grace (+5 s) ran out
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
+    err = capsys.readouterr().err
+    assert "Press Ctrl-C again to stop at once" in err and "Banyan is stopping at once" in err
+
+    la = launcher()
+    la._on_signal(signal.SIGTERM, None)
+    la._on_signal(signal.SIGTERM, None)  # a supervisor repeating SIGTERM: still in order
+    assert not la.at_once
+    for c in la.children.values():
+        c.proc.kill()
+    la.shutdown()
