@@ -23,7 +23,7 @@ from shared.config import SchedulerConfig, TokenizerConfig, WorkerConfig, to_arg
 from shared.entry import LAUNCHER_ENV
 from shared.logging import get_logger
 from banyan import rundir
-from banyan.ports import FixedPort, PortBusy, PortReservations, check_free, free_port
+from banyan.ports import FixedPort, PortBusy, PortReservations, free_port
 from banyan.supervision import RestartCounter, RestartPolicy, how_it_ended, kind_of, worker_group
 
 __all__ = ["Launcher", "PortReservations", "ServeConfig", "free_port"]
@@ -140,11 +140,9 @@ class Launcher:
             log.info("run_dir_swept", path=path, why="its launcher is gone")
         fixed = fixed_ports(cfg)
         try:
-            check_free(fixed)
-            for p in fixed:
-                self.ports.hold(p.port)
+            self.ports.hold_fixed(fixed)
             gpus = _group_gpus(cfg.worker, cfg.dp)
-        except (PortBusy, RuntimeError, OSError) as e:
+        except (PortBusy, RuntimeError) as e:
             self.ports.release()
             say(f"banyan serve: error: {e}")
             return 1
@@ -270,6 +268,9 @@ class Launcher:
         log.error(f"{kind}_exited", process=name, pid=p.pid, returncode=p.returncode, how=how, ran_s=round(ran, 1),
                   restart=self.policy.used(unit), max_restarts=self.cfg.max_restarts, delay_s=verdict.delay_s,
                   restarting=members)
+        for u, (_, names) in list(self.pending.items()):  # (a worker restart waiting, its scheduler now dead)
+            if set(names) & set(members):
+                del self.pending[u]
         self.pending[unit] = (time.monotonic() + verdict.delay_s, members)
         return True
 

@@ -87,6 +87,15 @@ class PortReservations:
         self._socks.append(s)
         return s.getsockname()[1]
 
+    def hold_fixed(self, ports: list[FixedPort], run_root: str | None = None) -> None:
+        """Check ``ports`` (``check_free``) and hold them; ``PortBusy`` names the first taken."""
+        check_free(ports, run_root)
+        for p in ports:
+            try:
+                self.hold(p.port)
+            except OSError as e:  # taken between the check and here
+                raise PortBusy(_busy(p, e, run_root)) from e
+
     def release(self) -> None:
         for s in self._socks:
             s.close()
