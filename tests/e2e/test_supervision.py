@@ -142,6 +142,9 @@ def test_killed_tokenizer_replica_loses_only_its_own_requests_and_comes_back(ser
     victim = started(server)["tokenizer-1"][-1]
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
+    # (a connection made while it dies can still land in its listening socket's queue, and is reset:
+    # it is one of the killed process's own)
+    wait_for(lambda: [r for r in records(server, "tokenizer_exited") if r["pid"] == victim], "the replica reaped", 60)
     fresh = []
     for i in range(4):  # new connections meanwhile: served by the other replica
         with server.channel(own_connection=True) as ch:
