@@ -89,6 +89,10 @@ class Generator:
         first = 0.0
         try:
             await self.client.watch.wait_serving()  # a scheduler restarting: wait for it (bounded)
+        except BaseException:  # (the caller went away while it waited)
+            self._ended(trace, span, p, branches, first, "abort")
+            raise
+        try:
             queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, span.traceparent, p.constraint)
         except Exception:
             self._ended(trace, span, p, branches, first, "error")
