@@ -134,9 +134,9 @@ def main() -> int:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from shared.model_path import resolve_model
+    from banyan.cli import resolve  # (empty: the demo model)
 
-    model_dir, _ = resolve_model(args.model)
+    model_dir, _ = resolve(args.model)
     tok = AutoTokenizer.from_pretrained(model_dir)
     text_ids = tok.encode((ROOT / "docs" / "architecture.md").read_text(), add_special_tokens=False)
     with tempfile.TemporaryDirectory() as tmp:

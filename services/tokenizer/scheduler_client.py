@@ -9,6 +9,8 @@ load and notices a group that stops answering (``DOWN_AFTER_S``): that group's r
 end with UNAVAILABLE, new ones go to the other groups, and it is used again once it answers.
 A group whose worker was lost says so (``EngineStatus``; its scheduler has failed its requests):
 it is routed around the same way until its restarted worker is ready (``ModelInfo`` again).
+A scheduler process that exits is noticed by ``SchedulerWatch`` (``scheduler_watch.py``), which
+calls ``scheduler_lost`` / ``scheduler_back`` here.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from shared.messages.to_tokenizer import EngineStatus, Load, ModelInfo, ToTokeni
 from shared.tracing import trace_id
 from shared.transport import AsyncDealerQueue
 from services.tokenizer.router import Route, Router
+from services.tokenizer.scheduler_watch import SchedulerWatch
 
 log = get_logger("tokenizer")
 DOWN_AFTER_S = 10.0  # a group that answers no load probe for this long is routed around
@@ -93,7 +96,7 @@ def total_load(loads: list[Load]) -> Load:
 
 class SchedulerClient:
     def __init__(self, endpoints: list[str] | str, identity: str, router: Router | None = None,
-                 probe_interval: float = 1.0) -> None:
+                 probe_interval: float = 1.0, gone_grace: float = 30.0, restart_wait: float = 60.0) -> None:
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         self.identity = identity
@@ -111,9 +114,10 @@ class SchedulerClient:
         self._loads: dict[str, asyncio.Future[Load]] = {}
         self._tasks: list[asyncio.Task] = []
         self.closing = False
+        self.watch = SchedulerWatch(self, gone_grace, restart_wait)  # scheduler processes gone / back
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._read(g)) for g in range(len(self.links))]
+        self._tasks = [asyncio.create_task(self._read(g)) for g in range(len(self.links))] + self.watch.start()
         if self.probe_interval > 0:
             self._tasks.append(asyncio.create_task(self._probe()))
         for link in self.links:
@@ -288,14 +292,29 @@ class SchedulerClient:
             log.warning("group_up", group=g, endpoint=link.endpoint)
         else:
             log.error("group_down", group=g, endpoint=link.endpoint, seconds=DOWN_AFTER_S)
-            for rid, flight in list(self._streams.items()):
-                if flight.group == g:  # end them: the client may retry, and another group will take it
-                    link.q.send(AbortReq(rid=rid))
-                    for i in range(flight.n):
-                        flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish=FinishReason.ERROR,
-                                                         error_code=ErrorCode.UNAVAILABLE,
-                                                         error=f"data-parallel group {g} stopped answering"))
+            self._end_streams(g, f"data-parallel group {g} stopped answering")
         self._health()
+
+    def _end_streams(self, g: int, error: str) -> None:
+        """End group ``g``'s requests in flight with UNAVAILABLE: the client may retry, and another
+        group (or the group, back) will take it."""
+        for rid, flight in list(self._streams.items()):
+            if flight.group == g:
+                self.links[g].q.send(AbortReq(rid=rid))
+                for i in range(flight.n):
+                    flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish=FinishReason.ERROR,
+                                                     error_code=ErrorCode.UNAVAILABLE, error=error))
+
+    def scheduler_lost(self, g: int, reason: str) -> None:
+        """Group ``g``'s scheduler process is gone: its requests in flight end now, and it is routed
+        around until it serves again (``ModelInfo`` from a restarted one)."""
+        self._end_streams(g, f"{reason}: the request was lost, retry it")
+        self._engine(g, reason)
+
+    def scheduler_back(self, g: int) -> None:
+        """Group ``g``'s connection is open again (a restarted scheduler): say hello, so it answers
+        with ``ModelInfo`` once its worker is ready."""
+        self.links[g].q.send(TokenizerHello(replica=self.identity))
 
     def _health(self) -> None:
         serving = any(link.usable for link in self.links)
@@ -307,6 +326,7 @@ class SchedulerClient:
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        self.watch.close()
         for link in self.links:
             link.q.close()
         self.ctx.term()
