@@ -53,7 +53,7 @@ def test_scheduler_gone_and_back(tmp_path):
             await sched.send_multipart([ident, SEND.encode(INFO)])
             await asyncio.wait_for(client.wait_ready(), WAIT_S)
             client.on_health = health.append
-            queue = client.submit("a", [1, 2], SamplingParams())
+            queue = client.submit(GenerateReq(rid="a", input_ids=[1, 2], params=SamplingParams()))
             await next_of(sched, GenerateReq)
             await sched.send_multipart([ident, SEND.encode(TokenOutBatch([TokenOut(rid="a", token_ids=[7])]))])
             assert (await first_out(queue)).token_ids == [7]
@@ -76,7 +76,7 @@ def test_scheduler_gone_and_back(tmp_path):
             await sched.send_multipart([ident, SEND.encode(INFO)])
             await asyncio.wait_for(waiting, WAIT_S)
             assert client.ready.is_set() and health == [False, True]
-            client.submit("b", [1, 2], SamplingParams())
+            client.submit(GenerateReq(rid="b", input_ids=[1, 2], params=SamplingParams()))
             assert (await next_of(sched, GenerateReq))[1].rid == "b"
             client.release("b")
             # its worker lost later: that is not a restart to wait for (refused at once, as always)
