@@ -20,7 +20,7 @@ from shared.messages.codec import Codec
 from shared.messages.common import FinishReason, SamplingParams
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
-from services.tokenizer import scheduler_client
+from services.tokenizer import loads as load_probe, scheduler_client
 from services.tokenizer.router import Router, block_hashes, rendezvous
 from services.tokenizer.scheduler_client import SchedulerClient
 from tests.support import ROOT
@@ -322,7 +322,7 @@ def test_groups_that_disagree_fail_readiness(tmp_path):
 
 
 def test_a_silent_group_is_routed_around_and_comes_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(scheduler_client, "DOWN_AFTER_S", 0.3)
+    monkeypatch.setattr(load_probe, "DOWN_AFTER_S", 0.3)
     health: list[bool] = []
 
     async def body(client: SchedulerClient, fakes: list[FakeScheduler]) -> None:
