@@ -26,7 +26,7 @@ from services.worker.attention import make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
-from services.worker.models.layers import TPGroup
+from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device

@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from services.worker.attention.base import AttentionBatch
 from services.worker.attention.torch_backend import TorchAttention
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
-from services.worker.models.layers import TPGroup
+from services.worker.tp import TPGroup
 from services.worker.models.loader import ModelSpec, load_model
 from services.worker.models.rotary import RopeConfig
 from services.worker.sampling import Sampler
