@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 ENV_PREFIX = "BANYAN_"
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8")  # fp8: fp8_e4m3
 QUANTIZATIONS = ("", "fp8")
+WRITE_POLICIES = ("write_through", "write_back")
 
 
 class ConfigError(ValueError):
@@ -149,6 +150,10 @@ class SchedulerConfig(CommonConfig):
     log_interval: float = field(default=10.0, metadata={
         "help": "seconds between summary log lines (running, queued, tokens/s in and out, cache hit rate, KV "
                 "usage; none while idle; 0: off)"})
+    hicache_write_policy: str = field(default="write_through", metadata={
+        "help": "hierarchical cache (a worker with --hicache-size or --hicache-ratio): write_through (a node entering "
+                "the KV pool is copied to host memory at once, overlapping the steps; evicting it is then free) | "
+                "write_back (copied when the pool evicts it; the next step waits for that copy)"})
     worker_timeout: float = field(default=30.0, metadata={
         "help": "seconds without a heartbeat answer after which worker rank 0 counts as lost (host down, "
                 "network cut; a worker process that exits is noticed at once); every request then fails "
@@ -169,6 +174,8 @@ class SchedulerConfig(CommonConfig):
                "cascade_min_saved and cascade_min_saved_eager must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
         _check(self.log_interval >= 0, "log_interval must be >= 0 (0: no summary lines)")
+        _check(self.hicache_write_policy in WRITE_POLICIES,
+               f"hicache_write_policy {self.hicache_write_policy!r} is not one of {' | '.join(WRITE_POLICIES)}")
 
 
 @dataclass(frozen=True)
@@ -198,6 +205,17 @@ class WorkerConfig(CommonConfig):
     dist_init_addr: str = field(default="", metadata={"help": "host:port of rank 0's torch.distributed store (tp > 1)"})
     metrics_port: int = field(default=0, metadata={
         "help": "serve Prometheus /metrics on this HTTP port (rank 0; 0: off)"})
+    hicache_size: float = field(default=0.0, metadata={
+        "help": "hierarchical KV cache: GiB of host memory (pinned on CUDA) per worker rank for KV evicted from "
+                "the GPU pool (0: off unless --hicache-ratio)"})
+    hicache_ratio: float = field(default=0.0, metadata={
+        "help": "hierarchical KV cache: host tier size as a multiple of the KV pool's tokens (0: off unless "
+                "--hicache-size; give one of the two)"})
+    hicache_storage_dir: str = field(default="", metadata={
+        "help": "hierarchical KV cache: a directory for a disk tier under the host tier (files survive restarts of "
+                "the same model, tokenizer, dtype and layout; one subdirectory per rank; empty: no disk tier)"})
+    hicache_storage_size: float = field(default=64.0, metadata={
+        "help": "hierarchical KV cache: GiB the disk tier may use per rank (least recently used files go first)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -216,6 +234,16 @@ class WorkerConfig(CommonConfig):
         _check(0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is not in [0, {self.tp_size})")
         _check(self.tp_size == 1 or ":" in self.dist_init_addr, "tp_size > 1 needs dist_init_addr (host:port)")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
+        _check(self.hicache_size >= 0 and self.hicache_ratio >= 0, "hicache_size and hicache_ratio must be >= 0")
+        _check(not (self.hicache_size and self.hicache_ratio), "give hicache_size or hicache_ratio, not both")
+        _check(not self.hicache_storage_dir or self.hicache, "hicache_storage_dir needs the host tier (the disk tier "
+               "is read back through it): set hicache_size or hicache_ratio")
+        _check(self.hicache_storage_size > 0, "hicache_storage_size must be > 0")
+
+    @property
+    def hicache(self) -> bool:
+        """The hierarchical KV cache (a host tier, maybe a disk tier under it) is on."""
+        return self.hicache_size > 0 or self.hicache_ratio > 0
 
 
 def _parse(tp: typing.Any, raw: str) -> typing.Any:

@@ -134,6 +134,8 @@ class Batcher:
                 break
             if r.pending:
                 continue  # retracted while its last token was in flight: resumes once that arrives
+            if not kv.ready(r):
+                continue  # its cached prefix is coming back from the host or disk tier (hicache.py)
             hit = kv.peek_prefix(r)
             key = r.prefix_key()
             shared = scratch.longest_prefix(r.ns, key)

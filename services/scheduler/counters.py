@@ -4,7 +4,7 @@ metrics read it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -19,3 +19,11 @@ class Counters:
     jump_forward_tokens: int = 0  # output tokens appended by jump-forward (not sampled)
     cascade_steps: int = 0  # steps with shared-prefix attention groups
     cascade_saved: int = 0  # KV tokens those groups did not read
+    # hierarchical cache (hicache.py): prompt tokens of admitted requests whose KV came back from the host
+    # or disk tier (part of prefill_cached), and the copies that ended, by direction (device_to_host,
+    # host_to_device, host_to_disk, disk_to_host): tokens moved and seconds spent; failures by kind
+    host_hit_tokens: int = 0
+    disk_hit_tokens: int = 0
+    tier_tokens: dict[str, int] = field(default_factory=dict)
+    tier_seconds: dict[str, float] = field(default_factory=dict)
+    tier_failures: dict[str, int] = field(default_factory=dict)

@@ -4,7 +4,8 @@ its pool, the batcher, the grammar backend for its vocabulary and the steps in f
 An ``EngineSession`` is built when worker rank 0 reports ``WorkerReady`` and dropped when the worker
 is lost (its KV died with it): the scheduler has a session exactly when it serves. Totals
 (``Counters``) and the grammar backend outlive sessions; the backend is rebuilt only when a new
-worker brings another vocabulary.
+worker brings another vocabulary. A worker with a host KV tier gets the hierarchical cache
+(``hicache``: None without one, and then nothing of it runs).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from services.scheduler.batcher import Batcher, Limits, Scheduled
 from services.scheduler.cascade import CascadePolicy
 from services.scheduler.counters import Counters
 from services.scheduler.grammar import GrammarBackend
+from services.scheduler.hicache import HiCache
 from services.scheduler.kv import KVManager
 from services.scheduler.policy import POLICIES
 
@@ -36,12 +38,17 @@ class EngineSession:
     inflight: Scheduled | None = None  # overlap: the step the worker runs while the next is built
     last_built: bool = False  # the last loop iteration sent a step (the next one ``follows`` it)
     answers: dict[int, StepOutput | WorkerError] = field(default_factory=dict)  # by step id
+    hicache: HiCache | None = None
 
     @classmethod
     def start(cls, cfg: SchedulerConfig, w: WorkerReady, counters: Counters,
               grammar: GrammarBackend | None) -> EngineSession:
         running = cfg.max_running_requests or auto_max_running(w)
         kv = KVManager(w.pool_size, running, cfg.page_size, not cfg.disable_radix_cache, counters)
+        hicache = None
+        if w.host_pool_size and kv.caching:  # (loads in flight for requests not admitted yet: at most a step's
+            hicache = HiCache.attach(kv, w, counters, cfg.hicache_write_policy == "write_back",  # prefill or a
+                                     min(cfg.max_prefill_tokens, kv.pool_size // 4))  # quarter of the pool)
         cascade = None if cfg.disable_cascade_attention else \
             CascadePolicy(cfg.cascade_min_group, cfg.cascade_min_prefix, cfg.cascade_min_saved,
                           cfg.cascade_min_saved_eager, w.cuda_graph_max_bs)
@@ -52,11 +59,16 @@ class EngineSession:
                          context_length=w.context_length, pool_size=kv.pool_size,
                          max_running_requests=running, eos_token_ids=w.eos_token_ids,
                          device=w.device, dtype=w.dtype)
-        return cls(info, kv, batcher, grammar_for(cfg, w, grammar))
+        return cls(info, kv, batcher, grammar_for(cfg, w, grammar), hicache=hicache)
 
     @property
     def busy(self) -> bool:
         return self.inflight is not None
+
+    @property
+    def blocked(self) -> int:
+        """Waiting requests kept aside until a tier copy ends (the loop need not spin for them)."""
+        return self.hicache.blocked() if self.hicache is not None else 0
 
     @property
     def compiling(self) -> int:

@@ -5,15 +5,22 @@ A running request's KV slots (``req.slots``, one per computed position) are eith
 tree (it holds a lock on the deepest node of its cached path: ``req.lock_node``) or owned by the
 request (``req.owned``). Invariant (``check_integrity``): free + cached (evictable + locked) +
 owned by running requests == pool, in pages. With ``--disable-radix-cache`` the cache is the null
-``NoPrefixCache``: the same operations, nothing ever cached.
+``NoPrefixCache``: the same operations, nothing ever cached. With a host tier (``hicache.py``) the
+cache is a ``TieredRadixCache`` and ``hicache`` decides when a waiting request is ``ready``: not
+while its prefix is being copied back into the pool.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from services.scheduler.cache import NoPrefixCache, PrefixCache, RadixCache
 from services.scheduler.counters import Counters
 from services.scheduler.memory import OutOfSlots, RowAllocator, SlotAllocator
 from services.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from services.scheduler.hicache import HiCache
 
 
 class KVManager:
@@ -25,6 +32,7 @@ class KVManager:
         self.caching = enable_cache
         self.counters = counters if counters is not None else Counters()
         self.released_rows: list[int] = []  # rows freed since the last batch (a diff for the worker)
+        self.hicache: HiCache | None = None  # the host / disk tiers' controller, when the worker has them
 
     @property
     def page_size(self) -> int:
@@ -46,6 +54,10 @@ class KVManager:
         """Cached prefix length of a waiting request (no side effects)."""
         return self.cache.peek(r.ns, r.prefix_key()).length
 
+    def ready(self, r: Req) -> bool:
+        """False while ``r``'s cached prefix is being brought back from the host or disk tier."""
+        return self.hicache is None or self.hicache.ready(r)
+
     def admit(self, r: Req) -> None:
         """Give ``r`` a row and its cached prefix (locked)."""
         r.row = self.rows.alloc()
@@ -53,6 +65,8 @@ class KVManager:
         self.cache.lock(m.handle)
         r.lock_node, r.slots = m.handle, m.slots
         r.cached_tokens = max(r.cached_tokens, len(r.slots))
+        if self.hicache is not None:
+            self.hicache.admitted(r)
 
     def extend(self, r: Req, n: int) -> list[int]:
         """Allocate ``n`` more slots for ``r``, evicting cached entries if needed."""

@@ -16,6 +16,15 @@
 - ``banyan:cascade_steps_total``: steps with shared-prefix (cascade) attention groups;
   ``banyan:cascade_saved_tokens_total``: KV tokens those steps did not read (a shared prefix read
   once per group instead of once per member).
+- With the hierarchical cache (a worker with a host tier; ``tiers.py``): ``banyan:cache_hit_rate``
+  gets a ``tier`` label — ``all`` (every tier: the rate without the label), ``device``, ``host``,
+  ``disk`` (the prompt tokens each tier served, ÷ prompt tokens); ``banyan:hicache_hit_tokens_total
+  {tier}`` (host, disk); ``banyan:hicache_used_bytes{tier}`` / ``banyan:hicache_capacity_bytes{tier}``
+  (host, disk: per worker rank); ``banyan:hicache_moved_bytes_total{direction}`` and
+  ``banyan:hicache_copy_seconds_total{direction}`` (device_to_host, host_to_device, host_to_disk,
+  disk_to_host: copies acknowledged); ``banyan:hicache_failures_total{kind}`` (copy, disk_full, corrupt,
+  io); ``banyan:hicache_fetch_wait_seconds`` (how long a request was kept aside while its prefix came
+  back into the pool).
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from shared.logging import get_logger
 from shared.metrics_http import serve_metrics
 from services.scheduler.counters import Counters
+from services.scheduler.hicache import HiCache
+from services.scheduler.tier_metrics import HitRate, TierMetrics
 
 log = get_logger("scheduler")
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
@@ -44,8 +55,8 @@ class SchedulerMetrics:
                               registry=r)
         self.kv_evictable = Gauge("banyan:kv_cache_evictable_tokens",
                                   "KV slots holding cached prefixes no request holds (reclaimable)", registry=r)
-        self.hit_rate = Gauge("banyan:cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens, "
-                              "since start", registry=r)
+        self.hit_rate = HitRate()
+        r.register(self.hit_rate)
         self.retractions = Counter("banyan:retractions", "Requests retracted (KV to the cache, back to the queue)",
                                    registry=r)
         self.grammar_compile = Histogram("banyan:grammar_compile_seconds", "Structured-output grammar compile time",
@@ -58,6 +69,7 @@ class SchedulerMetrics:
         self._retractions = 0
         self._cascade = (0, 0)
         self._server = None
+        self.tiers: TierMetrics | None = None  # registered with the first engine that has a host tier
 
     def serve(self, port: int) -> None:
         """Start the HTTP server thread (``port`` 0: none)."""
@@ -66,14 +78,19 @@ class SchedulerMetrics:
             log.info("metrics_listening", port=port)
 
     def step(self, running: int, waiting: int, kv_pool: int, kv_free: int, kv_evictable: int, c: Counters,
-             queue_times: list[float]) -> None:
+             queue_times: list[float], hicache: HiCache | None = None) -> None:
         """One update per scheduler step (or idle pass), from the scheduler's own totals."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set((kv_pool - kv_free - kv_evictable) / kv_pool if kv_pool else 0.0)
         self.kv_evictable.set(kv_evictable)
         if c.prompt:
-            self.hit_rate.set(c.prefill_cached / c.prompt)
+            self.hit_rate.value = c.prefill_cached / c.prompt
+        if hicache is not None:
+            if self.tiers is None:
+                self.tiers = TierMetrics(self.registry)
+            self.tiers.update(c, hicache)
+            self.hit_rate.tiers = self.tiers.hit_rates(c)
         if c.retractions > self._retractions:
             self.retractions.inc(c.retractions - self._retractions)
             self._retractions = c.retractions

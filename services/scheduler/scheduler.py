@@ -19,9 +19,9 @@ from shared.config import SchedulerConfig
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
 from shared.messages.common import ErrorCode, FinishReason
-from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOutput, ToScheduler,
+from shared.messages.to_scheduler import (AbortReq, CacheAck, GenerateReq, LoadReq, StepOutput, ToScheduler,
                                           TokenizerHello, WorkerError, WorkerReady)
-from shared.messages.to_tokenizer import EngineStatus, Load, ToTokenizer
+from shared.messages.to_tokenizer import EngineStatus, ToTokenizer
 from shared.messages.to_worker import Shutdown, WorkerSetup
 from shared.transport import RouterQueue
 from shared.tracing import ensure, make_tracer
@@ -29,6 +29,7 @@ from services.scheduler.batcher import Scheduled
 from services.scheduler.counters import Counters
 from services.scheduler.engine import EngineSession
 from services.scheduler.grammar import GrammarBackend
+from services.scheduler.load import load_of, num_waiting
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outputs import StepApplier
 from services.scheduler.request import Req, Status
@@ -74,8 +75,9 @@ class Scheduler:
         self.metrics.serve(self.cfg.metrics_port)
         table = self.table
         while not self.stopping:
-            e = self.engine
-            busy = bool(table.waiting or table.running or (e is not None and e.busy))
+            e = self.engine  # (waiting requests kept aside for a tier copy wake the loop with its ack)
+            busy = bool(table.running or (e is not None and e.busy) or
+                        len(table.waiting) > (e.blocked if e is not None else 0))
             compiling = e is not None and bool(e.grammar.pending)
             self._poll(0 if busy else 5 if compiling else 100)
             e = self.engine
@@ -85,7 +87,11 @@ class Scheduler:
                 self._poll_grammars(e)
             table.apply_aborts(e.kv)
             table.flush()  # aborts of requests that are not in the next batch end their streams now
+            if e.hicache is not None:
+                e.hicache.step()
             sched = e.batcher.build(table.running, table.waiting)
+            if e.hicache is not None:  # tier copies go first: the batch may depend on them
+                e.hicache.flush(self.worker.send, sched)
             if sched is None and e.inflight is None:
                 if not busy:
                     e.kv.check_integrity(table.running)
@@ -216,6 +222,9 @@ class Scheduler:
         if isinstance(msg, (StepOutput, WorkerError)):  # (overlap: it may come while the loop polls)
             if self.engine is not None and self.worker.attached:
                 self.engine.answers[msg.step_id] = msg
+        elif isinstance(msg, CacheAck):
+            if self.engine is not None and self.worker.attached and self.engine.hicache is not None:
+                self.engine.hicache.on_ack(msg)
         elif isinstance(msg, WorkerReady):
             self._attach(msg)
         else:
@@ -233,7 +242,8 @@ class Scheduler:
         self.applier = StepApplier(self.table, e, self.counters, self.worker.send, not self.cfg.disable_jump_forward)
         self.worker.attach()
         self.worker.send(WorkerSetup(max_running_requests=e.info.max_running_requests))
-        log.info("worker_ready", restarted=restarted, **{k: getattr(w, k) for k in w.__struct_fields__})
+        log.info("worker_ready", restarted=restarted, **{k: getattr(w, k) for k in w.__struct_fields__
+                                                         if k != "disk_files"})
         self.down = ""
         for ident in self.replicas:
             self.tok.send(ident, e.info)
@@ -256,7 +266,7 @@ class Scheduler:
     # ---- reporting ---------------------------------------------------------------------------
     def _update_metrics(self, e: EngineSession, queue_times: list[float]) -> None:
         c, kv, running, waiting = self.counters, e.kv, len(self.table.running), num_waiting(self.table, e)
-        self.metrics.step(running, waiting, kv.pool_size, kv.slots.num_free, kv.evictable, c, queue_times)
+        self.metrics.step(running, waiting, kv.pool_size, kv.slots.num_free, kv.evictable, c, queue_times, e.hicache)
         self.summary.tick(running, waiting, c.prompt, c.prefill_cached, c.decode,
                           kv.pool_size - kv.slots.num_free - kv.evictable, kv.pool_size)
 
@@ -268,26 +278,13 @@ class Scheduler:
         self.table.flush()
         if self.grammar is not None:
             self.grammar.close()
+        if self.engine is not None and self.engine.hicache is not None:  # every host copy due on disk: written
+            self.engine.hicache.flush(self.worker.send, None, all_writes=True)  # before the worker stops
         self.worker.send(Shutdown())
         self.metrics.close()
         self.tracer.shutdown()
         time.sleep(0.1)
         self.ctx.destroy(linger=0)
-
-
-def num_waiting(table: RequestTable, e: EngineSession | None) -> int:
-    """Requests not running yet: queued, or waiting for their grammar to compile."""
-    return len(table.waiting) + (e.compiling if e is not None else 0)
-
-
-def load_of(token: str, c: Counters, table: RequestTable, e: EngineSession | None) -> Load:
-    pool = e.kv.pool_size if e is not None else 0
-    free = e.kv.slots.num_free if e is not None else 0
-    return Load(token=token, num_running=len(table.running), num_waiting=num_waiting(table, e), kv_free=free,
-                kv_used=pool - free, kv_pool=pool, kv_evictable=e.kv.evictable if e is not None else 0,
-                steps=c.steps, prefill_computed_tokens=c.prefill_computed, prefill_cached_tokens=c.prefill_cached,
-                decode_tokens=c.decode, retractions=c.retractions, evicted_tokens=c.evicted_tokens,
-                jump_forward_tokens=c.jump_forward_tokens)
 
 
 __all__ = ["Scheduler", "Status"]

@@ -179,4 +179,10 @@ def _load(load: Load) -> pb.GetLoadResponse:
                               steps=load.steps, prefill_computed_tokens=load.prefill_computed_tokens,
                               prefill_cached_tokens=load.prefill_cached_tokens, decode_tokens=load.decode_tokens,
                               retractions=load.retractions, evicted_tokens=load.evicted_tokens,
-                              kv_evictable_tokens=load.kv_evictable, jump_forward_tokens=load.jump_forward_tokens)
+                              kv_evictable_tokens=load.kv_evictable, jump_forward_tokens=load.jump_forward_tokens,
+                              **{f: getattr(load, f) for f in TIER_FIELDS})
+
+
+TIER_FIELDS = ("host_cached_tokens", "disk_cached_tokens", "host_pool_tokens", "host_used_tokens",
+               "disk_capacity_bytes", "disk_used_bytes", "tier_stored_tokens", "tier_loaded_tokens",
+               "disk_written_tokens", "disk_read_tokens", "tier_failures")  # (same names in Load and the proto)

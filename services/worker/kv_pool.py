@@ -14,7 +14,9 @@ class KVPool:
     x / scale with a dequantization scale per layer and KV head (``scales``; 1.0 by default).
 
     ``num_slots`` includes slot 0, the padding slot that is never allocated; the tensors start
-    zeroed so that reading padding yields finite values.
+    zeroed so that reading padding yields finite values. All of them are views of one buffer
+    (2, layers, num_slots, Hkv, D), so a token's KV can be gathered in one go (``tokens``: the
+    hierarchical cache's copies between tiers).
     """
 
     def __init__(
@@ -35,8 +37,9 @@ class KVPool:
         self.compute_dtype = dtype
         shape = (num_slots, num_kv_heads, head_dim)
         store = kv_dtype or dtype
-        self.k = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
+        self.buf = torch.zeros((2, num_layers, *shape), dtype=store, device=device)
+        self.k = list(self.buf[0].unbind(0))
+        self.v = list(self.buf[1].unbind(0))
         self.quantized = store == FP8
         self.scales = None
         if self.quantized:
@@ -65,6 +68,10 @@ class KVPool:
     def bytes_per_token(self) -> int:
         """K and V of one token over all layers and this rank's heads."""
         return 2 * len(self.k) * self.k[0][0].numel() * self.dtype.itemsize
+
+    def tokens(self) -> torch.Tensor:
+        """The pool by token, as bytes: (num_slots, 2, layers, Hkv, D · itemsize) uint8, a view."""
+        return self.buf.view(torch.uint8).permute(2, 0, 1, 3, 4)
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the new tokens' K and V (T, Hkv, D) at ``slots`` (T,) of ``layer`` (quantized when FP8)."""

@@ -25,6 +25,7 @@ from shared.tracing import Span, Tracer
 from services.worker.attention import make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
+from services.worker.host_pool import Tiers, build_tiers
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
 from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
@@ -110,6 +111,12 @@ class ModelRunner:
                                   self.tp.size)
         self.kv = KVPool(self.spec.num_layers, self.pool_size + 1, kv_heads, self.spec.head_dim,
                          self.dtype, self.device, kv_dtype=self.kv_dtype, scales=scales)
+        self.tiers: Tiers | None = None  # the hierarchical cache's host (and disk) tier: copies between tiers
+        if cfg.hicache:
+            self.tiers = build_tiers(cfg, self.kv, self.pool_size, model_dir, self.tp, dict(
+                arch=self.spec.architecture, layers=self.spec.num_layers, kv_heads=kv_heads, head_dim=self.spec.head_dim,
+                dtype=str(self.dtype), kv_dtype=str(self.kv.dtype), quant=self.quant.name if self.quant else "",
+                scales=[s.tolist() for s in scales.k + scales.v] if scales else None, tp=(self.tp.rank, self.tp.size)))
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         self.req_to_token = torch.zeros((1, self.context_length), dtype=torch.int32, device=self.device)
@@ -242,6 +249,8 @@ class ModelRunner:
     def _logits(self, b: ForwardBatch, all_logits: bool, copy: bool) -> torch.Tensor:
         """``forward``; without ``copy``, a graph step's logits may be a view of the graph's output
         buffer, valid until the next step."""
+        if self.tiers is not None:  # (demoted slots this step may overwrite; loads its requests read)
+            self.tiers.copier.before_forward(b.cache_ready)
         self._admit(b)
         rows, prefix, extend = from_i32(b.rows), from_i32(b.prefix_lens), from_i32(b.extend_lens)
         ids, slots = from_i32(b.input_ids), from_i32(b.out_slots)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 import zmq
@@ -14,9 +15,9 @@ import zmq
 from shared.config import WorkerConfig
 from shared.logging import get_logger
 from shared.messages.codec import Codec
-from shared.messages.common import i32
-from shared.messages.to_scheduler import StepOutput, ToScheduler, WorkerError, WorkerReady
-from shared.messages.to_worker import ForwardBatch, Shutdown, StepMask, ToWorker, WorkerSetup
+from shared.messages.common import f32, i32
+from shared.messages.to_scheduler import CacheAck, StepOutput, ToScheduler, WorkerError, WorkerReady
+from shared.messages.to_worker import CacheOps, ForwardBatch, Shutdown, StepMask, ToWorker, WorkerSetup
 from shared.tracing import make_tracer
 from shared.transport import DealerQueue, PeerMonitor
 from services.worker.metrics import WorkerMetrics
@@ -24,6 +25,7 @@ from services.worker.runner import Launched, ModelRunner, resolve_device
 from services.worker.tp import Relay, init_tp
 
 log = get_logger("worker")
+DISK_DRAIN_S = 8.0  # at shutdown, disk writes still queued get this long to finish
 
 
 def serve(cfg: WorkerConfig, model_dir: str, model_name: str) -> None:
@@ -62,19 +64,31 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     metrics.model(runner.pool_size, runner.kv.bytes_per_token, runner.kv_cache_dtype, runner.weight_bytes,
                   runner.quantization)
     metrics.serve(cfg.metrics_port)
-    spec = runner.spec
+    spec, t = runner.spec, runner.tiers
+    tiers = dict(host_pool_size=t.host_slots, kv_bytes_per_token=runner.kv.bytes_per_token,
+                 disk_capacity=t.disk_capacity, disk_files=t.files, disk_next_file=t.next_file) if t else {}
     q.send(WorkerReady(model=model_name, architecture=spec.architecture, vocab_size=spec.vocab_size,
                        context_length=runner.context_length, pool_size=runner.pool_size,
                        eos_token_ids=list(spec.eos_token_ids), device=str(runner.device),
                        dtype=str(runner.dtype).removeprefix("torch."),
                        cuda_graph_max_bs=runner.graphs.max_bs if runner.graphs is not None else 0,
-                       kv_cache_dtype=runner.kv_cache_dtype, quantization=runner.quantization))
+                       kv_cache_dtype=runner.kv_cache_dtype, quantization=runner.quantization, **tiers))
     log.info("worker_ready", pid=os.getpid(), tp_size=runner.tp.size)
-    steps = _Steps(runner, q, metrics, link)
+    copier = t.copier if t is not None else None
+
+    def cache_ops(m: CacheOps) -> None:
+        if relay is not None:
+            relay.send(m)
+        copier.submit(m)
+
+    steps = _Steps(runner, q, metrics, link, cache_ops if copier is not None else None)
     msg: ToWorker | None = None
     while not stopping:
-        # a step in flight: look for the next batch without blocking, answer as soon as it is done
-        msg = q.recv(timeout_ms=200 if steps.inflight is None else 0)
+        # a step in flight: look for the next batch without blocking, answer as soon as it is done; tier
+        # copies in flight: look often enough to acknowledge them soon after they end
+        msg = q.recv(timeout_ms=0 if steps.inflight is not None else 1 if copier and copier.pending else 200)
+        if copier is not None:
+            _acknowledge(copier, q)
         if msg is None:
             if steps.inflight is not None:
                 if steps.inflight.ready():  # (else spin: the next batch or the step's end, whichever first)
@@ -83,6 +97,10 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
                 break
             elif relay is not None:
                 relay.heartbeat()
+            continue
+        if isinstance(msg, CacheOps) and copier is not None:
+            cache_ops(msg)
+            _acknowledge(copier, q)  # (on the CPU the copies are done already)
             continue
         if relay is not None and not isinstance(msg, StepMask):
             relay.send(msg)
@@ -98,11 +116,20 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
         relay.send(Shutdown())
     log.info("worker_stop")
     _ignore_sigterm()
+    if copier is not None:
+        copier.close(DISK_DRAIN_S)
     runner.end_spans()
     metrics.close()
     ctx.destroy(linger=0)
     if orphaned:  # exit non-zero: a supervisor starts a fresh worker, which announces itself
         raise SystemExit(1)
+
+
+def _acknowledge(copier, q: DealerQueue) -> None:
+    done, failed = copier.poll()
+    if done or failed:
+        q.send(CacheAck(done=i32([i for i, _ in done]), seconds=f32([s for _, s in done]),
+                        failed=i32([i for i, _ in failed]), reasons=[r for _, r in failed]))
 
 
 def _scheduler_gone(link: PeerMonitor) -> bool:
@@ -120,8 +147,10 @@ class _Steps:
     whose grammar bitmask is deferred is sampled once its ``StepMask`` arrives — after step N's
     results went out, since the scheduler needs them to fill it."""
 
-    def __init__(self, runner: ModelRunner, q: DealerQueue, metrics: WorkerMetrics, link: PeerMonitor) -> None:
+    def __init__(self, runner: ModelRunner, q: DealerQueue, metrics: WorkerMetrics, link: PeerMonitor,
+                 cache_ops: Callable[[CacheOps], None] | None = None) -> None:
         self.runner, self.q, self.metrics, self.link = runner, q, metrics, link
+        self.cache_ops = cache_ops
         self.inflight: Launched | None = None
         self._t0 = 0.0
 
@@ -174,6 +203,9 @@ class _Steps:
             if isinstance(msg, Shutdown):
                 log.warning("shutdown_while_waiting_for_mask", step=step)
                 return None
+            if isinstance(msg, CacheOps) and self.cache_ops is not None:
+                self.cache_ops(msg)
+                continue
             if msg is None and _scheduler_gone(self.link):
                 return None
             if msg is not None:
@@ -198,10 +230,16 @@ def _follow(runner: ModelRunner, relay: Relay) -> None:
                 log.exception("batch_failed", step=msg.step_id)
         elif isinstance(msg, WorkerSetup):
             runner.setup(msg.max_running_requests)
+        elif isinstance(msg, CacheOps) and runner.tiers is not None:
+            runner.tiers.copier.submit(msg)
         elif isinstance(msg, Shutdown):
             break
+        if runner.tiers is not None:
+            runner.tiers.copier.poll()  # (rank 0 acknowledges; this rank only forgets what ended)
     log.info("worker_stop", tp_rank=runner.tp.rank)
     _ignore_sigterm()
+    if runner.tiers is not None:
+        runner.tiers.copier.close(DISK_DRAIN_S)
 
 
 def _ignore_sigterm() -> None:

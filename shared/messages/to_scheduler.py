@@ -39,6 +39,16 @@ class LoadReq(msgspec.Struct, tag="load", frozen=True):
     token: str
 
 
+class DiskFile(msgspec.Struct, frozen=True):
+    """One file of the disk tier, as its header says: ``path[start:]``'s KV in namespace ``ns``."""
+
+    file: int
+    ns: str
+    path: bytes  # int32 token ids from the namespace's root to the file's last token
+    start: int
+    size: int  # bytes on disk
+
+
 class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
     """Worker rank 0 loaded the model and sized its KV pool."""
 
@@ -53,6 +63,12 @@ class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
     cuda_graph_max_bs: int = 0  # the largest pure-decode batch it replays as a CUDA graph (0: none)
     kv_cache_dtype: str = ""  # what the KV pool stores: the model dtype's name or "fp8_e4m3" ("": not said)
     quantization: str = ""  # the weights' quantization ("" for none), e.g. "fp8"
+    # Hierarchical cache (0 / empty: off). Host pool and disk sizes are per rank (each holds its KV heads).
+    host_pool_size: int = 0  # usable host-memory KV slots (tokens)
+    kv_bytes_per_token: int = 0  # this rank's K and V of one token, all layers
+    disk_capacity: int = 0  # bytes the disk tier may use (--hicache-storage-size)
+    disk_files: list[DiskFile] = []  # what is on disk from earlier runs (checked headers; every rank has them)
+    disk_next_file: int = 0  # the first file id no earlier file uses
 
 
 class StepOutput(msgspec.Struct, tag="out", frozen=True):
@@ -70,6 +86,15 @@ class StepOutput(msgspec.Struct, tag="out", frozen=True):
     prompt_logprob_counts: bytes = b""  # int32 (S,): how many of them each score row has
 
 
+class CacheAck(msgspec.Struct, tag="cack", frozen=True):
+    """``CacheOp``s that ended since the last ack: done (with the seconds each took) or failed (why)."""
+
+    done: bytes = b""  # int32 op ids
+    seconds: bytes = b""  # float32, one per done op: its copy time (device events; wall time on the CPU / disk)
+    failed: bytes = b""  # int32 op ids
+    reasons: list[str] = []  # one per failed op: "disk_full: …", "corrupt: …", "io: …", "copy: …"
+
+
 class WorkerError(msgspec.Struct, tag="werr", frozen=True):
     """The worker failed to execute a batch; the scheduler fails the requests in it."""
 
@@ -77,4 +102,4 @@ class WorkerError(msgspec.Struct, tag="werr", frozen=True):
     message: str
 
 
-ToScheduler = TokenizerHello | GenerateReq | AbortReq | LoadReq | WorkerReady | StepOutput | WorkerError
+ToScheduler = TokenizerHello | GenerateReq | AbortReq | LoadReq | WorkerReady | StepOutput | CacheAck | WorkerError

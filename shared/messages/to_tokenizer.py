@@ -63,6 +63,19 @@ class Load(msgspec.Struct, tag="load", frozen=True):
     retractions: int
     evicted_tokens: int
     jump_forward_tokens: int = 0  # structured output: tokens appended without sampling
+    # hierarchical cache (0 without it): prompt tokens whose KV came back from the host / disk tier (part of
+    # prefill_cached_tokens); the tiers' size and use (per rank); tokens copied each way; failed copies
+    host_cached_tokens: int = 0
+    disk_cached_tokens: int = 0
+    host_pool_tokens: int = 0
+    host_used_tokens: int = 0
+    disk_capacity_bytes: int = 0
+    disk_used_bytes: int = 0
+    tier_stored_tokens: int = 0  # device → host
+    tier_loaded_tokens: int = 0  # host → device
+    disk_written_tokens: int = 0
+    disk_read_tokens: int = 0
+    tier_failures: int = 0
 
 
 class EngineStatus(msgspec.Struct, tag="status", frozen=True):

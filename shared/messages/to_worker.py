@@ -1,6 +1,9 @@
-"""Messages worker rank 0 receives from the scheduler: new requests once, then per-step diffs."""
+"""Messages worker rank 0 receives from the scheduler: new requests once, then per-step diffs; KV
+copies between cache tiers (``CacheOps``) when the hierarchical cache is on."""
 
 from __future__ import annotations
+
+import enum
 
 import msgspec
 
@@ -55,6 +58,9 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     # positions; the worker reads it once for the group. Empty: none this step.
     cascade_group: bytes = b""  # int32 (B,): each request's group, -1 for none
     cascade_lens: bytes = b""  # int32 (G,): each group's shared prefix length (<= its members' prefix_lens)
+    # Hierarchical cache: load ops (``CacheOps``) acknowledged since the last batch; their requests may be
+    # in this one. Every rank's compute stream waits for its own copy of them (rank 0's are done already).
+    cache_ready: bytes = b""  # int32 op ids
 
 
 class StepMask(msgspec.Struct, tag="mask", frozen=True):
@@ -65,8 +71,43 @@ class StepMask(msgspec.Struct, tag="mask", frozen=True):
     fill_ms: float = 0.0  # scheduler time filling it (metrics)
 
 
+class CopyKind(enum.StrEnum):
+    """What a ``CacheOp`` moves (device = the KV pool the model reads; host = pinned host memory)."""
+
+    BACKUP = "backup"  # device → host, on the copy stream; the device slots stay in use (write-through)
+    DEMOTE = "demote"  # device → host; the device slots were freed: the next forward waits for it (write-back)
+    LOAD = "load"  # host → device, on the copy stream (the scheduler admits the request once it is acked)
+    DISK_WRITE = "disk_write"  # host → a new file (the writer thread)
+    DISK_READ = "disk_read"  # a file → host (the reader thread; payload checksum checked)
+    DISK_DELETE = "disk_delete"  # remove a file (the writer thread, after any write of it)
+
+
+class CacheOp(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One copy between tiers, acknowledged by ``CacheAck`` (done or failed) under ``op_id``. Slot
+    arrays are token-aligned: token i of ``device`` ↔ token i of ``host``."""
+
+    op_id: int
+    kind: CopyKind
+    device: bytes = b""  # int32: KV pool slots (backup, demote, load)
+    host: bytes = b""  # int32: host pool slots (all but disk_delete)
+    file: int = -1  # disk file id (disk ops)
+    offset: int = 0  # disk_read: first token of the file to read
+    # disk_write: what the file holds, for the index rebuilt after a restart — the cache namespace and the
+    # token ids from the namespace's root to the last token written; the file holds path[start:]
+    ns: str = ""
+    path: bytes = b""  # int32
+    start: int = 0
+    after: list[int] = []  # load: disk reads that fill its host slots (ranks > 0 may still be reading)
+
+
+class CacheOps(msgspec.Struct, tag="cacheops", frozen=True):
+    """Copies to start now, in order, before the next ``ForwardBatch`` (sent just before it)."""
+
+    ops: list[CacheOp]
+
+
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     pass
 
 
-ToWorker = WorkerSetup | ForwardBatch | StepMask | Shutdown
+ToWorker = WorkerSetup | ForwardBatch | StepMask | CacheOps | Shutdown

@@ -3,6 +3,11 @@
 Every edge holds a whole number of pages. A node's children are keyed by the first page of their
 edge (the first token id when the page size is 1). One root per namespace; roots are never
 evicted. Timestamps are a logical clock (one tick per match/insert), so LRU order is exact.
+
+The device sizes count ``len(node.value)``: here every node's KV is in the pool, so that is its
+edge length; ``TieredRadixCache`` (tiers.py) keeps nodes whose KV left the pool (``value`` empty),
+which match never walks into, and overrides what differs (``node_type``, ``_split``,
+``_device_leaf``, ``insert``, ``evict``, ``check_integrity``).
 """
 
 from __future__ import annotations
@@ -55,13 +60,15 @@ def common_len(edge: list[int], key: Sequence[int], start: int) -> int:
 
 
 class RadixCache(PrefixCache):
+    node_type: type[Node] = Node
+
     def __init__(self, free_slots: Callable[[list[int]], None], page_size: int = 1) -> None:
         assert page_size >= 1
         self.page_size = page_size
         self._free_slots = free_slots
         self._roots: dict[str, Node] = {}
         self._root_ns: dict[int, str] = {}  # id(root) → namespace
-        self._nowhere = Node([], [], None)  # match handle in a namespace with no entries (lock: no-op)
+        self._nowhere = self.node_type([], [], None)  # match handle in a namespace with no entries (lock: no-op)
         self._leaves: set[Node] = set()  # evictable leaves: no children, unlocked, not a root
         self._evictable = 0
         self._locked = 0
@@ -71,7 +78,7 @@ class RadixCache(PrefixCache):
     def _root(self, ns: str) -> Node:
         root = self._roots.get(ns)
         if root is None:
-            root = self._roots[ns] = Node([], [], None)
+            root = self._roots[ns] = self.node_type([], [], None)
             root.lock_ref = 1  # roots are pinned
             self._root_ns[id(root)] = ns
         return root
@@ -90,7 +97,7 @@ class RadixCache(PrefixCache):
         """Cut ``child``'s edge after ``n`` tokens; returns the new upper node."""
         parent = child.parent
         assert parent is not None
-        upper = Node(child.key[:n], child.value[:n], parent, child.last_access)
+        upper = self.node_type(child.key[:n], child.value[:n], parent, child.last_access)
         upper.lock_ref = child.lock_ref
         parent.children[self._edge(upper.key, 0)] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
@@ -105,7 +112,7 @@ class RadixCache(PrefixCache):
         end = self._aligned(len(key)) if node is not None else 0
         while pos < end:
             child = node.children.get(self._edge(key, pos))
-            if child is None:
+            if child is None or not child.value:  # (not in the device pool: see tiers.py)
                 break
             n = self._aligned(common_len(child.key, key, pos))
             if n < len(child.key):
@@ -141,7 +148,7 @@ class RadixCache(PrefixCache):
         self._root(ns)
         node, pos, _ = self._descend(ns, _as_list(key[:end]), split=True, tick=self._tick())
         if pos < end:
-            leaf = Node(list(key[pos:end]), list(slots[pos:end]), node, self._clock)
+            leaf = self.node_type(list(key[pos:end]), list(slots[pos:end]), node, self._clock)
             node.children[self._edge(leaf.key, 0)] = leaf
             self._leaves.discard(node)
             self._leaves.add(leaf)
@@ -152,8 +159,8 @@ class RadixCache(PrefixCache):
     def lock(self, node: Node) -> None:
         while node.parent is not None:
             if node.lock_ref == 0:
-                self._evictable -= len(node.key)
-                self._locked += len(node.key)
+                self._evictable -= len(node.value)
+                self._locked += len(node.value)
                 self._leaves.discard(node)
             node.lock_ref += 1
             node = node.parent
@@ -163,9 +170,9 @@ class RadixCache(PrefixCache):
             assert node.lock_ref > 0, "unlock without lock"
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self._evictable += len(node.key)
-                self._locked -= len(node.key)
-                if not node.children:
+                self._evictable += len(node.value)
+                self._locked -= len(node.value)
+                if node.value and self._device_leaf(node):
                     self._leaves.add(node)
             node = node.parent
 
@@ -200,6 +207,10 @@ class RadixCache(PrefixCache):
             if n is not None:
                 stack.extend(sorted((c for c in n.children.values() if id(c) in weight), key=lambda c: weight[id(c)]))
         return out
+
+    def _device_leaf(self, node: Node) -> bool:
+        """No child of ``node`` holds KV in the pool (eviction takes such nodes, deepest first)."""
+        return not node.children
 
     def evict(self, num_tokens: int) -> int:
         if num_tokens <= 0 or not self._leaves:
@@ -261,15 +272,16 @@ class RadixCache(PrefixCache):
                     assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), "lock refs"
                 for edge, c in node.children.items():
                     assert c.parent is node and edge == self._edge(c.key, 0), "bad edge"
-                    assert c.key and len(c.key) == len(c.value) and len(c.key) % self.page_size == 0
+                    assert c.key and len(c.value) in (0, len(c.key)) and len(c.key) % self.page_size == 0
                     assert c.depth == node.depth + len(c.key), "depth"
+                    assert not c.value or node.value or node.parent is None, "in the pool below a node that is not"
                     assert seen.isdisjoint(c.value), "a KV slot is cached twice"
                     seen.update(c.value)
                     if c.lock_ref:
-                        locked += len(c.key)
+                        locked += len(c.value)
                     else:
-                        evictable += len(c.key)
-                        if not c.children:
+                        evictable += len(c.value)
+                        if c.value and self._device_leaf(c):
                             leaves.add(c)
                     stack.append(c)
         assert (evictable, locked) == (self._evictable, self._locked), "size counters drifted"

@@ -269,7 +269,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens", "jump_forward_tokens", "groups")
+    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens", "jump_forward_tokens", "groups", "host_cached_tokens", "disk_cached_tokens", "host_pool_tokens", "host_used_tokens", "disk_capacity_bytes", "disk_used_bytes", "tier_stored_tokens", "tier_loaded_tokens", "disk_written_tokens", "disk_read_tokens", "tier_failures")
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,17 @@ class GetLoadResponse(_message.Message):
     KV_EVICTABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    HOST_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISK_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_POOL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISK_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER_STORED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIER_LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISK_WRITTEN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISK_READ_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FAILURES_FIELD_NUMBER: _ClassVar[int]
     num_running_requests: int
     num_waiting_requests: int
     kv_free_tokens: int
@@ -298,4 +309,15 @@ class GetLoadResponse(_message.Message):
     kv_evictable_tokens: int
     jump_forward_tokens: int
     groups: _containers.RepeatedCompositeFieldContainer[GetLoadResponse]
-    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GetLoadResponse, _Mapping]]] = ...) -> None: ...
+    host_cached_tokens: int
+    disk_cached_tokens: int
+    host_pool_tokens: int
+    host_used_tokens: int
+    disk_capacity_bytes: int
+    disk_used_bytes: int
+    tier_stored_tokens: int
+    tier_loaded_tokens: int
+    disk_written_tokens: int
+    disk_read_tokens: int
+    tier_failures: int
+    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GetLoadResponse, _Mapping]]] = ..., host_cached_tokens: _Optional[int] = ..., disk_cached_tokens: _Optional[int] = ..., host_pool_tokens: _Optional[int] = ..., host_used_tokens: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., tier_stored_tokens: _Optional[int] = ..., tier_loaded_tokens: _Optional[int] = ..., disk_written_tokens: _Optional[int] = ..., disk_read_tokens: _Optional[int] = ..., tier_failures: _Optional[int] = ...) -> None: ...

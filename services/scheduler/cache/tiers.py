@@ -1,0 +1,428 @@
+"""The tiered radix tree of the hierarchical cache: a node's KV may be in the device pool, in host
+memory, on disk — or in several. Metadata only: slot ids and file ids; the worker holds the bytes
+and runs the copies this tree asks for (``CacheOp``, acknowledged by op id; ``tier_ops.py``).
+
+Where a node's KV is (each field independent):
+- device: ``value`` (pool slots) non-empty. Closed upwards: a node in the pool has its parent in
+  it, so ``match``/``peek`` (the ``PrefixCache`` view, unchanged) return a device prefix and never
+  walk into a node that is not. ``incoming``: pool slots a load is filling (``value`` once done).
+- host: ``host`` (host slots); ``host_ready`` false while a copy into them is in flight.
+- disk: ``disk`` = (file id, its offset in the file); ``disk_ready`` false while being written.
+A node with no copy is a *hole* (a failed copy, or a pool eviction that had nowhere to put a node
+with descendants): fetches stop there, an insert refills it, eviction removes it once a leaf.
+
+What protects what: ``lock_ref`` (requests, fetches, and backups / loads in flight: they lock their
+node) keeps the device copy; ``host_busy`` / ``disk_busy`` (ops in flight that read or write that
+copy) keep the host / disk copy; a locked node keeps its host copy while it is not in the pool
+(a fetch is about to load it); only an idle, unlocked leaf is ever removed.
+
+Eviction, least recently used first in every tier:
+- pool (``evict``, when the allocator runs short): a node already on the host or disk drops its
+  pool slots; otherwise it is demoted (write-back, or a write-through backup that did not happen:
+  a host copy is made, its pool slots are free at once — the worker orders the copy before the next
+  forward), else removed (a leaf) or left a hole.
+- host (``evict_host``, to make room): drop the host copy of a node in the pool or on disk, remove a
+  host-only leaf.
+- disk (``evict_disk``): drop a disk reference (a file goes when no node refers to it), remove a
+  disk-only leaf.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+
+from services.scheduler.cache.base import InsertResult
+from services.scheduler.cache.radix import Node, RadixCache, common_len
+from services.scheduler.cache.tier_ops import FileRec, OpBook
+from services.scheduler.memory import SlotAllocator
+from shared.messages.to_worker import CopyKind
+
+
+class TierNode(Node):
+    __slots__ = ("host", "host_ready", "disk", "disk_ready", "incoming", "host_busy", "disk_busy", "fill_op")
+
+    def __init__(self, key: list[int], value: list[int], parent: Node | None, tick: int = 0) -> None:
+        super().__init__(key, value, parent, tick)
+        self.host: list[int] | None = None
+        self.host_ready = False
+        self.disk: tuple[int, int] | None = None
+        self.disk_ready = False
+        self.incoming: list[int] | None = None
+        self.host_busy = 0
+        self.disk_busy = 0
+        self.fill_op = 0  # the disk read that filled the host copy (a load waits for it on every rank)
+
+    @property
+    def hole(self) -> bool:
+        return not self.value and self.incoming is None and self.host is None and self.disk is None
+
+
+class TieredRadixCache(RadixCache):
+    node_type = TierNode
+
+    def __init__(self, free_slots: Callable[[list[int]], None], page_size: int, host: SlotAllocator,
+                 write_back: bool = False, disk_capacity: int = 0, bytes_per_token: int = 0,
+                 next_file: int = 0) -> None:
+        super().__init__(free_slots, page_size)
+        self.host = host
+        self.write_back = write_back
+        self.ops = OpBook(self, bytes_per_token)
+        self.disk_capacity = disk_capacity  # bytes (0: no disk tier)
+        self.files: dict[int, FileRec] = {}
+        self.disk_used = 0  # bytes of the files in ``files``
+        self.next_file = next_file
+        self._incoming = 0  # pool slots of loads in flight (locked: counted in ``locked_size``)
+        self._on_host: set[TierNode] = set()
+        self._on_disk: set[TierNode] = set()
+        self.fresh: list[TierNode] = []  # nodes that entered the pool by insert (write-through backs them up)
+
+    # ---- sizes -----------------------------------------------------------------------------
+    @property
+    def locked_size(self) -> int:
+        return self._locked + self._incoming
+
+    @property
+    def host_used(self) -> int:
+        return self.host.pool_size - self.host.num_free
+
+    # ---- structure -------------------------------------------------------------------------
+    def _device_leaf(self, node: Node) -> bool:
+        return not any(c.value for c in node.children.values())
+
+    def _split(self, child: TierNode, n: int) -> TierNode:
+        upper: TierNode = super()._split(child, n)  # (lock_ref and LRU age copied)
+        if child.host is not None:
+            upper.host, child.host = child.host[:n], child.host[n:]
+            self._on_host.add(upper)
+        if child.incoming is not None:
+            upper.incoming, child.incoming = child.incoming[:n], child.incoming[n:]
+        if child.disk is not None:
+            f, off = child.disk
+            upper.disk, child.disk = (f, off), (f, off + n)
+            self.files[f].nodes.add(upper)
+            self._on_disk.add(upper)
+        upper.host_ready, upper.disk_ready, upper.fill_op = child.host_ready, child.disk_ready, child.fill_op
+        upper.host_busy, upper.disk_busy = child.host_busy, child.disk_busy  # (ops cover segments: both halves)
+        if child in self.fresh:
+            self.fresh.append(upper)
+        return upper
+
+    def alive(self, node: TierNode) -> bool:
+        p = node.parent
+        return p is not None and p.children.get(self._edge(node.key, 0)) is node
+
+    def path_tokens(self, node: Node) -> tuple[str, list[int]]:
+        """(namespace, token ids from its root to the end of ``node``)."""
+        parts = []
+        while node.parent is not None:
+            parts.append(node.key)
+            node = node.parent
+        return self._root_ns[id(node)], [t for k in reversed(parts) for t in k]
+
+    def walk(self, ns: str, key: Sequence[int]) -> list[TierNode]:
+        """The nodes ``key`` enters (by at least a page), whatever tier holds them, down to the first
+        hole; refreshes their LRU age. Never splits."""
+        key = key if isinstance(key, list) else list(key)
+        node, pos, out = self._roots.get(ns), 0, []
+        end = self._aligned(len(key))
+        tick = self._tick()
+        while node is not None and pos < end:
+            child = node.children.get(self._edge(key, pos))
+            if child is None or child.hole:
+                break
+            n = self._aligned(common_len(child.key, key, pos))
+            child.last_access = tick
+            out.append(child)
+            if n < len(child.key):
+                break
+            node, pos = child, pos + n
+        return out
+
+    # ---- insert: nodes out of the pool take the caller's slots -------------------------------
+    def insert(self, ns: str, key: Sequence[int], slots: Sequence[int]) -> InsertResult:
+        """As ``RadixCache.insert``; a node out of the pool (on the host, disk, or a hole) on the way
+        takes the caller's slots for its tokens (they hold the same KV) and is back in the pool.
+        A node being loaded ends the insert there (``stored`` is then shorter than the key)."""
+        end = self._aligned(min(len(key), len(slots)))
+        node: TierNode = self._root(ns)
+        tick = self._tick()
+        pos, cached = 0, -1
+        while pos < end:
+            child = node.children.get(self._edge(key, pos))
+            if child is None:
+                break
+            n = self._aligned(common_len(child.key, key, pos))
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = tick
+            if not child.value:
+                if child.incoming is not None:
+                    return InsertResult(pos if cached < 0 else cached, pos, node)
+                if cached < 0:
+                    cached = pos
+                self.enter_pool(child, list(slots[pos:pos + n]))
+                if child.host is None:
+                    self.fresh.append(child)
+            node, pos = child, pos + n
+        if cached < 0:
+            cached = pos
+        if pos < end:
+            leaf = TierNode(list(key[pos:end]), list(slots[pos:end]), node, tick)
+            node.children[self._edge(leaf.key, 0)] = leaf
+            self._leaves.discard(node)
+            self._leaves.add(leaf)
+            self._evictable += end - pos
+            self.fresh.append(leaf)
+            node = leaf
+        return InsertResult(cached, end, node)
+
+    def enter_pool(self, node: TierNode, slots: list[int]) -> None:
+        """``node`` (out of the pool; its parent in it) gets pool ``slots``."""
+        node.value = slots
+        if node.lock_ref:
+            self._locked += len(slots)
+        else:
+            self._evictable += len(slots)
+            if self._device_leaf(node):
+                self._leaves.add(node)
+        self._leaves.discard(node.parent)
+
+    # ---- pool eviction ---------------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        if num_tokens <= 0 or not self._leaves:
+            return 0
+        heap = [(leaf.last_access, leaf) for leaf in self._leaves]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, node = heapq.heappop(heap)
+            if node not in self._leaves:
+                continue
+            parent = node.parent
+            freed += self._leave_pool(node)
+            if parent.parent is not None and parent.value and not parent.lock_ref and self._device_leaf(parent):
+                self._leaves.add(parent)
+                heapq.heappush(heap, (parent.last_access, parent))
+        return freed
+
+    def _leave_pool(self, node: TierNode) -> int:
+        """Free ``node``'s pool slots (an unlocked device leaf), keeping its KV elsewhere if it can."""
+        slots, n = node.value, len(node.value)
+        self._leaves.discard(node)
+        self._evictable -= n
+        node.value = []
+        self._free_slots(slots)
+        if node.host is None and node.disk is None and not self._demote(node, slots) and not node.children:
+            self._remove(node)
+        return n
+
+    def _demote(self, node: TierNode, slots: list[int]) -> bool:
+        host = self.alloc_host(len(slots))
+        if host is None:
+            return False
+        self.set_host(node, host)
+        self.ops.demote(node, slots, host)
+        return True
+
+    # ---- host tier -------------------------------------------------------------------------
+    def alloc_host(self, n: int) -> list[int] | None:
+        """``n`` host slots (whole pages), evicting host copies if needed; None if they cannot be had."""
+        need = self.host.tokens_needed(None, n)
+        if need > self.host.num_free:
+            self.evict_host(need - self.host.num_free)
+        return self.host.alloc(None, n) if need <= self.host.num_free else None
+
+    def set_host(self, node: TierNode, host: list[int]) -> None:
+        node.host, node.host_ready = host, False
+        self._on_host.add(node)
+
+    def drop_host(self, node: TierNode) -> None:
+        self.host.free(node.host)
+        node.host, node.host_ready, node.fill_op = None, False, 0
+        self._on_host.discard(node)
+
+    def _host_droppable(self, n: TierNode) -> bool:
+        if not n.host_ready or n.host_busy:
+            return False
+        return bool(n.value) or n.disk_ready or (not n.lock_ref and not n.children and n.incoming is None)
+
+    def evict_host(self, num_tokens: int) -> int:
+        heap = [(n.last_access, n) for n in self._on_host if self._host_droppable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, node = heapq.heappop(heap)
+            if node.host is None or not self._host_droppable(node):
+                continue
+            freed += len(node.host)
+            parent = node.parent
+            self.drop_host(node)
+            if node.hole:
+                self._remove(node)
+                if isinstance(parent, TierNode) and parent.host is not None and self._host_droppable(parent):
+                    heapq.heappush(heap, (parent.last_access, parent))
+        return freed
+
+    # ---- disk tier -------------------------------------------------------------------------
+    def file_bytes(self, tokens: int, depth: int) -> int:
+        """A file's size: its payload, the token ids of its path and a header."""
+        return tokens * self.ops.bytes_per_token + 4 * depth + 512
+
+    def make_room_on_disk(self, nbytes: int) -> bool:
+        if self.disk_used + nbytes > self.disk_capacity:
+            self.evict_disk(self.disk_used + nbytes - self.disk_capacity)
+        return self.disk_used + nbytes <= self.disk_capacity
+
+    def add_file(self, node: TierNode, file: int, offset: int, nbytes: int, ready: bool) -> None:
+        rec = self.files.get(file)
+        if rec is None:
+            rec = self.files[file] = FileRec(nbytes)
+            self.disk_used += nbytes
+        rec.nodes.add(node)
+        node.disk, node.disk_ready = (file, offset), ready
+        self._on_disk.add(node)
+
+    def drop_disk(self, node: TierNode) -> None:
+        f = node.disk[0]
+        node.disk, node.disk_ready = None, False
+        self._on_disk.discard(node)
+        rec = self.files[f]
+        rec.nodes.discard(node)
+        if not rec.nodes:
+            self.forget_file(f)
+
+    def forget_file(self, f: int) -> None:
+        """No node refers to file ``f`` any more, or it is bad: out of the budget and deleted; nodes
+        that still referred to it lose their disk copy."""
+        rec = self.files.pop(f)
+        self.disk_used -= rec.nbytes
+        for n in rec.nodes:
+            n.disk, n.disk_ready = None, False
+            self._on_disk.discard(n)
+        self.ops.delete_file(f)
+        for n in rec.nodes:
+            self.prune(n)
+
+    def _disk_droppable(self, n: TierNode) -> bool:
+        if not n.disk_ready or n.disk_busy:
+            return False
+        return bool(n.value) or n.host_ready or (not n.lock_ref and not n.children and n.incoming is None
+                                                  and n.host is None)
+
+    def evict_disk(self, nbytes: int) -> int:
+        heap = [(n.last_access, n) for n in self._on_disk if self._disk_droppable(n)]
+        heapq.heapify(heap)
+        before = self.disk_used
+        while before - self.disk_used < nbytes and heap:
+            _, node = heapq.heappop(heap)
+            if node.disk is None or not self._disk_droppable(node):
+                continue
+            parent = node.parent
+            self.drop_disk(node)
+            if node.hole:
+                self._remove(node)
+                if isinstance(parent, TierNode) and parent.disk is not None and self._disk_droppable(parent):
+                    heapq.heappush(heap, (parent.last_access, parent))
+        return before - self.disk_used
+
+    # ---- removal ---------------------------------------------------------------------------
+    def unlock(self, node: Node) -> None:
+        super().unlock(node)
+        self.prune(node)
+
+    def prune(self, node: TierNode) -> None:
+        """Remove ``node`` if it is a hole nothing needs (an idle, unlocked leaf with no copy)."""
+        if (node.parent is not None and not node.children and not node.lock_ref and not node.host_busy
+                and not node.disk_busy and node.hole and self.alive(node)):
+            self._remove(node)
+
+    def _remove(self, node: TierNode) -> None:
+        """Take an unlocked, idle leaf out of the tree, with whatever copies it still has."""
+        assert not node.children and not node.lock_ref and not node.host_busy and not node.disk_busy
+        if node.value:
+            self._leaves.discard(node)
+            self._evictable -= len(node.value)
+            self._free_slots(node.value)
+            node.value = []
+        if node.host is not None:
+            self.drop_host(node)
+        if node.disk is not None:
+            self.drop_disk(node)
+        parent = node.parent
+        del parent.children[self._edge(node.key, 0)]
+        if parent.parent is None:
+            if not parent.children:
+                self._drop_empty_root(parent)
+        elif parent.value and not parent.lock_ref and self._device_leaf(parent):
+            self._leaves.add(parent)
+        elif parent.hole and not parent.children and not parent.lock_ref:
+            self._remove(parent)
+
+    # ---- what the disk held before a restart -----------------------------------------------
+    def restore(self, ns: str, tokens: list[int], start: int, file: int, nbytes: int) -> bool:
+        """Hang file ``file`` (the KV of ``tokens[start:]``) under the nodes holding ``tokens[:start]``,
+        as far as it is not in the tree already. False: unusable (its prefix is missing, it is not
+        page-aligned, or it adds nothing) — the caller deletes it."""
+        end = len(tokens)
+        if start % self.page_size or end % self.page_size or end <= start:
+            return False
+        node: TierNode = self._root(ns)
+        pos = 0
+        while pos < end:
+            child = node.children.get(self._edge(tokens, pos))
+            if child is None:
+                break
+            n = self._aligned(common_len(child.key, tokens, pos))
+            if n < len(child.key):
+                child = self._split(child, n)
+            node, pos = child, pos + n
+        if pos < start or pos == end or not self.make_room_on_disk(nbytes):
+            if not node.children and node.parent is None:
+                self._drop_empty_root(node)
+            return False
+        leaf = TierNode(tokens[pos:end], [], node, 0)
+        node.children[self._edge(leaf.key, 0)] = leaf
+        self.add_file(leaf, file, pos - start, nbytes, True)
+        return True
+
+    # ---- checks ----------------------------------------------------------------------------
+    def nodes(self) -> Iterator[TierNode]:
+        for root in self._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                n = stack.pop()
+                yield n
+                stack.extend(n.children.values())
+
+    def check_integrity(self) -> None:
+        super().check_integrity()  # structure, pool slots and their counters, locks
+        host_seen: set[int] = set()
+        incoming: set[int] = set()
+        on_host, on_disk, busy = set(), set(), self.ops.expected_busy()
+        for n in self.nodes():
+            k = len(n.key)
+            assert not (n.value and n.incoming is not None), "a node in the pool and being loaded"
+            if n.incoming is not None:
+                assert len(n.incoming) == k and n.lock_ref > 0 and incoming.isdisjoint(n.incoming)
+                assert n.parent.parent is None or n.parent.value or n.parent.incoming is not None, "load below a gap"
+                incoming.update(n.incoming)
+            if n.host is not None:
+                assert len(n.host) == k and host_seen.isdisjoint(n.host), "host slots"
+                assert n.host_ready or n.host_busy, "a host copy in flight with no op"
+                host_seen.update(n.host)
+                on_host.add(n)
+            if n.disk is not None:
+                f, off = n.disk
+                assert f in self.files and n in self.files[f].nodes, "disk reference"
+                assert n.disk_ready or n.disk_busy, "a disk copy in flight with no op"
+                on_disk.add(n)
+            assert (n.host_busy, n.disk_busy) == busy.get(n, (0, 0)), "busy counts differ from the ops in flight"
+            if not n.value and not n.lock_ref and not n.children and not n.host_busy and not n.disk_busy:
+                assert not n.hole, "a hole left as a leaf"
+        assert incoming.isdisjoint(self.all_slots()) and len(incoming) == self._incoming, "loads"
+        assert on_host == self._on_host and on_disk == self._on_disk, "tier sets drifted"
+        self.host.check_integrity(self.host.pages_of(host_seen))
+        assert all(rec.nodes for rec in self.files.values()), "a file no node refers to"
+        assert self.disk_used == sum(r.nbytes for r in self.files.values()), "disk usage drifted"
+        self.ops.check()

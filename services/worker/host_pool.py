@@ -1,0 +1,244 @@
+"""The host tier of the hierarchical KV cache: a host-memory KV pool (pinned on CUDA) and the copies
+between it, the device pool and the disk tier (``disk_store.py``), run as the scheduler's
+``CacheOps`` say and acknowledged by op id (``CacheAck``). The worker decides nothing: it copies.
+
+Layout: host slot s holds token s's K and V of every layer (this rank's heads) as bytes — one row
+of (2, layers, Hkv, head_dim · itemsize) — so a run of consecutive host slots is one contiguous
+block (one DMA, one file write). The device pool is viewed the same way (``KVPool.tokens``).
+
+On CUDA the copies run on their own stream, each after everything the compute stream was given
+before it (a copy never races a step that writes the slots it reads): a token gather (or scatter)
+through a device staging buffer and one DMA per run of host slots, timed by events.
+- backup / load: overlap the steps; the scheduler learns of their end from the ack (events polled
+  by the loop), and a batch lists the loads it may read (``cache_ready``): the compute stream
+  waits for those (already done on rank 0; ranks > 0 may be a little behind).
+- demote: its device slots were freed and may be written by the next step, so the next forward
+  waits for it (``before_forward``).
+On the CPU the "device" pool is host memory too and every copy is a synchronous index copy.
+
+``BANYAN_HICACHE_FAULTS`` (tests only): ``kind:n,...`` fails the n-th op of that kind on this rank
+(backup, demote, load: a copy error; disk_write: the disk is full; disk_read: an I/O error).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from shared.config import WorkerConfig
+from shared.logging import get_logger
+from shared.messages.common import from_i32
+from shared.messages.to_worker import CacheOp, CacheOps, CopyKind
+from services.worker.disk_store import DiskStore, agree, fingerprint, runs
+from services.worker.hostio import to_device
+from services.worker.kv_pool import KVPool
+from services.worker.tp import TPGroup
+
+log = get_logger("worker")
+STAGING_BYTES = 256 << 20  # device buffer of a copy in flight (larger copies go in chunks of it)
+
+
+class Faults:
+    """``BANYAN_HICACHE_FAULTS``: which op of a kind fails (counting from 1, on this rank)."""
+
+    def __init__(self, spec: str) -> None:
+        self.due: dict[str, set[int]] = {}
+        self.seen: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            kind, _, n = part.partition(":")
+            self.due.setdefault(kind, set()).add(int(n or 1))
+
+    def __call__(self, kind: str) -> bool:
+        if kind not in self.due:
+            return False
+        self.seen[kind] = self.seen.get(kind, 0) + 1
+        return self.seen[kind] in self.due[kind]
+
+
+class HostPool:
+    def __init__(self, num_slots: int, bytes_per_token: int, pin: bool) -> None:
+        self.data = torch.empty((num_slots, bytes_per_token), dtype=torch.uint8, pin_memory=pin)
+        self.array = self.data.numpy()
+
+    @property
+    def num_slots(self) -> int:
+        return self.data.shape[0]
+
+
+@dataclass(eq=False)
+class _InFlight:
+    op_id: int
+    start: Any
+    end: Any
+
+
+class TierCopier:
+    def __init__(self, kv: KVPool, host: HostPool, disk: DiskStore | None, faults: Faults | None = None) -> None:
+        self.kv, self.host, self.disk = kv, host, disk
+        self.tok = kv.tokens()  # (slots, 2, layers, Hkv, D·itemsize) uint8 view of the device pool
+        self.row = self.tok.shape[1:]
+        self.faults = faults or Faults("")
+        self.cuda = kv.device.type == "cuda"
+        self.inflight: list[_InFlight] = []
+        self.done: list[tuple[int, float]] = []
+        self.failed: list[tuple[int, str]] = []
+        self.loads: dict[int, Any] = {}  # load op id → its end event (``cache_ready`` waits for it)
+        self.demotes: list[Any] = []  # end events the next forward waits for
+        if self.cuda:
+            self.stream = torch.cuda.Stream(kv.device)
+            per = host.data.shape[1]
+            self.staging = torch.empty((max(1, STAGING_BYTES // per), per), dtype=torch.uint8, device=kv.device)
+
+    # ---- ops -------------------------------------------------------------------------------
+    def submit(self, msg: CacheOps) -> None:
+        for op in msg.ops:
+            try:
+                if op.kind in (CopyKind.BACKUP, CopyKind.DEMOTE, CopyKind.LOAD) and self.faults(op.kind):
+                    raise RuntimeError("injected fault (BANYAN_HICACHE_FAULTS)")
+                self._run(op)
+            except Exception as e:  # one failed copy fails its op (the scheduler recomputes), never the worker
+                log.warning("kv_copy_failed", op=op.op_id, kind=op.kind, error=f"{type(e).__name__}: {e}")
+                self.failed.append((op.op_id, f"copy: {type(e).__name__}: {e}"))
+
+    def _run(self, op: CacheOp) -> None:
+        host = from_i32(op.host)
+        if op.kind in (CopyKind.BACKUP, CopyKind.DEMOTE, CopyKind.LOAD):
+            self._copy(op, from_i32(op.device), host)
+        elif self.disk is None:
+            raise RuntimeError("no disk tier on this worker")
+        elif op.kind is CopyKind.DISK_WRITE:
+            ready = None
+            if self.cuda:  # (this rank's copies into these host slots, e.g. a backup, may still run)
+                ev = torch.cuda.Event()
+                ev.record(self.stream)
+                ready = ev.synchronize
+            self.disk.write(op.op_id, op.file, op.ns, op.path, op.start, host, ready)
+        elif op.kind is CopyKind.DISK_READ:
+            self.disk.read(op.op_id, op.file, op.offset, host)
+        elif op.kind is CopyKind.DISK_DELETE:
+            self.disk.delete(op.file)
+
+    def _copy(self, op: CacheOp, dev: np.ndarray, host: np.ndarray) -> None:
+        to_host = op.kind is not CopyKind.LOAD
+        if op.after and self.disk is not None:
+            self.disk.wait_reads(op.after)  # (rank 0 has seen them done; another rank may still be reading)
+        if not self.cuda:
+            t0 = time.perf_counter()
+            d = torch.from_numpy(dev.astype(np.int64))
+            h = torch.from_numpy(host.astype(np.int64))
+            if to_host:
+                self.host.data[h] = self.tok[d].reshape(len(d), -1)
+            else:
+                self.tok[d] = self.host.data[h].view(-1, *self.row)
+            self.done.append((op.op_id, time.perf_counter() - t0))
+            return
+        idx = to_device(dev, torch.int64, self.kv.device)
+        marker = torch.cuda.Event()
+        marker.record()  # the compute stream so far (steps that wrote or may still write these slots)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(marker)
+            start.record(self.stream)
+            cap = self.staging.shape[0]
+            for a in range(0, len(dev), cap):
+                b = min(len(dev), a + cap)
+                stage = self.staging[: b - a]
+                shaped = stage.view(b - a, *self.row)
+                if to_host:
+                    torch.index_select(self.tok, 0, idx[a:b], out=shaped)
+                for pos, h0, n in runs(host[a:b]):
+                    if to_host:
+                        self.host.data[h0:h0 + n].copy_(stage[pos:pos + n], non_blocking=True)
+                    else:
+                        stage[pos:pos + n].copy_(self.host.data[h0:h0 + n], non_blocking=True)
+                if not to_host:
+                    self.tok.index_copy_(0, idx[a:b], shaped)
+            end.record(self.stream)
+        idx.record_stream(self.stream)
+        self.inflight.append(_InFlight(op.op_id, start, end))
+        if op.kind is CopyKind.DEMOTE:
+            self.demotes.append(end)
+        elif op.kind is CopyKind.LOAD:
+            self.loads[op.op_id] = end
+
+    def before_forward(self, cache_ready: bytes) -> None:
+        """The compute stream waits for the demotes issued so far and for the loads this batch lists."""
+        if not self.cuda:
+            return
+        cur = torch.cuda.current_stream(self.kv.device)
+        for ev in self.demotes:
+            cur.wait_event(ev)
+        self.demotes.clear()
+        for op_id in from_i32(cache_ready).tolist():
+            ev = self.loads.pop(op_id, None)
+            if ev is not None:
+                cur.wait_event(ev)
+
+    # ---- acknowledgements --------------------------------------------------------------------
+    def poll(self) -> tuple[list[tuple[int, float]], list[tuple[int, str]]]:
+        """Ops that ended since the last poll: ([(op id, seconds)], [(op id, why it failed)])."""
+        still = []
+        for c in self.inflight:
+            if c.end.query():
+                self.done.append((c.op_id, c.start.elapsed_time(c.end) / 1e3))
+            else:
+                still.append(c)
+        self.inflight = still
+        if self.disk is not None:
+            for op_id, err, seconds in self.disk.poll():
+                if err is None:
+                    self.done.append((op_id, seconds))
+                else:
+                    log.warning("kv_disk_op_failed", op=op_id, error=err)
+                    self.failed.append((op_id, err))
+        done, failed, self.done, self.failed = self.done, self.failed, [], []
+        return done, failed
+
+    @property
+    def pending(self) -> bool:
+        """Copies in flight (the loop polls for their end)."""
+        return bool(self.inflight) or (self.disk is not None and self.disk.pending)
+
+    def close(self, timeout: float) -> None:
+        if self.disk is not None:
+            self.disk.close(timeout)
+
+
+@dataclass
+class Tiers:
+    """What the worker has of the hierarchical cache (and tells the scheduler in ``WorkerReady``)."""
+
+    copier: TierCopier
+    host_slots: int  # usable (slot 0 is never used, as in the device pool)
+    disk_capacity: int = 0  # bytes
+    files: list = field(default_factory=list)  # DiskFile: what the disk holds from earlier runs
+    next_file: int = 0
+
+
+def build_tiers(cfg: WorkerConfig, kv: KVPool, pool_size: int, model_dir: str, tp: TPGroup, layout: dict) -> Tiers:
+    """The host pool (``--hicache-size`` GiB or ``--hicache-ratio`` × the KV pool, per rank) and, with
+    ``--hicache-storage-dir``, the disk tier in ``<dir>/rank<r>-of-<n>``: its files checked."""
+    bpt = kv.bytes_per_token
+    n = int(cfg.hicache_size * 2**30) // bpt - 1 if cfg.hicache_size else int(cfg.hicache_ratio * pool_size)
+    if n < 1:
+        raise ValueError(f"the host KV tier holds no token ({bpt} bytes each): raise --hicache-size or --hicache-ratio")
+    t0 = time.perf_counter()
+    faults = Faults(os.environ.get("BANYAN_HICACHE_FAULTS", ""))
+    host = HostPool(n + 1, bpt, pin=kv.device.type == "cuda")
+    disk, files, next_file = None, [], 0
+    if cfg.hicache_storage_dir:
+        where = os.path.join(cfg.hicache_storage_dir, f"rank{tp.rank}-of-{tp.size}")
+        disk = DiskStore(where, fingerprint(model_dir, **layout), host.array, faults)
+        files, next_file = disk.scan()
+        if tp.size > 1:
+            files, next_file = agree(files, next_file, tp, kv.device)
+    log.info("host_kv_tier", tokens=n, gib=round(host.data.numel() / 2**30, 3), pinned=host.data.is_pinned(),
+             seconds=round(time.perf_counter() - t0, 2), disk=disk.dir if disk else None, disk_files=len(files),
+             disk_gib=cfg.hicache_storage_size if disk else 0, faults=os.environ.get("BANYAN_HICACHE_FAULTS") or None)
+    return Tiers(TierCopier(kv, host, disk, faults), n, int(cfg.hicache_storage_size * 2**30) if disk else 0, files,
+                 next_file)
