@@ -61,10 +61,11 @@ class Fetch:
 
 class HiCache:
     def __init__(self, kv: KVManager, tree: TieredRadixCache, counters: Counters, write_back: bool,
-                 budget: int) -> None:
+                 budget: int, min_load: int = MIN_LOAD_TOKENS) -> None:
         self.kv, self.tree, self.slots, self.counters = kv, tree, kv.slots, counters
         self.write_back = write_back
         self.budget = budget
+        self.min_load = min_load
         self.fetches: dict[Req, Fetch] = {}
         self.loading = 0  # tokens loaded or loading for requests not admitted yet
         self.deferred = 0  # requests kept aside this step without a fetch (too many fetches)
@@ -73,13 +74,13 @@ class HiCache:
 
     @classmethod
     def attach(cls, kv: KVManager, w: WorkerReady, counters: Counters, write_back: bool,
-               budget: int) -> HiCache:
+               budget: int, min_load: int = MIN_LOAD_TOKENS) -> HiCache:
         """Give ``kv`` a tiered tree sized from the worker's host pool and disk, with what the disk
         already holds."""
         tree = TieredRadixCache(kv.slots.free, kv.page_size, SlotAllocator(w.host_pool_size, kv.page_size),
-                                write_back, w.disk_capacity, w.kv_bytes_per_token, w.disk_next_file)
-        kv.cache, kv.hicache = tree, None
-        h = kv.hicache = cls(kv, tree, counters, write_back, budget)
+                                write_back, w.disk_capacity, w.kv_bytes_per_token, w.disk_next_file, counters)
+        kv.cache = tree
+        h = kv.hicache = cls(kv, tree, counters, write_back, budget, min_load)
         kept = 0
         for f in sorted(w.disk_files, key=lambda f: len(f.path)):  # (a file's prefix before it)
             if tree.restore(f.ns, from_i32(f.path).tolist(), f.start, f.file, f.size):
@@ -110,7 +111,7 @@ class HiCache:
                 host += covered
             else:
                 disk += covered
-        if host + disk < MIN_LOAD_TOKENS:
+        if host + disk < self.min_load:
             return True
         if len(self.fetches) >= MAX_FETCHES:
             self.deferred += 1

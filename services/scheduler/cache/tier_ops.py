@@ -27,6 +27,7 @@ from shared.messages.to_worker import CacheOp, CopyKind
 
 if TYPE_CHECKING:
     from services.scheduler.cache.tiers import TieredRadixCache, TierNode
+    from services.scheduler.counters import Counters
 
 BUSY = {CopyKind.BACKUP: (1, 0), CopyKind.DEMOTE: (1, 0), CopyKind.LOAD: (1, 0), CopyKind.DISK_WRITE: (1, 1),
         CopyKind.DISK_READ: (1, 1)}
@@ -50,18 +51,18 @@ class Op:
 
 
 class OpBook:
-    def __init__(self, tree: TieredRadixCache, bytes_per_token: int) -> None:
+    def __init__(self, tree: TieredRadixCache, bytes_per_token: int, counters: Counters) -> None:
         self.tree = tree
+        self.counters = counters  # (op ids go on across workers: a lost worker's late ack never matches)
         self.bytes_per_token = bytes_per_token
         self.inflight: dict[int, Op] = {}
         self.outbox: list[CacheOp] = []
         self.to_disk: deque[TierNode] = deque()  # host copies waiting for a disk write
         self.disk_writes = 0  # in flight
-        self._next = 0
 
     def _new_id(self) -> int:
-        self._next += 1
-        return self._next
+        self.counters.cache_ops += 1
+        return self.counters.cache_ops
 
     @staticmethod
     def segment(op: Op):

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from services.scheduler.cache.base import InsertResult
 from services.scheduler.cache.radix import Node, RadixCache, common_len
 from services.scheduler.cache.tier_ops import FileRec, OpBook
+from services.scheduler.counters import Counters
 from services.scheduler.memory import SlotAllocator
 from shared.messages.to_worker import CopyKind
 
@@ -63,11 +64,11 @@ class TieredRadixCache(RadixCache):
 
     def __init__(self, free_slots: Callable[[list[int]], None], page_size: int, host: SlotAllocator,
                  write_back: bool = False, disk_capacity: int = 0, bytes_per_token: int = 0,
-                 next_file: int = 0) -> None:
+                 next_file: int = 0, counters: Counters | None = None) -> None:
         super().__init__(free_slots, page_size)
         self.host = host
         self.write_back = write_back
-        self.ops = OpBook(self, bytes_per_token)
+        self.ops = OpBook(self, bytes_per_token, counters if counters is not None else Counters())
         self.disk_capacity = disk_capacity  # bytes (0: no disk tier)
         self.files: dict[int, FileRec] = {}
         self.disk_used = 0  # bytes of the files in ``files``
@@ -211,19 +212,17 @@ class TieredRadixCache(RadixCache):
         slots, n = node.value, len(node.value)
         self._leaves.discard(node)
         self._evictable -= n
+        kept = node.host is not None or node.disk is not None
+        host = None if kept else self.alloc_host(n)  # (demote; still in the pool while host copies make room)
         node.value = []
+        self._leaves.discard(node)  # (again: making room on the host may have removed its last child)
         self._free_slots(slots)
-        if node.host is None and node.disk is None and not self._demote(node, slots) and not node.children:
+        if host is not None:
+            self.set_host(node, host)
+            self.ops.demote(node, slots, host)
+        elif not kept and not node.children:
             self._remove(node)
         return n
-
-    def _demote(self, node: TierNode, slots: list[int]) -> bool:
-        host = self.alloc_host(len(slots))
-        if host is None:
-            return False
-        self.set_host(node, host)
-        self.ops.demote(node, slots, host)
-        return True
 
     # ---- host tier -------------------------------------------------------------------------
     def alloc_host(self, n: int) -> list[int] | None:
@@ -242,26 +241,23 @@ class TieredRadixCache(RadixCache):
         node.host, node.host_ready, node.fill_op = None, False, 0
         self._on_host.discard(node)
 
-    def _host_droppable(self, n: TierNode) -> bool:
-        if not n.host_ready or n.host_busy:
-            return False
-        return bool(n.value) or n.disk_ready or (not n.lock_ref and not n.children and n.incoming is None)
+    @staticmethod
+    def _host_droppable(n: TierNode) -> bool:
+        """Idle, and not needed by a fetch (locked out of the pool). A node with descendants left
+        with no copy becomes a hole (they come back into reach if an insert refills it)."""
+        return n.host_ready and not n.host_busy and n.incoming is None and not (n.lock_ref and not n.value)
 
     def evict_host(self, num_tokens: int) -> int:
-        heap = [(n.last_access, n) for n in self._on_host if self._host_droppable(n)]
-        heapq.heapify(heap)
+        heap = [(n.last_access, -n.depth, n) for n in self._on_host if self._host_droppable(n)]
+        heapq.heapify(heap)  # (least recently used first; deeper first among equals)
         freed = 0
         while freed < num_tokens and heap:
-            _, node = heapq.heappop(heap)
+            node = heapq.heappop(heap)[2]
             if node.host is None or not self._host_droppable(node):
                 continue
             freed += len(node.host)
-            parent = node.parent
             self.drop_host(node)
-            if node.hole:
-                self._remove(node)
-                if isinstance(parent, TierNode) and parent.host is not None and self._host_droppable(parent):
-                    heapq.heappush(heap, (parent.last_access, parent))
+            self.prune(node)
         return freed
 
     # ---- disk tier -------------------------------------------------------------------------
@@ -304,26 +300,20 @@ class TieredRadixCache(RadixCache):
         for n in rec.nodes:
             self.prune(n)
 
-    def _disk_droppable(self, n: TierNode) -> bool:
-        if not n.disk_ready or n.disk_busy:
-            return False
-        return bool(n.value) or n.host_ready or (not n.lock_ref and not n.children and n.incoming is None
-                                                  and n.host is None)
+    @staticmethod
+    def _disk_droppable(n: TierNode) -> bool:
+        return n.disk_ready and not n.disk_busy and not (n.lock_ref and not n.value and n.host is None)
 
     def evict_disk(self, nbytes: int) -> int:
-        heap = [(n.last_access, n) for n in self._on_disk if self._disk_droppable(n)]
+        heap = [(n.last_access, -n.depth, n) for n in self._on_disk if self._disk_droppable(n)]
         heapq.heapify(heap)
         before = self.disk_used
         while before - self.disk_used < nbytes and heap:
-            _, node = heapq.heappop(heap)
+            node = heapq.heappop(heap)[2]
             if node.disk is None or not self._disk_droppable(node):
                 continue
-            parent = node.parent
             self.drop_disk(node)
-            if node.hole:
-                self._remove(node)
-                if isinstance(parent, TierNode) and parent.disk is not None and self._disk_droppable(parent):
-                    heapq.heappush(heap, (parent.last_access, parent))
+            self.prune(node)
         return before - self.disk_used
 
     # ---- removal ---------------------------------------------------------------------------
