@@ -52,8 +52,8 @@ class Fetch:
 
     req: Req
     handle: TierNode  # the deepest node of its prefix: locked until it is admitted or leaves the queue
-    host_tokens: int  # prompt tokens it gets from the host tier (counted when it is admitted) …
-    disk_tokens: int  # … and from the disk tier
+    pooled: int  # tokens of its prefix in the pool when it was planned
+    tiers: list[tuple[str, int]]  # then: the rest of its prefix, top-down, by tier ("host" / "disk", tokens)
     since: float
     loading: int = 0  # tokens of its loads (the budget)
     done: bool = False
@@ -82,7 +82,7 @@ class HiCache:
         kv.cache = tree
         h = kv.hicache = cls(kv, tree, counters, write_back, budget, min_load)
         kept = 0
-        for f in sorted(w.disk_files, key=lambda f: len(f.path)):  # (a file's prefix before it)
+        for f in sorted(w.disk_files, key=lambda f: (f.start, -len(f.path))):  # (what holds a file's prefix first)
             if tree.restore(f.ns, from_i32(f.path).tolist(), f.start, f.file, f.size):
                 kept += 1
             else:
@@ -104,31 +104,34 @@ class HiCache:
         if i == len(nodes):
             return True
         end = len(key) - len(key) % self.kv.page_size
-        host = disk = 0
-        for n in nodes[i:]:
-            covered = min(len(n.key), end - (n.depth - len(n.key)))
-            if n.host is not None or n.incoming is not None:
-                host += covered
-            else:
-                disk += covered
-        if host + disk < self.min_load:
+        tiers = [("host" if n.host is not None or n.incoming is not None else "disk",
+                  min(len(n.key), end - (n.depth - len(n.key)))) for n in nodes[i:]]
+        if sum(t for _, t in tiers) < self.min_load:
             return True
         if len(self.fetches) >= MAX_FETCHES:
             self.deferred += 1
             return False
         self.tree.lock(nodes[-1])
-        f = self.fetches[r] = Fetch(r, nodes[-1], host, disk, time.monotonic())
+        f = self.fetches[r] = Fetch(r, nodes[-1], nodes[i].depth - len(nodes[i].key), tiers, time.monotonic())
         self._advance(f)
         return f.done
 
     def admitted(self, r: Req) -> None:
-        """``r`` was admitted (its match taken and locked): its fetch ends."""
+        """``r`` was admitted (its match taken and locked): its fetch ends; the tokens its match got
+        beyond what was in the pool count as hits of the tier they came from."""
         f = self.fetches.pop(r, None)
         if f is None:
             return
-        c = self.counters
-        c.host_hit_tokens += f.host_tokens
-        c.disk_hit_tokens += f.disk_tokens
+        gained = len(r.slots) - f.pooled
+        for tier, n in f.tiers:
+            n = min(n, gained)
+            if n <= 0:
+                break
+            if tier == "host":
+                self.counters.host_hit_tokens += n
+            else:
+                self.counters.disk_hit_tokens += n
+            gained -= n
         self.fetch_waits.append(time.monotonic() - f.since)
         self._end(f)
 

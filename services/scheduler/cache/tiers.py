@@ -365,9 +365,12 @@ class TieredRadixCache(RadixCache):
                 break
             n = self._aligned(common_len(child.key, tokens, pos))
             if n < len(child.key):
+                if not start <= pos + n < end:  # (its prefix is not there, or it adds nothing: no split)
+                    pos += n
+                    break
                 child = self._split(child, n)
             node, pos = child, pos + n
-        if pos < start or pos == end or not self.make_room_on_disk(nbytes):
+        if pos < start or pos >= end or not self.make_room_on_disk(nbytes):
             if not node.children and node.parent is None:
                 self._drop_empty_root(node)
             return False

@@ -1,0 +1,178 @@
+"""The hierarchical cache's scheduler side, path by path: the batcher keeps a request aside while its
+prefix is loaded (admitting others meanwhile) and the batch that may read the load lists it; write-back
+demotes on eviction with the pool slots free at once; a load that fails leaves the request to compute;
+a node split while its copy is in flight; the disk index restored after a restart (orphans,
+duplicates and misaligned files deleted); disk full shrinks the budget; with the tier off nothing
+of it runs."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from services.scheduler.batcher import Batcher, Limits
+from services.scheduler.cache import RadixCache
+from services.scheduler.cache.tiers import TieredRadixCache
+from services.scheduler.counters import Counters
+from services.scheduler.hicache import MIN_LOAD_TOKENS, HiCache
+from services.scheduler.kv import KVManager
+from services.scheduler.memory import SlotAllocator
+from services.scheduler.policy import FCFS
+from services.scheduler.request import Req, Status
+from shared.messages.common import SamplingParams, f32, from_i32, i32
+from shared.messages.to_scheduler import CacheAck, DiskFile, WorkerReady
+from shared.messages.to_worker import CopyKind
+
+BPT = 8
+
+
+def worker_ready(pool: int, host: int, disk: int = 0, files=(), next_file: int = 0) -> WorkerReady:
+    return WorkerReady(model="m", architecture="a", vocab_size=100, context_length=4096, pool_size=pool,
+                       eos_token_ids=[], device="cpu", dtype="float32", host_pool_size=host, kv_bytes_per_token=BPT,
+                       disk_capacity=disk, disk_files=list(files), disk_next_file=next_file)
+
+
+def tiered(pool=255, host=512, write_back=False, disk=0, files=(), next_file=0,
+           min_load=MIN_LOAD_TOKENS) -> tuple[KVManager, HiCache, list]:
+    kv = KVManager(pool, 8, 1, True, Counters())
+    h = HiCache.attach(kv, worker_ready(pool, host, disk, files, next_file), kv.counters, write_back, budget=256,
+                       min_load=min_load)
+    return kv, h, []
+
+
+def req(rid: str, prompt: list[int], new: int = 4) -> Req:
+    return Req(rid=rid, replica=b"", prompt=prompt, params=SamplingParams(max_new_tokens=new, temperature=0.0))
+
+
+def flush(h: HiCache, sent: list, sched=None) -> list:
+    h.flush(lambda m: sent.extend(m.ops), sched)
+    out = list(sent)
+    sent.clear()
+    return out
+
+
+def ack(h: HiCache, ops, ok: bool = True, reason: str = "copy: boom") -> None:
+    ids = [o.op_id for o in ops]
+    h.on_ack(CacheAck(done=i32(ids), seconds=f32([0.001] * len(ids))) if ok else
+             CacheAck(failed=i32(ids), reasons=[reason] * len(ids)))
+
+
+def serve_once(kv: KVManager, r: Req) -> None:
+    """Admit, compute the whole prompt, finish: its KV goes into the tree."""
+    kv.admit(r)
+    kv.extend(r, r.to_compute)
+    r.status = Status.RUNNING
+    kv.release(r)
+    r.status = Status.FINISHED
+
+
+def test_a_request_waits_aside_while_its_prefix_loads() -> None:
+    kv, h, sent = tiered()
+    prefix = list(range(1, 161))
+    serve_once(kv, req("a", prefix + [500]))
+    backups = flush(h, sent)
+    assert {o.kind for o in backups} == {CopyKind.BACKUP}  # write-through: copied as it entered the pool
+    ack(h, backups)
+    assert kv.cache.evict(10**6) == 161 and kv.cache.host_used == 161 and not flush(h, sent)  # (no copy: backed up)
+
+    b, c = req("b", prefix + [7, 8]), req("c", [900 + i for i in range(40)])
+    waiting, running = deque([b, c]), []
+    batcher = Batcher(kv, FCFS(), Limits(8, 4096, 4096))
+    first = batcher.build(running, waiting)
+    ops = flush(h, sent, first)
+    assert [r.rid for r in first.reqs] == ["c"] and list(waiting) == [b]  # b kept aside, c admitted meanwhile
+    (load,) = ops  # (whole nodes: the first request's last token too)
+    assert load.kind is CopyKind.LOAD and len(from_i32(load.device)) == 161 and not first.msg.cache_ready
+    assert not batcher.build(running, waiting) or list(waiting) == [b]  # still loading: still aside
+    flush(h, sent)
+    ack(h, [load])
+    h.step()
+    second = batcher.build(running, waiting)
+    flush(h, sent, second)
+    assert [r.rid for r in second.reqs] == ["c", "b"] and b.cached_tokens == 160  # (c decodes)
+    assert from_i32(second.msg.cache_ready).tolist() == [load.op_id]  # the batch waits for the load
+    assert from_i32(second.msg.new_reqs[0].prefix_slots).tolist() == from_i32(load.device).tolist()[:160]
+    assert second.msg.extend_lens == i32([1, 2]) and kv.counters.host_hit_tokens == 160
+    kv.check_integrity(running)
+
+
+def test_write_back_demotes_on_eviction_and_frees_the_pool_at_once() -> None:
+    kv, h, sent = tiered(write_back=True)
+    serve_once(kv, req("a", list(range(1, 41))))
+    assert not flush(h, sent)  # nothing copied while in the pool
+    free = kv.slots.num_free
+    assert kv.cache.evict(40) == 40 and kv.slots.num_free == free + 40
+    (demote,) = flush(h, sent)
+    assert demote.kind is CopyKind.DEMOTE and len(from_i32(demote.host)) == 40
+    kv.check_integrity([])
+    ack(h, [demote])
+    assert kv.counters.tier_tokens == {"device_to_host": 40}
+    kv.check_integrity([])
+
+
+def test_a_failed_load_leaves_the_request_to_compute() -> None:
+    kv, h, sent = tiered()
+    serve_once(kv, req("a", list(range(1, 101))))
+    ack(h, flush(h, sent))
+    kv.cache.evict(10**6)
+    b = req("b", list(range(1, 101)) + [5])
+    assert not kv.ready(b)
+    (load,) = flush(h, sent)
+    ack(h, [load], ok=False)
+    h.step()
+    assert kv.ready(b)  # the host copy is suspect and dropped: nothing left to load
+    kv.admit(b)
+    assert b.cached_tokens == 0 and kv.counters.tier_failures == {"copy": 1} and kv.counters.host_hit_tokens == 0
+    kv.check_integrity([])
+
+
+def test_a_node_split_while_its_copy_is_in_flight() -> None:
+    kv, h, sent = tiered()
+    serve_once(kv, req("a", list(range(1, 61))))
+    (backup,) = flush(h, sent)
+    kv.cache.match("", list(range(1, 31)))  # splits the node the backup covers
+    kv.check_integrity([])
+    ack(h, [backup])
+    tree: TieredRadixCache = kv.cache
+    assert sorted(len(n.key) for n in tree.nodes()) == [30, 30] and all(n.host_ready for n in tree.nodes())
+    kv.check_integrity([])
+
+
+def test_restart_restores_the_disk_index() -> None:
+    files = [DiskFile(0, "", i32(list(range(10))), 0, 600),  # tokens 0..9
+             DiskFile(1, "", i32(list(range(16))), 10, 600),  # 10..15 under it
+             DiskFile(2, "", i32([0, 1, 2, 99, 98]), 3, 600),  # 99, 98 after 0, 1, 2 (a split of file 0's node)
+             DiskFile(3, "", i32(list(range(12))), 10, 600),  # duplicate of part of file 1
+             DiskFile(4, "", i32([50, 51, 52]), 2, 600),  # its prefix (50, 51) is nowhere: an orphan
+             DiskFile(5, "t", i32([7, 7]), 0, 600)]  # another namespace
+    kv, h, sent = tiered(disk=10**6, files=files, next_file=6, min_load=1)
+    tree: TieredRadixCache = kv.cache
+    deleted = sorted(o.file for o in flush(h, sent) if o.kind is CopyKind.DISK_DELETE)
+    assert deleted == [3, 4] and sorted(tree.files) == [0, 1, 2, 5] and tree.disk_used == 4 * 600
+    assert [len(n) for n in (tree.walk("", list(range(16))), tree.walk("", [0, 1, 2, 99, 98]))] == [3, 2]
+    b = req("b", list(range(16)) + [1])
+    assert not kv.ready(b)
+    reads = flush(h, sent)
+    assert sorted((o.file, o.offset, len(from_i32(o.host))) for o in reads) == [(0, 0, 3), (0, 3, 7), (1, 0, 6)]
+    kv.check_integrity([])
+    assert tree.next_file == 6
+
+
+def test_disk_full_shrinks_the_budget_to_what_is_used() -> None:
+    kv, h, sent = tiered(disk=10**6)
+    serve_once(kv, req("a", list(range(1, 31))))
+    ack(h, flush(h, sent))  # backup done → a disk write queued
+    (write,) = flush(h, sent)
+    assert write.kind is CopyKind.DISK_WRITE and kv.cache.disk_used > 0
+    ack(h, [write], ok=False, reason="disk_full: No space left on device")
+    tree: TieredRadixCache = kv.cache
+    assert tree.disk_used == 0 and tree.disk_capacity == 0 and kv.counters.tier_failures == {"disk_full": 1}
+    deletes = flush(h, sent)
+    assert [o.kind for o in deletes] == [CopyKind.DISK_DELETE]  # (whatever part of it was written)
+    kv.check_integrity([])
+
+
+def test_tier_off_runs_nothing_of_it() -> None:
+    kv = KVManager(255, 8, 1, True, Counters())
+    assert type(kv.cache) is RadixCache and kv.hicache is None and kv.ready(req("x", [1, 2, 3]))
+    host = SlotAllocator(64, 1)
+    assert host.pool_size == 64
