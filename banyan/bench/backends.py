@@ -25,6 +25,7 @@ class Result:
     latency: float = 0.0
     error: str = ""
     token_times: list[float] = field(default_factory=list)  # perf_counter() at each token's arrival
+    output_ids: list[int] = field(default_factory=list)  # (gRPC only: the multi-turn workload's history)
 
 
 class GrpcBackend:
@@ -54,6 +55,7 @@ class GrpcBackend:
             async for chunk in self.stub.Generate(req):
                 now = time.perf_counter()
                 if chunk.token_ids:
+                    res.output_ids.extend(chunk.token_ids)
                     res.token_times += [now] * len(chunk.token_ids)
                     if res.output_len == 0:
                         res.ttft = now - t0

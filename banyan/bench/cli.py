@@ -23,7 +23,9 @@ def parser() -> argparse.ArgumentParser:
                     help="gRPC host:port, or the HTTP base URL [env BANYAN_ADDRESS, default localhost:50051]")
     ap.add_argument("--model", default="", help="model name sent to OpenAI servers (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("BANYAN_API_KEY", ""))
-    ap.add_argument("--dataset", choices=("random", "shared-prefix", "json", "sharegpt"), default="random")
+    ap.add_argument("--dataset", choices=("random", "shared-prefix", "json", "sharegpt", "multiturn"), default="random",
+                    help="multiturn: conversations resending their history each turn, closed loop of "
+                         "--max-concurrency users (default 32), TTFT by turn; gRPC only")
     ap.add_argument("--dataset-path", default="", help="ShareGPT-format JSON file (--dataset sharegpt)")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--input-len", type=_range, default=(256, 1024), help="MIN:MAX tokens (random/json)")
@@ -32,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts-per-group", type=int, default=16)
     ap.add_argument("--system-prompt-len", type=int, default=1024)
     ap.add_argument("--question-len", type=int, default=128)
+    ap.add_argument("--conversations", type=int, default=64, help="multiturn: conversations (one system prompt)")
+    ap.add_argument("--turns", type=int, default=8, help="multiturn: turns per conversation")
+    ap.add_argument("--user-len", type=_range, default=(256, 256), help="multiturn: MIN:MAX tokens of a user message")
     ap.add_argument("--vocab-size", type=int, default=0,
                     help="token-id range of random prompts (0: ask the server: gRPC GetModelInfo, or vocab_size in "
                          "an OpenAI-compatible server's /v1/models, which Banyan reports)")
@@ -99,6 +104,17 @@ def build_requests(args) -> list[datasets.BenchRequest]:
 async def _main(args) -> dict:
     from banyan.bench.backends import GrpcBackend, OpenAIBackend
 
+    if args.dataset == "multiturn":
+        from banyan.bench.multiturn import run_multiturn
+
+        convs = datasets.multiturn_conversations(args.conversations, args.turns, args.system_prompt_len, args.user_len,
+                                                 args.output_len, _vocab(args), args.seed)
+        backend = GrpcBackend(args.target)
+        try:
+            return await run_multiturn(backend, convs, args.max_concurrency or 32, args.temperature,
+                                       progress=not args.no_progress)
+        finally:
+            await backend.close()
     requests = build_requests(args)
     backend = (GrpcBackend(args.target) if args.backend == "grpc"
                else OpenAIBackend(args.target, args.model, args.api_key))
@@ -111,7 +127,10 @@ async def _main(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.dataset == "multiturn" and args.backend != "grpc":
+        ap.error("--dataset multiturn needs --backend grpc (each turn's history carries the answer's token ids)")
     if args.backend == "openai" and not args.model:
         args.model = next((c.get("id", "") for c in _server_models(args)), "")
     summary = asyncio.run(_main(args))

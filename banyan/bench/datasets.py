@@ -86,3 +86,23 @@ def sharegpt_requests(path: str, num: int, max_output: int = 1024, seed: int = 0
         if len(out) == num:
             break
     return out
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A multi-turn chat as token ids: a system prompt, then per turn a user message and how many
+    tokens the answer gets. Turn t's prompt is the system prompt, every earlier turn (user message
+    and the answer the server gave) and user message t."""
+
+    system: list[int]
+    users: list[list[int]]
+    output_lens: list[int]
+
+
+def multiturn_conversations(num: int, turns: int, system_len: int, user_len: tuple[int, int],
+                            output_len: tuple[int, int], vocab: int, seed: int = 0) -> list[Conversation]:
+    """``num`` conversations sharing one system prompt (W6: 64 × 8 turns, 2,048 + ~256 per turn, ~128 out)."""
+    rng = random.Random(seed)
+    system = _ids(rng, system_len, vocab)
+    return [Conversation(system, [_ids(rng, rng.randint(*user_len), vocab) for _ in range(turns)],
+                         [rng.randint(*output_len) for _ in range(turns)]) for _ in range(num)]

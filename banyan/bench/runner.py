@@ -113,6 +113,11 @@ def table(summary: dict) -> str:
         d = s[key]
         rows.append((f"{name} mean / p50 / p90 / p99 (ms)",
                      f"{d['mean']:.2f} / {d['p50']:.2f} / {d['p90']:.2f} / {d['p99']:.2f}"))
+    if s.get("ttft_by_turn_ms"):  # (multiturn)
+        rows.append(("Cache hit rate / optimum", f"{s['cache_hit_rate']:.3f} / {s['optimum_hit_rate']:.3f}"))
+        for key in ("p50", "p90"):
+            rows.append((f"TTFT {key} by turn (ms)", " ".join(f"{d[key]:.1f}" for d in s["ttft_by_turn_ms"])))
+        rows.append(("Cache hit rate by turn", " ".join(f"{h:.2f}" for h in s["hit_rate_by_turn"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

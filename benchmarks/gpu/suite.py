@@ -10,6 +10,8 @@ own process first, then ``banyan serve`` (extra flags after ``--``) for
   W4  JSON schema (256 requests), then the same workload unconstrained with the same output lengths
   W5  Poisson arrivals at three rates (W2 lengths, 200 requests each): TTFT/ITL p50/p99
   HF  HF ``generate`` (static batches) and continuous batching on W1 and the first W2 requests
+  W6, W2H (only when named): multi-turn on a capped GPU pool, host / disk KV tiers; W2 with the host
+      tier (suite_w6.py)
 
     python -m benchmarks.gpu.suite --out /tmp/banyan-gpu/suite                     # everything
     python -m benchmarks.gpu.suite --workloads W1,W2,HF --out D                    # two invocations,
@@ -40,16 +42,19 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 
 from benchmarks.gpu import suite_report as report  # noqa: E402
+from benchmarks.gpu import suite_w6  # noqa: E402
 from benchmarks.gpu import suite_workloads as wl  # noqa: E402
 from benchmarks.gpu.make_model import build  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "HF")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "HF", "W6", "W2H")
+DEFAULT = WORKLOADS[:6]  # (W6 and W2H start servers of their own: named when wanted)
 TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=16384)
 TOKENIZERS = (ROOT / ".assets/llama3", ROOT.parent / "shared/assets/tokenizers/llama3")
-COUNTS = ("w2_num", "w3_groups", "w4_num", "w5_num")
+COUNTS = ("w2_num", "w3_groups", "w4_num", "w5_num", "w6_conversations")
 LENGTHS = ("w1_input", "w1_output", "w2_input", "w2_output", "w3_system", "w3_question", "w3_output", "w4_input",
-           "w4_output")
+           "w4_output", "w6_system", "w6_user", "w6_output", "w6_pool")
+TUPLES = ("w5_rates", "w3_extra", "w6_variants")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
                     ".assets/llama3, else the team folder's)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/banyan-gpu/suite"))
     ap.add_argument("--tag", default="", help="file name part (default: the workloads, e.g. W1-W2-HF)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
+    ap.add_argument("--workloads", default=",".join(DEFAULT), help=f"subset of {','.join(WORKLOADS)}")
     ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (Llama 3 vocab) on the CPU")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the request counts (W2–W5)")
     ap.add_argument("--length-scale", type=float, default=1.0, help="multiplies every input/output length")
@@ -72,6 +77,8 @@ def parser() -> argparse.ArgumentParser:
         elif f.name == "w3_extra":
             ap.add_argument("--w3-extra", default=None, help="more shared-prefix shapes GROUPSxPERxSYSTEM, "
                             "comma-separated ('' for none; default 64x16x2048,8x32x8192)")
+        elif f.name == "w6_variants":
+            ap.add_argument("--w6-variants", default=None, help="W6 servers: off,host,disk (default all three)")
         else:
             ap.add_argument("--" + f.name.replace("_", "-"), type=int, default=None, help=f"default {f.default}")
     ap.add_argument("--hf-engines", default="generate,cb", help="HF baselines: generate and/or cb")
@@ -104,7 +111,7 @@ def sizes_from(args) -> wl.Sizes:
     for f in dataclasses.fields(wl.Sizes):
         given = getattr(args, f.name)
         if given is not None:
-            kw[f.name] = tuple(x for x in given.split(",") if x) if f.name in ("w5_rates", "w3_extra") else given
+            kw[f.name] = tuple(x for x in given.split(",") if x) if f.name in TUPLES else given
     return wl.Sizes(**kw)
 
 
@@ -130,29 +137,6 @@ def environment(args, model: str) -> dict:
             "argv": sys.argv[1:], "serve_args": args.serve_args, "python": platform.python_version(),
             "versions": {p: version(p) for p in ("torch", "transformers", "flashinfer-python", "xgrammar", "grpcio",
                                                  "numpy")}}
-
-
-def worker_counters(server) -> dict | None:
-    """The worker's GPU busy/idle second counters (None when its metrics have no idle counter)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    if not server.worker_metrics_port:
-        return None
-    sums = {"idle": 0.0, "busy": 0.0}
-    found = False
-    for fam in text_string_to_metric_families(server.metrics("worker")):
-        for kind in sums:
-            if f"gpu_{kind}" in fam.name:
-                found |= kind == "idle"
-                sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
-        if fam.name == "banyan:cascade_steps":  # steps run with shared-prefix attention groups (not the
-            sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))  # _created family)
-        if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
-            kind = "fill" if "fill" in fam.name else "wait"
-            for smp in fam.samples:
-                if smp.name.endswith("_sum") or smp.name.endswith("_count"):
-                    sums[f"mask_{kind}{smp.name[smp.name.rindex('_'):]}"] = smp.value
-    return sums if found else None
 
 
 class Suite:
@@ -298,7 +282,7 @@ class Suite:
 
     def counters(self, server) -> dict | None:
         try:
-            return worker_counters(server)
+            return wl.worker_counters(server)
         except OSError as e:  # the metrics endpoint is optional: the idle column says n/a
             print(f"[suite] worker metrics unavailable: {e!r}", flush=True)
             return None
@@ -338,6 +322,7 @@ class Suite:
             if "HF" in self.workloads:
                 self.phase("HF baselines", self.hf, store="HF")
             self.serve_workloads()
+            suite_w6.run(self)
         except KeyboardInterrupt:  # SIGTERM too (a timeout): the servers are stopped, report what finished
             self.failed = True
             self.doc["interrupted"] = True

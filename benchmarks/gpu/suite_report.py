@@ -22,6 +22,11 @@ GOALS = {  # key -> (goal, "le" | "ge", shown as)
     "w3_tok_s": (15000, "ge", "≥ 15,000"),
     "w4_ratio": (0.95, "ge", "≥ 95 %"),
     "gpu_idle": (0.05, "lt", "< 5 %"),
+    "w6_speedup": (3, "ge", "≥ 3×"),
+    "w6_ttft": (0.3, "le", "≤ 0.3×"),
+    "w6_hit_vs_optimum": (0.95, "ge", "≥ 95 %"),
+    "w6_disk": (0.8, "ge", "≥ 80 %"),
+    "w2h_ratio": (0.98, "ge", "≥ 98 %"),
 }
 
 
@@ -211,6 +216,12 @@ def table(doc: dict) -> str:
         row(f"W5 Poisson {x['rate']:.2f} req/s ({x['completed']} requests): TTFT p50/p99 · ITL p50/p99 ms · "
             "output tok/s", f"{_n(x['ttft_ms']['p50'], 0)}/{_n(x['ttft_ms']['p99'], 0)} · "
             f"{_n(x['itl_ms']['p50'], 1)}/{_n(x['itl_ms']['p99'], 1)} · {_n(x['output_throughput'])}")
+    if "W6" in r:
+        _w6_rows(row, r["W6"], cfg)
+    if "W2H" in r:
+        on, off = _get(r, "W2H", "output_throughput"), _get(r, "W2", "output_throughput")
+        row("W2H: W2 with the host KV tier on: output tok/s · ÷ W2 (tier off)", f"{_n(on)} · {_pct(_ratio(on, off))}",
+            goal_key="w2h_ratio", value=_ratio(on, off))
     idle = doc.get("gpu_idle") or {}
     main = next((idle[w] for w in ("W2", "W3", "W5", "W1", "W4") if idle.get(w) is not None), None)
     detail = ", ".join(f"{w} {_pct(v)}" for w, v in idle.items() if v is not None)
@@ -231,6 +242,33 @@ def table(doc: dict) -> str:
     if meta.get("tiny"):
         notes.append("TINY model on CPU: a functional check of the suite, not a performance result.")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])
+
+
+def _w6_rows(row, w6: dict, cfg: dict) -> None:
+    off, host = w6.get("off"), w6.get("host")
+    tok = [_get(w6, v, "output_throughput") for v in ("off", "host")]
+    ttft = [_get(w6, v, "ttft_later_turns_ms", "p50") for v in ("off", "host")]
+    row(f"W6 multi-turn {cfg['w6_conversations']}×{cfg['w6_turns']}, system {cfg['w6_system']:,} + user "
+        f"{cfg['w6_user']} / out {cfg['w6_output']} a turn, {cfg['w6_concurrency']} users, GPU pool "
+        f"{cfg['w6_pool']:,} tokens: output tok/s GPU tier only · with the host tier ({cfg['w6_host_gib']} GiB) · ratio",
+        f"{_n(tok[0])} · {_n(tok[1])} · {_n(_ratio(tok[1], tok[0]), 2)}×", goal_key="w6_speedup",
+        value=_ratio(tok[1], tok[0]))
+    row("W6 TTFT p50 of turns 2+, ms: GPU tier only · host tier · ratio",
+        f"{_n(ttft[0], 1)} · {_n(ttft[1], 1)} · {_n(_ratio(ttft[1], ttft[0]), 2)}×", goal_key="w6_ttft",
+        value=_ratio(ttft[1], ttft[0]))
+    for name, res in (("GPU tier only", off), ("host tier", host)):
+        if isinstance(res, dict) and "ttft_by_turn_ms" in res:
+            row(f"W6 TTFT p50 by turn, ms ({name})", " · ".join(_n(d["p50"], 1) for d in res["ttft_by_turn_ms"]))
+    hit, opt = _get(host, "cache_hit_rate"), _get(host, "optimum_hit_rate")
+    row("W6 cache hit rate with the host tier (from the host): achieved / optimum = ratio",
+        f"{_pct(hit)} ({_pct(_get(host, 'host_fraction'))}) / {_pct(opt)} = {_pct(_ratio(hit, opt))}",
+        goal_key="w6_hit_vs_optimum", value=_ratio(hit, opt))
+    p1, p2 = w6.get("disk_pass1"), w6.get("disk_pass2")
+    if p1 or p2:
+        row("W6 disk tier: output tok/s pass 1 · pass 2 after a restart; pass 2 prompt tokens cached (from disk)",
+            f"{_n(_get(p1, 'output_throughput'))} · {_n(_get(p2, 'output_throughput'))}; "
+            f"{_pct(_get(p2, 'engine_hit_rate'))} ({_pct(_get(p2, 'disk_fraction'))})", goal_key="w6_disk",
+            value=_get(p2, "engine_hit_rate"))
 
 
 def merge(docs: list[dict]) -> dict:

@@ -23,7 +23,7 @@ from banyan.bench.datasets import BenchRequest
 from banyan.bench.runner import run as bench_run
 
 # seeds of the request sets (distinct: no set shares a prompt with another)
-SEED_W1, SEED_W2, SEED_W2_SUBSET, SEED_W3, SEED_W4, SEED_W4_TWIN, SEED_W5, SEED_WARMUP = range(100, 108)
+SEED_W1, SEED_W2, SEED_W2_SUBSET, SEED_W3, SEED_W4, SEED_W4_TWIN, SEED_W5, SEED_WARMUP, SEED_W6 = range(100, 109)
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,18 @@ class Sizes:
     hf_subset: int = 32
     hf_batch: int = 32
     hf_w1_runs: int = 1
+    # W6 multi-turn (suite_w6.py): conversations x turns, system prompt, user message and answer per turn, users
+    # at once; the KV pool of its servers (--max-total-tokens), their host tier and disk tier (GiB per rank)
+    w6_conversations: int = 64
+    w6_turns: int = 8
+    w6_system: int = 2048
+    w6_user: int = 256
+    w6_output: int = 128
+    w6_concurrency: int = 32
+    w6_pool: int = 60000
+    w6_host_gib: int = 40
+    w6_disk_gib: int = 40
+    w6_variants: tuple[str, ...] = ("off", "host", "disk")  # GPU pool only; + host tier; + disk, then a restart
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -62,6 +74,9 @@ class Sizes:
         for lo, hi in (self.w2_input, self.w2_output):
             if not 1 <= lo <= hi:
                 raise ValueError(f"bad length range {lo}..{hi}")
+        for v in self.w6_variants:
+            if v not in ("off", "host", "disk"):
+                raise ValueError(f"--w6-variants: {v!r} is not off, host or disk")
         for r in self.w5_rates:
             if float(r.removeprefix("x")) <= 0:
                 raise ValueError(f"--w5-rates: {r!r} is not a positive rate")
@@ -269,3 +284,26 @@ def w5(target: str, s: Sizes, vocab: int, w2_req_s: float | None) -> dict:
         summary, _ = serve_run(target, w5_requests(s, vocab, i), rate=rate)
         out["rates"].append({"rate": rate, "spec": spec, **brief(summary)})
     return out
+
+
+def worker_counters(server) -> dict | None:
+    """The worker's GPU busy/idle second counters (None when its metrics have no idle counter)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not server.worker_metrics_port:
+        return None
+    sums = {"idle": 0.0, "busy": 0.0}
+    found = False
+    for fam in text_string_to_metric_families(server.metrics("worker")):
+        for kind in sums:
+            if f"gpu_{kind}" in fam.name:
+                found |= kind == "idle"
+                sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
+        if fam.name == "banyan:cascade_steps":  # steps run with shared-prefix attention groups (not the
+            sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))  # _created family)
+        if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
+            kind = "fill" if "fill" in fam.name else "wait"
+            for smp in fam.samples:
+                if smp.name.endswith("_sum") or smp.name.endswith("_count"):
+                    sums[f"mask_{kind}{smp.name[smp.name.rindex('_'):]}"] = smp.value
+    return sums if found else None

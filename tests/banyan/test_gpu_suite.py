@@ -109,3 +109,29 @@ def test_merge_of_two_invocations_builds_one_table(tiny_run, tmp_path) -> None:
     merged = json.loads((tmp_path / "suite_merged.json").read_text())
     assert merged["results"] == doc["results"] and len(merged["invocations"]) == 2
     assert (tmp_path / "suite_merged.md").read_text().rstrip() == (out / "suite_t.md").read_text().rstrip()
+
+
+def test_tiny_w6_and_w2h(tmp_path, demo_dir) -> None:
+    """W6 (multi-turn on a capped pool: GPU tier only, host tier, disk tier with a restart) and W2H in
+    tiny mode, named explicitly (they are not in the default set)."""
+    model = make_tiny_model("llama", tmp_path / "model", demo_dir, seed=3, max_positions=2048)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.suite", "--tiny", "--model", str(model), "--out",
+                        str(tmp_path / "out"), "--tag", "w6", "--workloads", "W6,W2H", "--w2-num", "4", "--hf-subset",
+                        "0", "--w2-input", "16:32", "--w2-output", "4:8", "--w6-conversations", "5", "--w6-turns", "3",
+                        "--w6-system", "64", "--w6-user", "24", "--w6-output", "6", "--w6-concurrency", "2",
+                        "--w6-pool", "160", "--w6-host-gib", "1", "--w6-disk-gib", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    doc = json.loads((tmp_path / "out" / "suite_w6.json").read_text())
+    w6 = doc["results"]["W6"]
+    assert set(w6) == {"off", "host", "disk_pass1", "disk_pass2", "host_vs_off"}
+    for v in ("off", "host", "disk_pass1", "disk_pass2"):
+        assert w6[v]["completed"] == 15 and w6[v]["failed"] == 0 and len(w6[v]["ttft_by_turn_ms"]) == 3
+        assert 0 < w6[v]["optimum_hit_rate"] < 1 and w6[v]["ttft_later_turns_ms"]["p50"] > 0
+    assert w6["off"]["load"]["host_cached_tokens"] == 0 and w6["host"]["load"]["host_cached_tokens"] > 0
+    assert w6["host"]["cache_hit_rate"] > w6["off"]["cache_hit_rate"]  # the pool alone loses the history
+    assert w6["disk_pass1"]["load"]["disk_written_tokens"] > 0 and w6["disk_pass2"]["load"]["disk_cached_tokens"] > 0
+    assert w6["disk_pass2"]["load"]["tier_failures"] == 0
+    assert doc["results"]["W2H"]["completed"] == 4
+    table = (tmp_path / "out" / "suite_w6.md").read_text()
+    assert "W6 multi-turn 5×3" in table and "W6 disk tier" in table and "W2H" in table

@@ -1,0 +1,103 @@
+"""W6 (the hierarchical KV cache) of the GPU suite, and W2H (W2 with the host tier on).
+
+W6: ``w6_conversations`` conversations of ``w6_turns`` turns on one ``w6_system``-token system
+prompt, each turn a ``w6_user``-token message and a ``w6_output``-token answer, sent by
+``w6_concurrency`` users in a closed loop (``banyan bench --dataset multiturn``), on servers whose
+GPU KV pool is capped at ``w6_pool`` tokens so the conversations' history does not fit in it:
+
+  off   the GPU tier alone (evicted history is recomputed)
+  host  + a host tier of ``w6_host_gib`` GiB (write-through)
+  disk  + a disk tier of ``w6_disk_gib`` GiB: a first pass, the server stopped and started again on
+        the same directory, the same conversations again (the host tier starts empty: what is cached
+        came from the disk, directly or through the host)
+
+Each pass reports output tok/s, TTFT by turn (and over turns 2+), the hit rate vs the optimum, and
+the engine's counters (GetLoad deltas: tokens computed, cached, from the host / disk tier).
+W2H: the W2 requests on a server with the host tier (default pool): its output tok/s vs W2's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+from banyan.bench import datasets
+from banyan.bench.backends import GrpcBackend
+from banyan.bench.multiturn import run_multiturn
+from benchmarks.gpu import suite_workloads as wl
+
+COUNTERS = ("prefill_computed_tokens", "prefill_cached_tokens", "host_cached_tokens", "disk_cached_tokens",
+            "tier_stored_tokens", "tier_loaded_tokens", "disk_written_tokens", "disk_read_tokens", "tier_failures",
+            "evicted_tokens", "retractions")
+
+
+def conversations(s: wl.Sizes, vocab: int) -> list[datasets.Conversation]:
+    return datasets.multiturn_conversations(s.w6_conversations, s.w6_turns, s.w6_system, (s.w6_user, s.w6_user),
+                                            (s.w6_output, s.w6_output), vocab, wl.SEED_W6)
+
+
+def one_pass(target: str, s: wl.Sizes, vocab: int) -> dict:
+    before = wl.get_load(target)
+
+    async def go() -> dict:
+        backend = GrpcBackend(target)
+        try:
+            return await run_multiturn(backend, conversations(s, vocab), s.w6_concurrency, progress=False)
+        finally:
+            await backend.close()
+
+    summary = asyncio.run(go())
+    after = wl.get_load(target)
+    load = {k: getattr(after, k) - getattr(before, k) for k in COUNTERS}
+    prompt = load["prefill_computed_tokens"] + load["prefill_cached_tokens"]
+    return {**wl.brief(summary), "load": load, "engine_hit_rate": load["prefill_cached_tokens"] / prompt if prompt else 0,
+            "host_fraction": load["host_cached_tokens"] / prompt if prompt else 0.0,
+            "disk_fraction": load["disk_cached_tokens"] / prompt if prompt else 0.0,
+            "hit_vs_optimum": summary["cache_hit_rate"] / summary["optimum_hit_rate"]
+            if summary["optimum_hit_rate"] else 0.0}
+
+
+def w6(suite) -> dict:
+    s, vocab, out = suite.sizes, suite.facts["vocab"], {}
+    pool = ("--max-total-tokens", str(s.w6_pool))
+    host = (*pool, "--hicache-size", str(s.w6_host_gib))
+    for variant in s.w6_variants:
+        if variant in ("off", "host"):
+            server = suite.server(f"w6_{variant}", *(pool if variant == "off" else host))
+            try:
+                out[variant] = one_pass(server.target, s, vocab)
+            finally:
+                server.stop()
+            continue
+        store = suite.args.out / "w6_kv_store"
+        shutil.rmtree(store, ignore_errors=True)
+        flags = (*host, "--hicache-storage-dir", str(store), "--hicache-storage-size", str(s.w6_disk_gib),
+                 "--grace-seconds", "60")  # (the writes queued at the stop get time to finish)
+        for i in (1, 2):
+            server = suite.server(f"w6_disk{i}", *flags)
+            try:
+                out[f"disk_pass{i}"] = one_pass(server.target, s, vocab)
+            finally:
+                server.stop(timeout=120)
+    off, on = out.get("off"), out.get("host")
+    if off and on:
+        out["host_vs_off"] = {
+            "output_throughput": on["output_throughput"] / off["output_throughput"],
+            "ttft_p50_later_turns": on["ttft_later_turns_ms"]["p50"] / off["ttft_later_turns_ms"]["p50"]}
+    return out
+
+
+def w2h(suite) -> dict:
+    """W2 (no reuse) with the host tier on: the tier must cost nothing here."""
+    server = suite.server("w2h", "--hicache-size", str(suite.sizes.w6_host_gib))
+    try:
+        return wl.w2(server.target, suite.sizes, suite.facts["vocab"])
+    finally:
+        server.stop()
+
+
+def run(suite) -> None:
+    """The suite's W6 and W2H phases, when named in --workloads."""
+    for name, fn in (("W6", w6), ("W2H", w2h)):
+        if name in suite.workloads:
+            suite.phase(name, lambda fn=fn: fn(suite), store=name)
