@@ -2,7 +2,8 @@
 # The GPU checks and benchmarks in one go, on the H200 host (repo root; the environment bundle in
 # .gpucache/, the Llama 3 tokenizer in .assets/llama3 — both git-ignored, carried with the tree):
 #
-#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b]   (default: tests bench)
+#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c] [hicache]
+#                                                                                      (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
 # 2. tests:  pytest -m gpu tests/gpu (parity vs HF fp32, FlashInfer vs torch, graphs vs eager)
@@ -14,6 +15,11 @@
 #    merged when both are there (else: python -m benchmarks.gpu.suite --merge A.json B.json --out D).
 #    $SUITE_ARGS go to the suite (e.g. "--hf-subset 64"), $SERVE_ARGS to banyan serve. A timeout
 #    (SIGTERM) stops the servers and prints the table of what finished; the JSON has it too.
+#    suite-c: W6 (multi-turn, GPU pool capped at 60k tokens: GPU tier only / + host tier / + disk tier
+#    and a restart) and W2H (W2 with the host tier), its own call (~10 min budget: if it runs out, split it
+#    with SUITE_ARGS="--w6-variants off,host" then "--workloads W6,W2H --w6-variants disk").
+# 6. hicache: the hierarchical cache's GPU tests (copy stream, demote ordering, outputs with the host
+#    tier = without) and benchmarks/gpu/hicache_copy.py (copy GB/s, what copies cost concurrent GEMMs).
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/banyan-gpu}
@@ -52,8 +58,9 @@ if [[ $STEPS == *serve* ]]; then
   tail -12 "$OUT/serve.log"
   echo "serve: $((SECONDS - t0)) s"
 fi
-if [[ $STEPS =~ suite(-[ab])? ]]; then
-  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
+if [[ $STEPS =~ suite(-[abc])? ]]; then
+  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; suite-c) W=W6,W2H T=560 ;;
+    *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
   t0=$SECONDS
   # shellcheck disable=SC2086  # word splitting of the extra flags is intended
   timeout $T python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads "$W" ${SUITE_ARGS:-} \
@@ -66,6 +73,14 @@ if [[ $STEPS =~ suite(-[ab])? ]]; then
     sed -n '/^## Banyan GPU suite/,$p' "$OUT/suite_${W//,/-}.log"
   fi
   echo "suite: $((SECONDS - t0)) s"
+fi
+if [[ $STEPS == *hicache* ]]; then
+  t0=$SECONDS
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_hicache_gpu.py -p no:cacheprovider -rA --timeout 230 \
+    >"$OUT/hicache_tests.log" 2>&1 || status=1
+  grep -E "passed|failed|Error|assert" "$OUT/hicache_tests.log" | grep -v "^PASSED" | tail -15
+  timeout 180 python3 -m benchmarks.gpu.hicache_copy --out "$OUT/hicache_copy.json" 2>&1 | tail -12 || status=1
+  echo "hicache: $((SECONDS - t0)) s"
 fi
 [[ -f $OUT/parity.json ]] && cat "$OUT/parity.json"
 exit $status
