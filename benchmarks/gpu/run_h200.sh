@@ -66,7 +66,7 @@ if [[ $STEPS =~ suite(-[abc])? ]]; then
   timeout $T python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads "$W" ${SUITE_ARGS:-} \
     -- ${SERVE_ARGS:-} >"$OUT/suite_${W//,/-}.log" 2>&1 || status=1
   grep '^\[suite\]' "$OUT/suite_${W//,/-}.log" | tail -20
-  if [[ -f $OUT/suite/suite_W1-W2-HF.json && -f $OUT/suite/suite_W3-W4-W5.json ]]; then
+  if [[ $W != W6,W2H && -f $OUT/suite/suite_W1-W2-HF.json && -f $OUT/suite/suite_W3-W4-W5.json ]]; then
     python3 -m benchmarks.gpu.suite --merge "$OUT/suite/suite_W1-W2-HF.json" "$OUT/suite/suite_W3-W4-W5.json" \
       --out "$OUT/suite" | sed -n '/^## /,$p'
   else
