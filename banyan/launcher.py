@@ -177,6 +177,8 @@ class Launcher:
                         replace(cfg.scheduler, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep,
                                 metrics_port=sched_metrics[g]))
             wcfg = replace(cfg.worker, scheduler_endpoint=wrk_ep)
+            if sfx and wcfg.hicache_storage_dir:  # each group's KV files apart (the groups' trees differ)
+                wcfg = replace(wcfg, hicache_storage_dir=os.path.join(wcfg.hicache_storage_dir, f"group{sfx}"))
             if g and wcfg.tp_size > 1:  # each group's ranks meet on their own port
                 wcfg = replace(wcfg, dist_init_addr=f"{wcfg.dist_init_addr.rsplit(':', 1)[0]}:{free_port()}")
             for rank in range(wcfg.tp_size):  # one process per tensor-parallel rank; rank 0 talks to the scheduler

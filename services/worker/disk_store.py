@@ -27,6 +27,7 @@ import struct
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -98,6 +99,7 @@ class _Job:
     op_id: int
     run: Callable[[], None]
     done: threading.Event
+    slots: np.ndarray | None = None  # the host slots it reads or writes
 
 
 class DiskStore:
@@ -108,8 +110,10 @@ class DiskStore:
         self.host = host  # (slots, bytes_per_token) uint8: the host pool, shared with the copies
         self.bpt = host.shape[1]
         self.faults = faults or (lambda kind: False)
+        self.busy = np.zeros(len(host), dtype=bool)  # host slots a queued or running job reads or writes
         self.results: queue.SimpleQueue = queue.SimpleQueue()  # (op id, error or None, seconds)
         self._reads: dict[int, threading.Event] = {}
+        self._pending: deque[_Job] = deque()  # jobs not known to have ended (pruned by poll)
         self._queues = {"writer": queue.SimpleQueue(), "reader": queue.SimpleQueue()}
         self._threads = [threading.Thread(target=self._serve, args=(q,), name=f"kv-disk-{name}", daemon=True)
                          for name, q in self._queues.items()]
@@ -191,11 +195,14 @@ class DiskStore:
                     os.unlink(tmp)
                 raise
 
-        self._queues["writer"].put(_Job(op_id, run, threading.Event()))
+        self._put("writer", _Job(op_id, run, threading.Event(), slots))
 
-    def read(self, op_id: int, f: int, offset: int, slots: np.ndarray) -> None:
-        """Read tokens [offset, offset + len(slots)) of file ``f`` into host ``slots``, checked."""
+    def read(self, op_id: int, f: int, offset: int, slots: np.ndarray, ready: Callable[[], None] | None = None) -> None:
+        """Read tokens [offset, offset + len(slots)) of file ``f`` into host ``slots``, checked
+        (``ready``: wait for the copies still reading them)."""
         def run() -> None:
+            if ready is not None:
+                ready()
             if self.faults("disk_read"):
                 raise DiskError("io", "injected fault (BANYAN_HICACHE_FAULTS)")
             p = self.file(f)
@@ -213,9 +220,9 @@ class DiskStore:
                         if zlib.crc32(self.host[s0 + i]) != crcs[offset + pos + i]:
                             raise DiskError("corrupt", f"{p}: checksum mismatch at token {offset + pos + i}")
 
-        job = _Job(op_id, run, threading.Event())
+        job = _Job(op_id, run, threading.Event(), slots)
         self._reads[op_id] = job.done
-        self._queues["reader"].put(job)
+        self._put("reader", job)
 
     def delete(self, f: int) -> None:
         def run() -> None:
@@ -224,7 +231,21 @@ class DiskStore:
             except FileNotFoundError:
                 pass
 
-        self._queues["writer"].put(_Job(-1, run, threading.Event()))
+        self._put("writer", _Job(-1, run, threading.Event()))
+
+    def _put(self, thread: str, job: _Job) -> None:
+        if job.slots is not None:
+            self.wait_for(job.slots)
+            self.busy[job.slots] = True
+        self._pending.append(job)
+        self._queues[thread].put(job)
+
+    def wait_for(self, slots: np.ndarray) -> None:
+        """Block until no job touches host ``slots``: on rank 0 the scheduler never reuses slots
+        before their op's ack, but a rank > 0 may still be busy with them."""
+        if len(slots) and self.busy[slots].any():
+            for job in list(self._pending):
+                job.done.wait()
 
     def wait_reads(self, op_ids: list[int]) -> None:
         """Block until these reads ended (a load on a rank > 0 that its rank 0 saw done)."""
@@ -235,6 +256,8 @@ class DiskStore:
 
     def poll(self) -> list[tuple[int, str | None, float]]:
         """Ops that ended: (op id, None or why it failed, seconds)."""
+        while self._pending and self._pending[0].done.is_set():
+            self._pending.popleft()
         out = []
         while True:
             try:
@@ -261,6 +284,8 @@ class DiskStore:
                 err = f"{'disk_full' if e.errno in (errno.ENOSPC, errno.EDQUOT) else 'io'}: {e}"
             except Exception as e:  # noqa: BLE001 — any failure of one op fails that op, never the thread
                 err = f"io: {type(e).__name__}: {e}"
+            if job.slots is not None:
+                self.busy[job.slots] = False
             job.done.set()
             self._reads.pop(job.op_id, None)
             if job.op_id >= 0:

@@ -108,18 +108,15 @@ class TierCopier:
     def _run(self, op: CacheOp) -> None:
         host = from_i32(op.host)
         if op.kind in (CopyKind.BACKUP, CopyKind.DEMOTE, CopyKind.LOAD):
+            if self.disk is not None:
+                self.disk.wait_for(host)  # (a rank > 0 may still be writing or reading them)
             self._copy(op, from_i32(op.device), host)
         elif self.disk is None:
             raise RuntimeError("no disk tier on this worker")
         elif op.kind is CopyKind.DISK_WRITE:
-            ready = None
-            if self.cuda:  # (this rank's copies into these host slots, e.g. a backup, may still run)
-                ev = torch.cuda.Event()
-                ev.record(self.stream)
-                ready = ev.synchronize
-            self.disk.write(op.op_id, op.file, op.ns, op.path, op.start, host, ready)
+            self.disk.write(op.op_id, op.file, op.ns, op.path, op.start, host, self._copies_so_far())
         elif op.kind is CopyKind.DISK_READ:
-            self.disk.read(op.op_id, op.file, op.offset, host)
+            self.disk.read(op.op_id, op.file, op.offset, host, self._copies_so_far())
         elif op.kind is CopyKind.DISK_DELETE:
             self.disk.delete(op.file)
 
@@ -165,6 +162,14 @@ class TierCopier:
             self.demotes.append(end)
         elif op.kind is CopyKind.LOAD:
             self.loads[op.op_id] = end
+
+    def _copies_so_far(self):
+        """A wait for the copies queued so far (a disk job must not race one on the same host slots)."""
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        return ev.synchronize
 
     def before_forward(self, cache_ready: bytes) -> None:
         """The compute stream waits for the demotes issued so far and for the loads this batch lists."""
