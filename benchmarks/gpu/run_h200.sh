@@ -17,7 +17,7 @@
 #    (SIGTERM) stops the servers and prints the table of what finished; the JSON has it too.
 #    suite-c: W6 (multi-turn, GPU pool capped at 60k tokens: GPU tier only / + host tier / + disk tier
 #    and a restart) and W2H (W2 with the host tier), its own call (~10 min budget: if it runs out, split it
-#    with SUITE_ARGS="--w6-variants off,host" then "--workloads W6,W2H --w6-variants disk").
+#    with SUITE_ARGS="--workloads W6 --w6-variants off,host" then SUITE_ARGS="--w6-variants disk").
 # 6. hicache: the hierarchical cache's GPU tests (copy stream, demote ordering, outputs with the host
 #    tier = without) and benchmarks/gpu/hicache_copy.py (copy GB/s, what copies cost concurrent GEMMs).
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last.
