@@ -59,7 +59,8 @@ def main() -> int:
                 op_id += 1
                 dev = rng.sample(range(1, n + 1), size)
                 start = rng.randrange(1, n + 2 - size)
-                c.submit(CacheOps([CacheOp(op_id=op_id, kind=kind, device=i32(dev), host=i32(range(start, start + size)))]))
+                host_slots = i32(range(start, start + size))
+                c.submit(CacheOps([CacheOp(op_id=op_id, kind=kind, device=i32(dev), host=host_slots)]))
                 secs.append(wait(c, op_id))
             best = min(secs)
             rows.append({"kind": str(kind), "tokens": size, "ms": best * 1e3,

@@ -220,8 +220,8 @@ def table(doc: dict) -> str:
         _w6_rows(row, r["W6"], cfg)
     if "W2H" in r:
         on, off = _get(r, "W2H", "output_throughput"), _get(r, "W2", "output_throughput")
-        row("W2H: W2 with the host KV tier on: output tok/s · ÷ W2 (tier off)", f"{_n(on)} · {_pct(_ratio(on, off))}",
-            goal_key="w2h_ratio", value=_ratio(on, off))
+        row("W2H: W2 with the host KV tier on: output tok/s · ÷ W2 (tier off)",
+            f"{_n(on)} · {_pct(_ratio(on, off))}", goal_key="w2h_ratio", value=_ratio(on, off))
     idle = doc.get("gpu_idle") or {}
     main = next((idle[w] for w in ("W2", "W3", "W5", "W1", "W4") if idle.get(w) is not None), None)
     detail = ", ".join(f"{w} {_pct(v)}" for w, v in idle.items() if v is not None)
@@ -250,7 +250,8 @@ def _w6_rows(row, w6: dict, cfg: dict) -> None:
     ttft = [_get(w6, v, "ttft_later_turns_ms", "p50") for v in ("off", "host")]
     row(f"W6 multi-turn {cfg['w6_conversations']}×{cfg['w6_turns']}, system {cfg['w6_system']:,} + user "
         f"{cfg['w6_user']} / out {cfg['w6_output']} a turn, {cfg['w6_concurrency']} users, GPU pool "
-        f"{cfg['w6_pool']:,} tokens: output tok/s GPU tier only · with the host tier ({cfg['w6_host_gib']} GiB) · ratio",
+        f"{cfg['w6_pool']:,} tokens: output tok/s GPU tier only · with the host tier ({cfg['w6_host_gib']} GiB) "
+        "· ratio",
         f"{_n(tok[0])} · {_n(tok[1])} · {_n(_ratio(tok[1], tok[0]), 2)}×", goal_key="w6_speedup",
         value=_ratio(tok[1], tok[0]))
     row("W6 TTFT p50 of turns 2+, ms: GPU tier only · host tier · ratio",

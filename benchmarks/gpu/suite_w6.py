@@ -50,7 +50,8 @@ def one_pass(target: str, s: wl.Sizes, vocab: int) -> dict:
     after = wl.get_load(target)
     load = {k: getattr(after, k) - getattr(before, k) for k in COUNTERS}
     prompt = load["prefill_computed_tokens"] + load["prefill_cached_tokens"]
-    return {**wl.brief(summary), "load": load, "engine_hit_rate": load["prefill_cached_tokens"] / prompt if prompt else 0,
+    return {**wl.brief(summary), "load": load,
+            "engine_hit_rate": load["prefill_cached_tokens"] / prompt if prompt else 0.0,
             "host_fraction": load["host_cached_tokens"] / prompt if prompt else 0.0,
             "disk_fraction": load["disk_cached_tokens"] / prompt if prompt else 0.0,
             "hit_vs_optimum": summary["cache_hit_rate"] / summary["optimum_hit_rate"]

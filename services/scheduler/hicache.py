@@ -86,7 +86,7 @@ class HiCache:
             if tree.restore(f.ns, from_i32(f.path).tolist(), f.start, f.file, f.size):
                 kept += 1
             else:
-                tree.ops.delete_file(f.file)
+                tree.delete_file(f.file)
         log.info("hicache_ready", host_tokens=tree.host.pool_size, write_policy="write_back" if write_back else
                  "write_through", disk_bytes=w.disk_capacity, disk_files=len(w.disk_files), restored=kept,
                  restored_bytes=tree.disk_used)
@@ -162,7 +162,7 @@ class HiCache:
         if any(n.incoming is not None or (n.host is not None and not n.host_ready) for n in nodes):
             return  # a copy of its own, or of another fetch sharing the prefix, is in flight
         for n in nodes:
-            if n.host is None and not (n.disk_ready and self.tree.ops.disk_read(n)):
+            if n.host is None and not (n.disk_ready and self.tree.disk_read(n)):
                 return  # the host tier is full of copies in use: next time
         if any(not n.host_ready for n in nodes):
             return
@@ -172,7 +172,7 @@ class HiCache:
         slots = self._alloc_pool(total)
         if slots is None:
             return
-        self.tree.ops.load(nodes, slots)
+        self.tree.load(nodes, slots)
         self.loading += total
         f.loading += total
 
@@ -191,14 +191,14 @@ class HiCache:
         """Issue the copies due (write-through backups, disk writes) and send every op queued since
         the last call — before the batch, which may depend on them; tell the batch which loads it
         may read (``cache_ready``)."""
-        tree, ops = self.tree, self.tree.ops
+        tree = self.tree
         if not self.write_back:
             for n in tree.fresh:
                 if n.value and n.host is None and tree.alive(n):
-                    ops.backup(n)
+                    tree.backup(n)
         tree.fresh.clear()
-        ops.issue_disk_writes(len(ops.to_disk) + ops.disk_writes if all_writes else MAX_DISK_WRITES)
-        out = ops.take()
+        tree.issue_disk_writes(len(tree.to_disk) + tree.disk_writes if all_writes else MAX_DISK_WRITES)
+        out = tree.take_ops()
         if out:
             send(CacheOps(ops=out))
         if sched is not None and self.acked_loads:
@@ -206,7 +206,7 @@ class HiCache:
             self.acked_loads = []
 
     def on_ack(self, ack: CacheAck) -> None:
-        c, book = self.counters, self.tree.ops
+        c, book = self.counters, self.tree
         for op_id, seconds in zip(from_i32(ack.done).tolist(), from_f32(ack.seconds).tolist()):
             op = book.complete(op_id, True)
             if op is not None:
@@ -226,4 +226,4 @@ class HiCache:
 
     @property
     def in_flight(self) -> int:
-        return len(self.tree.ops.inflight)
+        return len(self.tree.inflight)

@@ -12,15 +12,20 @@ while its prefix is being copied back into the pool.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from services.scheduler.cache import NoPrefixCache, PrefixCache, RadixCache
 from services.scheduler.counters import Counters
 from services.scheduler.memory import OutOfSlots, RowAllocator, SlotAllocator
 from services.scheduler.request import Req
 
-if TYPE_CHECKING:
-    from services.scheduler.hicache import HiCache
+
+class Tiers(Protocol):
+    """What the KV manager asks of the hierarchical cache (``hicache.HiCache``)."""
+
+    def ready(self, r: Req) -> bool: ...
+
+    def admitted(self, r: Req) -> None: ...
 
 
 class KVManager:
@@ -32,7 +37,7 @@ class KVManager:
         self.caching = enable_cache
         self.counters = counters if counters is not None else Counters()
         self.released_rows: list[int] = []  # rows freed since the last batch (a diff for the worker)
-        self.hicache: HiCache | None = None  # the host / disk tiers' controller, when the worker has them
+        self.hicache: Tiers | None = None  # the host / disk tiers' controller, when the worker has them
 
     @property
     def page_size(self) -> int:

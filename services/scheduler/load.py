@@ -18,7 +18,7 @@ def load_of(token: str, c: Counters, table: RequestTable, e: EngineSession | Non
     free = e.kv.slots.num_free if e is not None else 0
     tiers: dict = {}
     if e is not None and e.hicache is not None:
-        t, moved = e.hicache.tree, c.tier_tokens
+        t = e.hicache.tree
         tiers = dict(host_pool_tokens=t.host.pool_size, host_used_tokens=t.host_used,
                      disk_capacity_bytes=t.disk_capacity, disk_used_bytes=t.disk_used)
     return Load(token=token, num_running=len(table.running), num_waiting=num_waiting(table, e), kv_free=free,

@@ -59,7 +59,7 @@ class TierMetrics:
 
     def update(self, c: Counters, h: HiCache) -> None:
         t = h.tree
-        bpt = t.ops.bytes_per_token
+        bpt = t.bytes_per_token
         self._inc(self.hits, "host", c.host_hit_tokens)
         self._inc(self.hits, "disk", c.disk_hit_tokens)
         self.used.labels("host").set(t.host_used * bpt)

@@ -113,10 +113,11 @@ class ModelRunner:
                          self.dtype, self.device, kv_dtype=self.kv_dtype, scales=scales)
         self.tiers: Tiers | None = None  # the hierarchical cache's host (and disk) tier: copies between tiers
         if cfg.hicache:
-            self.tiers = build_tiers(cfg, self.kv, self.pool_size, model_dir, self.tp, dict(
-                arch=self.spec.architecture, layers=self.spec.num_layers, kv_heads=kv_heads, head_dim=self.spec.head_dim,
-                dtype=str(self.dtype), kv_dtype=str(self.kv.dtype), quant=self.quant.name if self.quant else "",
-                scales=[s.tolist() for s in scales.k + scales.v] if scales else None, tp=(self.tp.rank, self.tp.size)))
+            self.tiers = build_tiers(cfg, self.kv, self.pool_size, model_dir, self.tp, dict(  # (what the disk's
+                arch=self.spec.architecture, layers=self.spec.num_layers, kv_heads=kv_heads,  # files must match)
+                head_dim=self.spec.head_dim, dtype=str(self.dtype), kv_dtype=str(self.kv.dtype),
+                quant=self.quant.name if self.quant else "", tp=(self.tp.rank, self.tp.size),
+                scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         self.req_to_token = torch.zeros((1, self.context_length), dtype=torch.int32, device=self.device)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -75,7 +74,8 @@ class FakeWorker:
             for d, h in zip(dev, host):
                 self.dev[d] = self.host.get(h, GARBAGE)
         elif op.kind is CopyKind.DISK_WRITE:
-            self.files[op.file] = (op.ns, from_i32(op.path).tolist(), op.start, [self.host.get(h, GARBAGE) for h in host])
+            values = [self.host.get(h, GARBAGE) for h in host]
+            self.files[op.file] = (op.ns, from_i32(op.path).tolist(), op.start, values)
         elif op.kind is CopyKind.DISK_READ:
             vals = self.files[op.file][3] if op.file in self.files else []
             for i, h in enumerate(host):

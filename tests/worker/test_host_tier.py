@@ -33,17 +33,6 @@ def token_bytes(p: KVPool, slots) -> list[bytes]:
     return [bytes(p.tokens()[s].contiguous().view(-1).numpy()) for s in slots]
 
 
-def wait(copier: TierCopier, n: int, timeout: float = 20.0) -> tuple[list, list]:
-    done, failed = [], []
-    deadline = time.monotonic() + timeout
-    while len(done) + len(failed) < n and time.monotonic() < deadline:
-        d, f = copier.poll()
-        done += d
-        failed += f
-        time.sleep(0.005)
-    return done, failed
-
-
 def op(op_id, kind, device=(), host=(), **kw) -> CacheOp:
     return CacheOp(op_id=op_id, kind=kind, device=i32(list(device)), host=i32(list(host)), **kw)
 

@@ -1,4 +1,5 @@
-"""The copies the tiered tree asks the worker for, from issue to acknowledgement.
+"""The copies the tiered tree asks the worker for, from issue to acknowledgement (a mixin of
+``TieredRadixCache``, tiers.py).
 
 An op covers a segment of one path: the nodes from ``node`` (the lowest, fixed for the op's life)
 up to depth ``top``. A node split while an op is in flight stays covered (the new upper node lies
@@ -18,47 +19,15 @@ hole (a request that needed it recomputes those tokens).
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 from shared.messages.common import i32
 from shared.messages.to_worker import CacheOp, CopyKind
-
-if TYPE_CHECKING:
-    from services.scheduler.cache.tiers import TieredRadixCache, TierNode
-    from services.scheduler.counters import Counters
-
-BUSY = {CopyKind.BACKUP: (1, 0), CopyKind.DEMOTE: (1, 0), CopyKind.LOAD: (1, 0), CopyKind.DISK_WRITE: (1, 1),
-        CopyKind.DISK_READ: (1, 1)}
-LOCKS = (CopyKind.BACKUP, CopyKind.LOAD)
+from services.scheduler.cache.tier_node import BUSY, LOCKS, Op, TierNode
 
 
-@dataclass
-class FileRec:
-    nbytes: int
-    nodes: set = field(default_factory=set)  # nodes whose disk copy is (part of) this file
-
-
-@dataclass(eq=False)
-class Op:
-    op_id: int
-    kind: CopyKind
-    node: TierNode  # the lowest node of the segment
-    top: int  # the segment: nodes below this depth, up to ``node``
-    tokens: int
-    file: int = -1
-
-
-class OpBook:
-    def __init__(self, tree: TieredRadixCache, bytes_per_token: int, counters: Counters) -> None:
-        self.tree = tree
-        self.counters = counters  # (op ids go on across workers: a lost worker's late ack never matches)
-        self.bytes_per_token = bytes_per_token
-        self.inflight: dict[int, Op] = {}
-        self.outbox: list[CacheOp] = []
-        self.to_disk: deque[TierNode] = deque()  # host copies waiting for a disk write
-        self.disk_writes = 0  # in flight
+class TierOps:
+    """Uses the tree's ``counters`` (op ids go on across workers: a lost worker's late ack never
+    matches), ``bytes_per_token``, ``inflight``, ``outbox``, ``to_disk`` (host copies waiting for a
+    disk write) and ``disk_writes`` (in flight), set by ``TieredRadixCache.__init__``."""
 
     def _new_id(self) -> int:
         self.counters.cache_ops += 1
@@ -78,7 +47,7 @@ class OpBook:
             n.host_busy += hb
             n.disk_busy += db
         if kind in LOCKS:
-            self.tree.lock(node)
+            self.lock(node)
         self.inflight[op.op_id] = op
         self.outbox.append(CacheOp(op_id=op.op_id, kind=kind, file=file, **wire))
         return op
@@ -86,11 +55,12 @@ class OpBook:
     # ---- issuing ---------------------------------------------------------------------------
     def backup(self, node: TierNode) -> bool:
         """Write-through: copy a pool node to the host (it stays in the pool, locked meanwhile)."""
-        host = self.tree.alloc_host(len(node.value))
+        host = self.alloc_host(len(node.value))
         if host is None:
             return False
-        self.tree.set_host(node, host)
-        self._start(CopyKind.BACKUP, node, node.depth - len(node.key), len(host), device=i32(node.value), host=i32(host))
+        self.set_host(node, host)
+        self._start(CopyKind.BACKUP, node, node.depth - len(node.key), len(host), device=i32(node.value),
+                    host=i32(host))
         return True
 
     def demote(self, node: TierNode, slots: list[int], host: list[int]) -> None:
@@ -105,29 +75,28 @@ class OpBook:
             host += n.host
             if n.fill_op:
                 after.append(n.fill_op)
-        self.tree._incoming += len(slots)
+        self._incoming += len(slots)
         top = nodes[0].depth - len(nodes[0].key)
         return self._start(CopyKind.LOAD, nodes[-1], top, len(slots), device=i32(slots), host=i32(host), after=after)
 
     def disk_write(self, node: TierNode) -> bool:
-        tree = self.tree
-        ns, path = tree.path_tokens(node)
-        nbytes = tree.file_bytes(len(node.key), len(path))
-        if not tree.make_room_on_disk(nbytes) or node.host is None:  # (making room may drop its host copy)
+        ns, path = self.path_tokens(node)
+        nbytes = self.file_bytes(len(node.key), len(path))
+        if not self.make_room_on_disk(nbytes) or node.host is None:  # (making room may drop its host copy)
             return False
-        f = tree.next_file
-        tree.next_file += 1
-        tree.add_file(node, f, 0, nbytes, ready=False)
+        f = self.next_file
+        self.next_file += 1
+        self.add_file(node, f, 0, nbytes, ready=False)
         self.disk_writes += 1
         self._start(CopyKind.DISK_WRITE, node, node.depth - len(node.key), len(node.key), f, host=i32(node.host),
                     ns=ns, path=i32(path), start=len(path) - len(node.key))
         return True
 
     def disk_read(self, node: TierNode) -> bool:
-        host = self.tree.alloc_host(len(node.key))
+        host = self.alloc_host(len(node.key))
         if host is None:
             return False
-        self.tree.set_host(node, host)
+        self.set_host(node, host)
         f, off = node.disk
         op = self._start(CopyKind.DISK_READ, node, node.depth - len(node.key), len(host), f, host=i32(host), offset=off)
         node.fill_op = op.op_id
@@ -137,17 +106,16 @@ class OpBook:
         self.outbox.append(CacheOp(op_id=self._new_id(), kind=CopyKind.DISK_DELETE, file=f))
 
     def queue_disk_write(self, node: TierNode) -> None:
-        if self.tree.disk_capacity and node.disk is None:
+        if self.disk_capacity and node.disk is None:
             self.to_disk.append(node)
 
     def issue_disk_writes(self, limit: int) -> None:
-        tree = self.tree
         while self.to_disk and self.disk_writes < limit:
             n = self.to_disk.popleft()
-            if tree.alive(n) and n.host_ready and n.disk is None:
+            if self.alive(n) and n.host_ready and n.disk is None:
                 self.disk_write(n)
 
-    def take(self) -> list[CacheOp]:
+    def take_ops(self) -> list[CacheOp]:
         out, self.outbox = self.outbox, []
         return out
 
@@ -157,7 +125,7 @@ class OpBook:
         op = self.inflight.pop(op_id, None)
         if op is None:
             return None
-        tree, kind = self.tree, op.kind
+        kind = op.kind
         seg = list(self.segment(op))
         hb, db = BUSY[kind]
         for n in seg:
@@ -166,26 +134,26 @@ class OpBook:
         if kind is CopyKind.LOAD:
             for n in reversed(seg):  # top-down: a parent is in the pool before its child
                 slots, n.incoming = n.incoming, None
-                tree._incoming -= len(slots)
+                self._incoming -= len(slots)
                 if ok:
-                    tree.enter_pool(n, slots)
+                    self.enter_pool(n, slots)
                 else:
-                    tree._free_slots(slots)
-                    tree.drop_host(n)  # (suspect: the next try reads the disk, or recomputes)
+                    self._free_slots(slots)
+                    self.drop_host(n)  # (suspect: the next try reads the disk, or recomputes)
         elif kind is CopyKind.DISK_WRITE:
             self.disk_writes -= 1
             for n in seg:
                 if ok:
                     n.disk_ready = True
                 elif n.disk is not None:
-                    tree.drop_disk(n)
+                    self.drop_disk(n)
             if not ok and reason.startswith("disk_full"):
-                tree.disk_capacity = tree.disk_used  # the disk holds no more than this: evict before writing
+                self.disk_capacity = self.disk_used  # the disk holds no more than this: evict before writing
         elif kind is CopyKind.DISK_READ and not ok:
             for n in seg:
-                tree.drop_host(n)
-            if op.file in tree.files:
-                tree.forget_file(op.file)  # unreadable or corrupt: no node reads it again
+                self.drop_host(n)
+            if op.file in self.files:
+                self.forget_file(op.file)  # unreadable or corrupt: no node reads it again
         else:  # backup, demote, disk_read done: the host copy is what it should be
             for n in seg:
                 if ok:
@@ -193,11 +161,11 @@ class OpBook:
                     if kind is not CopyKind.DISK_READ:
                         self.queue_disk_write(n)
                 else:
-                    tree.drop_host(n)
+                    self.drop_host(n)
         if kind in LOCKS:
-            tree.unlock(op.node)
+            self.unlock(op.node)
         for n in seg:
-            tree.prune(n)
+            self.prune(n)
         return op
 
     # ---- checks ----------------------------------------------------------------------------
@@ -210,9 +178,9 @@ class OpBook:
                 out[n] = (h + hb, d + db)
         return out
 
-    def check(self) -> None:
+    def check_ops(self) -> None:
         writes = sum(op.kind is CopyKind.DISK_WRITE for op in self.inflight.values())
         assert writes == self.disk_writes, "disk writes in flight drifted"
         for op in self.inflight.values():
-            assert self.tree.alive(op.node), "an op's node left the tree"
+            assert self.alive(op.node), "an op's node left the tree"
             assert sum(len(n.key) for n in self.segment(op)) == op.tokens, "an op's segment changed size"

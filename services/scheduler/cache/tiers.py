@@ -30,36 +30,20 @@ Eviction, least recently used first in every tier:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
+from shared.messages.to_worker import CacheOp
 from services.scheduler.cache.base import InsertResult
 from services.scheduler.cache.radix import Node, RadixCache, common_len
-from services.scheduler.cache.tier_ops import FileRec, OpBook
+from services.scheduler.cache.tier_disk import DiskTier
+from services.scheduler.cache.tier_node import FileRec, Op, TierNode
+from services.scheduler.cache.tier_ops import TierOps
 from services.scheduler.counters import Counters
 from services.scheduler.memory import SlotAllocator
-from shared.messages.to_worker import CopyKind
 
 
-class TierNode(Node):
-    __slots__ = ("host", "host_ready", "disk", "disk_ready", "incoming", "host_busy", "disk_busy", "fill_op")
-
-    def __init__(self, key: list[int], value: list[int], parent: Node | None, tick: int = 0) -> None:
-        super().__init__(key, value, parent, tick)
-        self.host: list[int] | None = None
-        self.host_ready = False
-        self.disk: tuple[int, int] | None = None
-        self.disk_ready = False
-        self.incoming: list[int] | None = None
-        self.host_busy = 0
-        self.disk_busy = 0
-        self.fill_op = 0  # the disk read that filled the host copy (a load waits for it on every rank)
-
-    @property
-    def hole(self) -> bool:
-        return not self.value and self.incoming is None and self.host is None and self.disk is None
-
-
-class TieredRadixCache(RadixCache):
+class TieredRadixCache(TierOps, DiskTier, RadixCache):
     node_type = TierNode
 
     def __init__(self, free_slots: Callable[[list[int]], None], page_size: int, host: SlotAllocator,
@@ -68,7 +52,12 @@ class TieredRadixCache(RadixCache):
         super().__init__(free_slots, page_size)
         self.host = host
         self.write_back = write_back
-        self.ops = OpBook(self, bytes_per_token, counters if counters is not None else Counters())
+        self.counters = counters if counters is not None else Counters()
+        self.bytes_per_token = bytes_per_token
+        self.inflight: dict[int, Op] = {}  # copies sent, not acknowledged (tier_ops.py)
+        self.outbox: list[CacheOp] = []  # copies to send
+        self.to_disk: deque[TierNode] = deque()  # host copies waiting for a disk write
+        self.disk_writes = 0  # in flight
         self.disk_capacity = disk_capacity  # bytes (0: no disk tier)
         self.files: dict[int, FileRec] = {}
         self.disk_used = 0  # bytes of the files in ``files``
@@ -219,7 +208,7 @@ class TieredRadixCache(RadixCache):
         self._free_slots(slots)
         if host is not None:
             self.set_host(node, host)
-            self.ops.demote(node, slots, host)
+            self.demote(node, slots, host)
         elif not kept and not node.children:
             self._remove(node)
         return n
@@ -260,62 +249,6 @@ class TieredRadixCache(RadixCache):
             self.prune(node)
         return freed
 
-    # ---- disk tier -------------------------------------------------------------------------
-    def file_bytes(self, tokens: int, depth: int) -> int:
-        """A file's size: its payload, the token ids of its path and a header."""
-        return tokens * self.ops.bytes_per_token + 4 * depth + 512
-
-    def make_room_on_disk(self, nbytes: int) -> bool:
-        if self.disk_used + nbytes > self.disk_capacity:
-            self.evict_disk(self.disk_used + nbytes - self.disk_capacity)
-        return self.disk_used + nbytes <= self.disk_capacity
-
-    def add_file(self, node: TierNode, file: int, offset: int, nbytes: int, ready: bool) -> None:
-        rec = self.files.get(file)
-        if rec is None:
-            rec = self.files[file] = FileRec(nbytes)
-            self.disk_used += nbytes
-        rec.nodes.add(node)
-        node.disk, node.disk_ready = (file, offset), ready
-        self._on_disk.add(node)
-
-    def drop_disk(self, node: TierNode) -> None:
-        f = node.disk[0]
-        node.disk, node.disk_ready = None, False
-        self._on_disk.discard(node)
-        rec = self.files[f]
-        rec.nodes.discard(node)
-        if not rec.nodes:
-            self.forget_file(f)
-
-    def forget_file(self, f: int) -> None:
-        """No node refers to file ``f`` any more, or it is bad: out of the budget and deleted; nodes
-        that still referred to it lose their disk copy."""
-        rec = self.files.pop(f)
-        self.disk_used -= rec.nbytes
-        for n in rec.nodes:
-            n.disk, n.disk_ready = None, False
-            self._on_disk.discard(n)
-        self.ops.delete_file(f)
-        for n in rec.nodes:
-            self.prune(n)
-
-    @staticmethod
-    def _disk_droppable(n: TierNode) -> bool:
-        return n.disk_ready and not n.disk_busy and not (n.lock_ref and not n.value and n.host is None)
-
-    def evict_disk(self, nbytes: int) -> int:
-        heap = [(n.last_access, -n.depth, n) for n in self._on_disk if self._disk_droppable(n)]
-        heapq.heapify(heap)
-        before = self.disk_used
-        while before - self.disk_used < nbytes and heap:
-            node = heapq.heappop(heap)[2]
-            if node.disk is None or not self._disk_droppable(node):
-                continue
-            self.drop_disk(node)
-            self.prune(node)
-        return before - self.disk_used
-
     # ---- removal ---------------------------------------------------------------------------
     def unlock(self, node: Node) -> None:
         super().unlock(node)
@@ -349,36 +282,6 @@ class TieredRadixCache(RadixCache):
         elif parent.hole and not parent.children and not parent.lock_ref:
             self._remove(parent)
 
-    # ---- what the disk held before a restart -----------------------------------------------
-    def restore(self, ns: str, tokens: list[int], start: int, file: int, nbytes: int) -> bool:
-        """Hang file ``file`` (the KV of ``tokens[start:]``) under the nodes holding ``tokens[:start]``,
-        as far as it is not in the tree already. False: unusable (its prefix is missing, it is not
-        page-aligned, or it adds nothing) — the caller deletes it."""
-        end = len(tokens)
-        if start % self.page_size or end % self.page_size or end <= start:
-            return False
-        node: TierNode = self._root(ns)
-        pos = 0
-        while pos < end:
-            child = node.children.get(self._edge(tokens, pos))
-            if child is None:
-                break
-            n = self._aligned(common_len(child.key, tokens, pos))
-            if n < len(child.key):
-                if not start <= pos + n < end:  # (its prefix is not there, or it adds nothing: no split)
-                    pos += n
-                    break
-                child = self._split(child, n)
-            node, pos = child, pos + n
-        if pos < start or pos >= end or not self.make_room_on_disk(nbytes):
-            if not node.children and node.parent is None:
-                self._drop_empty_root(node)
-            return False
-        leaf = TierNode(tokens[pos:end], [], node, 0)
-        node.children[self._edge(leaf.key, 0)] = leaf
-        self.add_file(leaf, file, pos - start, nbytes, True)
-        return True
-
     # ---- checks ----------------------------------------------------------------------------
     def nodes(self) -> Iterator[TierNode]:
         for root in self._roots.values():
@@ -392,7 +295,7 @@ class TieredRadixCache(RadixCache):
         super().check_integrity()  # structure, pool slots and their counters, locks
         host_seen: set[int] = set()
         incoming: set[int] = set()
-        on_host, on_disk, busy = set(), set(), self.ops.expected_busy()
+        on_host, on_disk, busy = set(), set(), self.expected_busy()
         for n in self.nodes():
             k = len(n.key)
             assert not (n.value and n.incoming is not None), "a node in the pool and being loaded"
@@ -418,4 +321,4 @@ class TieredRadixCache(RadixCache):
         self.host.check_integrity(self.host.pages_of(host_seen))
         assert all(rec.nodes for rec in self.files.values()), "a file no node refers to"
         assert self.disk_used == sum(r.nbytes for r in self.files.values()), "disk usage drifted"
-        self.ops.check()
+        self.check_ops()
