@@ -157,7 +157,8 @@ class Generator:
             self.client.release(rid)
             self._ended(trace, span, p, branches, first, FinishReason.ABORT)
 
-    def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float, unfinished: FinishReason) -> None:
+    def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float,
+               unfinished: FinishReason) -> None:
         """Metrics and span of a request that ended; branches without a finish reason get ``unfinished``."""
         reasons = [b.finish or unfinished for b in branches]
         started = [b for b in branches if b.started]
