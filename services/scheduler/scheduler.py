@@ -244,7 +244,8 @@ class Scheduler:
         requests are refused with ``reason`` until the next ``WorkerReady``."""
         self.worker.detach()
         e, table = self.engine, self.table
-        log.error("worker_lost", reason=reason, running=len(table.running), waiting=len(table.waiting))
+        log.error("worker_lost", reason=reason, requests=sum(1 for _ in table.live()), running=len(table.running),
+                  waiting=len(table.waiting))
         table.fail_all(f"{reason}: the request was lost, retry it", ErrorCode.UNAVAILABLE, e.kv if e else None)
         if e is not None:
             e.grammar.pending.clear()  # (their requests failed; a compile still running finishes unseen)
