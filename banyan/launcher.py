@@ -138,6 +138,7 @@ class Launcher:
         reserve = self.ports  # held for the launcher's life: a restarted worker binds its metrics port again
         port = cfg.tokenizer.grpc_port or reserve.take()
         http_port = cfg.tokenizer.http_port or reserve.take()  # -1 (no HTTP) stays
+        smg_port = cfg.tokenizer.smg_grpc_port or reserve.take()  # -1 (SMG's service on the gRPC port) stays
         sched_metrics = [_metrics_port(cfg.scheduler_metrics_port, reserve, g) for g in range(cfg.dp)]
         worker_metrics = [_metrics_port(cfg.worker_metrics_port, reserve, g) for g in range(cfg.dp)]
         # tokenizer replicas write their metrics here; a scrape of any of them sums all (multiprocess mode)
@@ -164,7 +165,8 @@ class Launcher:
             pf = os.path.join(run_dir, f"tokenizer-{i}.port")
             port_files.append(pf)
             tcfg = replace(cfg.tokenizer, scheduler_endpoint=",".join(tok_eps), grpc_port=port, http_port=http_port,
-                           port_file=pf, replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
+                           smg_grpc_port=smg_port, port_file=pf,
+                           replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
             self._spawn(f"tokenizer-{i}", "services.tokenizer", tcfg, {MULTIPROC_ENV: metrics_dir})
         deadline = time.monotonic() + cfg.startup_timeout
         ready = False
@@ -181,7 +183,8 @@ class Launcher:
                 return 1
             if not ready and all(os.path.exists(pf) for pf in port_files):
                 ready = True
-                log.info("serving", grpc_port=port, http_port=http_port, tokenizers=cfg.num_tokenizers, dp=cfg.dp)
+                log.info("serving", grpc_port=port, http_port=http_port, tokenizers=cfg.num_tokenizers, dp=cfg.dp,
+                         smg_grpc_port=-1 if cfg.tokenizer.disable_smg_grpc else (smg_port if smg_port > 0 else port))
                 one = cfg.dp == 1  # a port, or a list of one per group
                 log.info("metrics_ports", tokenizer=http_port, scheduler=sched_metrics[0] if one else sched_metrics,
                          worker=worker_metrics[0] if one else worker_metrics)

@@ -62,10 +62,20 @@ class TokenizerConfig(CommonConfig):
     router_balance_rel: float = field(default=1.5, metadata={"help": "… and this many times as many"})
     router_probe_interval: float = field(default=1.0, metadata={
         "help": "DP routing: seconds between load probes of each group (others' load, dead groups; 0: none)"})
+    # the Shepherd Model Gateway's engine API (sglang.grpc.scheduler.SglangScheduler): services/tokenizer/smg
+    disable_smg_grpc: bool = field(default=False, metadata={
+        "help": "do not serve SMG's gRPC engine service (sglang.grpc.scheduler.SglangScheduler)"})
+    smg_grpc_port: int = field(default=-1, metadata={
+        "help": "serve SMG's gRPC engine service on this port (-1: on the gRPC port, beside banyan.v1; "
+                "0: pick a free port)"})
+    disable_kv_events: bool = field(default=False, metadata={
+        "help": "SMG's SubscribeKvEvents answers UNIMPLEMENTED (the gateway then routes on its own "
+                "approximate prefix tree)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(0 <= self.grpc_port < 65536, f"grpc_port out of range: {self.grpc_port}")
+        _check(-1 <= self.smg_grpc_port < 65536, f"smg_grpc_port out of range: {self.smg_grpc_port}")
         eps = self.scheduler_endpoints
         _check(len(eps) >= 1 and len(set(eps)) == len(eps),
                f"scheduler_endpoint needs distinct, non-empty endpoints: {self.scheduler_endpoint!r}")
