@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shared.messages.common import ErrorCode
+
 
 class BanyanError(Exception):
     """Base of errors reported to clients. ``code`` names a ``grpc.StatusCode`` member."""
@@ -32,11 +34,11 @@ class Internal(BanyanError):
     code = "INTERNAL"
 
 
-# error_code strings carried by TokenOut → exception class
-BY_WIRE_CODE: dict[str, type[BanyanError]] = {
-    "invalid_argument": InvalidArgument,
-    "already_exists": AlreadyExists,
-    "unavailable": Unavailable,
-    "resource_exhausted": ResourceExhausted,
-    "internal": Internal,
+# TokenOut.error_code → exception class
+BY_WIRE_CODE: dict[ErrorCode, type[BanyanError]] = {
+    ErrorCode.INVALID_ARGUMENT: InvalidArgument,
+    ErrorCode.ALREADY_EXISTS: AlreadyExists,
+    ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    ErrorCode.INTERNAL: Internal,
 }

@@ -20,7 +20,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared.logging import get_logger
-from shared.tracing import Span, Tracer
 
 log = get_logger("tracing")
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -44,13 +43,16 @@ def _exporter(endpoint: str):
     raise ValueError(f"unsupported OTLP traces protocol {protocol!r} (grpc | http/protobuf)")
 
 
-class _OtelSpan(Span):
-    __slots__ = ("_span",)
+class _OtelSpan:
+    """A ``shared.tracing.Span`` that records an OpenTelemetry span (same interface; this module
+    does not import ``shared.tracing``, which imports it lazily)."""
+
+    __slots__ = ("_span", "traceparent")
 
     def __init__(self, span) -> None:
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-        super().__init__(carrier.get("traceparent", ""))
+        self.traceparent = carrier.get("traceparent", "")
         self._span = span
 
     def end(self, **attributes) -> None:
@@ -59,7 +61,9 @@ class _OtelSpan(Span):
         self._span.end()
 
 
-class OtelTracer(Tracer):
+class OtelTracer:
+    """A ``shared.tracing.Tracer`` exporting its spans over OTLP."""
+
     enabled = True
 
     def __init__(self, service: str, endpoint: str) -> None:
@@ -70,7 +74,7 @@ class OtelTracer(Tracer):
         self.kind = trace.SpanKind.SERVER if service == "tokenizer" else trace.SpanKind.CONSUMER
         log.info("otlp_export", endpoint=endpoint)
 
-    def start(self, name: str, traceparent: str, start_ns: int | None = None, **attributes) -> Span:
+    def start(self, name: str, traceparent: str, start_ns: int | None = None, **attributes) -> _OtelSpan:
         ctx = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
         span = self.tracer.start_span(name, context=ctx, kind=self.kind, start_time=start_ns,
                                       attributes=attributes)

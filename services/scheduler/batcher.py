@@ -22,8 +22,9 @@ import msgspec
 from shared.logging import get_logger, stage
 from shared.messages.common import i32
 from shared.messages.to_worker import ForwardBatch, NewReq
-from services.scheduler.cache import RadixCache
+from services.scheduler.cache import PrefixSet
 from services.scheduler.cascade import CascadePolicy, plan_groups
+from services.scheduler.counters import Counters
 from services.scheduler.kv import KVManager, OutOfSlots
 from services.scheduler.policy import Policy
 from services.scheduler.request import Req, Status
@@ -57,13 +58,12 @@ class Limits:
 
 
 class Batcher:
-    def __init__(self, kv: KVManager, policy: Policy, limits: Limits, cascade: CascadePolicy | None = None) -> None:
+    def __init__(self, kv: KVManager, policy: Policy, limits: Limits, cascade: CascadePolicy | None = None,
+                 counters: Counters | None = None) -> None:
         self.kv, self.policy, self.limits = kv, policy, limits
-        self.cascade = cascade if kv.cache is not None else None  # (no cache: nothing is shared)
-        self.step = 0
+        self.cascade = cascade if kv.caching else None  # (no cache: nothing is shared)
+        self.counters = counters if counters is not None else kv.counters  # step ids, retractions, cascade totals
         self.new_token_ratio = INIT_RATIO
-        self.retractions = 0
-        self.cascade_steps = self.cascade_saved = 0  # steps with shared-prefix groups, KV tokens they saved
         self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
@@ -77,15 +77,14 @@ class Batcher:
                 plan.add(r, self.kv, 1)
         self.new_token_ratio = max(MIN_RATIO, self.new_token_ratio - RATIO_DECAY)
         budget, cap = self.limits.max_prefill_tokens, self.limits.chunked_prefill_size
-        scratch = RadixCache(lambda _: None)  # prompts being computed this step (in-batch dedup)
+        scratch = PrefixSet()  # prompts being computed this step (in-batch dedup)
         for r in self._prefilled:  # (overlap: computed by the step in flight, not in the cache yet)
             if r.status is Status.RUNNING:
-                n = min(r.num_computed, r.known_len)
-                scratch.insert(r.ns, r.tokens(0, n), range(n))
+                scratch.add(r.ns, r.tokens(0, min(r.num_computed, r.known_len)))
         for r in running:
             if r.to_compute > 1:
                 if r.num_computed < len(r.prompt):  # (a jump-forward chunk is its own: nobody waits for it)
-                    scratch.insert(r.ns, r.prefix_key(), range(r.seq_len))
+                    scratch.add(r.ns, r.prefix_key())
                 if budget > 0:
                     budget -= plan.add(r, self.kv, min(r.to_compute, cap, budget))
         new_reqs = self._admit(running, waiting, scratch, budget, plan)
@@ -111,7 +110,7 @@ class Batcher:
         r.status, r.retractions = Status.WAITING, r.retractions + 1
         r.prompt_logprobs.clear()  # a scoring request recomputes every scored position on resuming
         waiting.appendleft(r)
-        self.retractions += 1
+        self.counters.retractions += 1
         self.new_token_ratio = INIT_RATIO
         stage("retracted", r.rid, trace_id=r.trace_id, index=r.index, output_tokens=len(r.output),
               kv_available=self.kv.available())
@@ -123,7 +122,7 @@ class Batcher:
         prompt = sum(r.to_compute - 1 for r in running if r.to_compute > 1)
         return prompt + sum(min(max(r.remaining_new_tokens, 0), DECODE_CLIP) for r in running) * self.new_token_ratio
 
-    def _admit(self, running: list[Req], waiting: deque[Req], scratch: RadixCache, budget: int,
+    def _admit(self, running: list[Req], waiting: deque[Req], scratch: PrefixSet, budget: int,
                plan: _Plan) -> list[NewReq]:
         lim, kv = self.limits, self.kv
         new_reqs: list[NewReq] = []
@@ -137,7 +136,7 @@ class Batcher:
                 continue  # retracted while its last token was in flight: resumes once that arrives
             hit = kv.peek_prefix(r)
             key = r.prefix_key()
-            shared, _ = scratch.peek(r.ns, key)
+            shared = scratch.longest_prefix(r.ns, key)
             if shared - hit > 0 and shared - hit >= min(DEDUP_MIN_TOKENS, len(key) - hit):
                 continue  # its prefix is being computed right now: take it from the cache next step
             cost = r.seq_len - hit + min(r.remaining_new_tokens, DECODE_CLIP) * self.new_token_ratio
@@ -149,7 +148,7 @@ class Batcher:
             headroom -= cost + (before - kv.available())  # locking its prefix pins evictable slots
             r.status = Status.RUNNING
             running.append(r)
-            scratch.insert(r.ns, key, range(len(key)))
+            scratch.add(r.ns, key)
             new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots),
                                    output_ids=i32(r.output) if r.output and r.params.penalized else b"",
                                    traceparent=r.traceparent))
@@ -162,18 +161,19 @@ class Batcher:
         return new_reqs
 
     def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:
-        self.step += 1
+        c = self.counters
+        c.steps += 1
         self._prefilled = plan.prefilled
         msg = ForwardBatch(
-            step=self.step, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
+            step=c.steps, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
             sample=i32(plan.sample), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
-        groups = plan_groups(plan.reqs, plan.prefix, self.cascade) if self.cascade else None
+        groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache) if self.cascade else None
         if groups is not None:
-            self.cascade_steps += 1
-            self.cascade_saved += groups.saved
+            c.cascade_steps += 1
+            c.cascade_saved += groups.saved
             msg = msgspec.structs.replace(msg, cascade_group=i32(groups.group), cascade_lens=i32(groups.lens))
-        return Scheduled(self.step, plan.reqs, plan.extend, plan.sample, len(plan.ids), plan.prefill_tokens, msg,
+        return Scheduled(c.steps, plan.reqs, plan.extend, plan.sample, len(plan.ids), plan.prefill_tokens, msg,
                          plan.queue_s, groups.saved if groups else 0)
 
 

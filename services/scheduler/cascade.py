@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from services.scheduler.cache import CacheHandle, PrefixCache
 from services.scheduler.request import Req
 
 
@@ -39,32 +40,27 @@ class Groups:
     saved: int  # KV tokens not read this step thanks to the groups
 
 
-def _path(r: Req, start: int) -> list:
+def _path(cache: PrefixCache, r: Req, start: int) -> list[CacheHandle]:
     """The nodes of ``r``'s locked path whose KV it reads, deepest first: from the root down, up
     to the first node whose last slot is not ``r``'s slot at that position, or that ends beyond the
     KV computed before this step (``start`` tokens)."""
-    chain = []
-    node = r.lock_node
-    while node is not None and node.parent is not None:  # the root holds no tokens
-        chain.append(node)
-        node = node.parent
     slots, out = r.slots, []
-    for node in reversed(chain):
+    for node in cache.path(r.lock_node):
         d = node.depth
-        if d > start or d > len(slots) or slots[d - 1] != node.value[-1]:
+        if d > start or d > len(slots) or slots[d - 1] != node.last_slot:
             break
         out.append(node)
     out.reverse()
     return out
 
 
-def plan_groups(reqs: list[Req], starts: list[int], policy: CascadePolicy) -> Groups | None:
+def plan_groups(reqs: list[Req], starts: list[int], policy: CascadePolicy, cache: PrefixCache) -> Groups | None:
     """The groups of a batch (``starts``: each request's tokens in KV before the step), or None
     when they would not save ``policy.min_saved`` tokens."""
     if len(reqs) < policy.min_group:
         return None
     lo = policy.min_prefix
-    paths = [[n for n in _path(r, s) if n.depth >= lo] if r.lock_node is not None else []
+    paths = [[n for n in _path(cache, r, s) if n.depth >= lo] if r.lock_node is not None else []
              for r, s in zip(reqs, starts, strict=True)]
     count: Counter = Counter(id(node) for p in paths for node in p)
     if not count or max(count.values()) < policy.min_group:

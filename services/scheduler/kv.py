@@ -4,23 +4,27 @@ the scheduler needs. Metadata only.
 A running request's KV slots (``req.slots``, one per computed position) are either cached in the
 tree (it holds a lock on the deepest node of its cached path: ``req.lock_node``) or owned by the
 request (``req.owned``). Invariant (``check_integrity``): free + cached (evictable + locked) +
-owned by running requests == pool, in pages.
+owned by running requests == pool, in pages. With ``--disable-radix-cache`` the cache is the null
+``NoPrefixCache``: the same operations, nothing ever cached.
 """
 
 from __future__ import annotations
 
-from services.scheduler.cache import PrefixCache, RadixCache
+from services.scheduler.cache import NoPrefixCache, PrefixCache, RadixCache
+from services.scheduler.counters import Counters
 from services.scheduler.memory import OutOfSlots, RowAllocator, SlotAllocator
 from services.scheduler.request import Req
 
 
 class KVManager:
-    def __init__(self, pool_size: int, max_rows: int, page_size: int = 1, enable_cache: bool = True) -> None:
+    def __init__(self, pool_size: int, max_rows: int, page_size: int = 1, enable_cache: bool = True,
+                 counters: Counters | None = None) -> None:
         self.slots = SlotAllocator(pool_size, page_size)
         self.rows = RowAllocator(max_rows)
-        self.cache: PrefixCache | None = RadixCache(self.slots.free, page_size) if enable_cache else None
+        self.cache: PrefixCache = (RadixCache if enable_cache else NoPrefixCache)(self.slots.free, page_size)
+        self.caching = enable_cache
+        self.counters = counters if counters is not None else Counters()
         self.released_rows: list[int] = []  # rows freed since the last batch (a diff for the worker)
-        self.evicted_tokens = 0
 
     @property
     def page_size(self) -> int:
@@ -32,31 +36,30 @@ class KVManager:
 
     @property
     def evictable(self) -> int:
-        return self.cache.evictable_size if self.cache else 0
+        return self.cache.evictable_size
 
     def available(self) -> int:
         """Tokens that can be allocated now, evicting unlocked cache entries if needed."""
-        return self.slots.num_free + self.evictable
+        return self.slots.num_free + self.cache.evictable_size
 
     def peek_prefix(self, r: Req) -> int:
         """Cached prefix length of a waiting request (no side effects)."""
-        return self.cache.peek(r.ns, r.prefix_key())[0] if self.cache else 0
+        return self.cache.peek(r.ns, r.prefix_key()).length
 
     def admit(self, r: Req) -> None:
         """Give ``r`` a row and its cached prefix (locked)."""
         r.row = self.rows.alloc()
-        if self.cache is not None:
-            m = self.cache.match(r.ns, r.prefix_key())
-            self.cache.lock(m.node)
-            r.lock_node, r.slots = m.node, m.slots
+        m = self.cache.match(r.ns, r.prefix_key())
+        self.cache.lock(m.handle)
+        r.lock_node, r.slots = m.handle, m.slots
         r.cached_tokens = max(r.cached_tokens, len(r.slots))
 
     def extend(self, r: Req, n: int) -> list[int]:
         """Allocate ``n`` more slots for ``r``, evicting cached entries if needed."""
         last = r.slots[-1] if r.slots else None
         need = self.slots.tokens_needed(last, n)
-        if need > self.slots.num_free and self.cache is not None:
-            self.evicted_tokens += self.cache.evict(need - self.slots.num_free)
+        if need > self.slots.num_free:
+            self.counters.evicted_tokens += self.cache.evict(need - self.slots.num_free)
         if need > self.slots.num_free:
             raise OutOfSlots(f"need {need} KV slots, {self.slots.num_free} free")
         new = self.slots.alloc(last, n)
@@ -65,21 +68,19 @@ class KVManager:
         return new
 
     def cache_prefix(self, r: Req) -> None:
-        """Insert what ``r`` has computed so far, so others can share it (chunked prefill)."""
-        if self.cache is None:
-            return
-        key = self._insert(r)
-        m = self.cache.match(r.ns, key)
-        self.cache.lock(m.node)
+        """Insert what ``r`` has computed so far, so others can share it (chunked prefill); ``r``
+        then holds the lock on the node that ends there."""
+        handle = self._insert(r)
+        self.cache.lock(handle)
         if r.lock_node is not None:
             self.cache.unlock(r.lock_node)
-        r.lock_node = m.node
+        r.lock_node = handle
 
     def release(self, r: Req, keep: bool = True) -> None:
         """``r`` leaves the running set (finished, aborted or retracted): its computed KV goes into
         the cache (unless ``keep`` is false: the KV may be bad), what the cache did not take is
         freed, its row is released."""
-        if self.cache is not None and r.slots and keep:
+        if r.slots and keep:
             self._insert(r)
         if r.lock_node is not None:
             self.cache.unlock(r.lock_node)
@@ -89,14 +90,13 @@ class KVManager:
         self.released_rows.append(r.row)
         r.row = -1
 
-    def _insert(self, r: Req) -> list[int]:
+    def _insert(self, r: Req):
         """Put ``r``'s computed KV (known tokens only: a step in flight may be computing one more)
-        into the tree; the slots the tree took (full pages) stop being ``r``'s. → the key inserted."""
+        into the tree; the slots the tree took stop being ``r``'s. → the handle of what it holds."""
         key = r.tokens(0, min(len(r.slots), r.known_len))
-        done = self.cache.insert(r.ns, key, r.slots[: len(key)])
-        end = len(key) - len(key) % self.page_size
-        r.owned.difference_update(r.slots[done:end])
-        return key
+        res = self.cache.insert(r.ns, key, r.slots[: len(key)])
+        r.owned.difference_update(r.slots[res.cached:res.stored])
+        return res.handle
 
     def take_released_rows(self) -> list[int]:
         rows, self.released_rows = self.released_rows, []
@@ -104,10 +104,8 @@ class KVManager:
 
     def check_integrity(self, running: list[Req]) -> None:
         owned = sum(self.slots.pages_of(r.owned) for r in running)
-        cached = 0
-        if self.cache is not None:
-            self.cache.check_integrity()
-            cached = (self.cache.evictable_size + self.cache.locked_size) // self.page_size
+        self.cache.check_integrity()
+        cached = (self.cache.evictable_size + self.cache.locked_size) // self.page_size
         self.slots.check_integrity(owned + cached)
 
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.logging import get_logger
 from shared.metrics_http import serve_metrics
+from services.scheduler.counters import Counters
 
 log = get_logger("scheduler")
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
@@ -64,25 +65,24 @@ class SchedulerMetrics:
             self._server = serve_metrics(port, self.registry)
             log.info("metrics_listening", port=port)
 
-    def step(self, running: int, waiting: int, kv_pool: int, kv_free: int, kv_evictable: int, retractions: int,
-             prompt_tokens: int, cached_tokens: int, queue_times: list[float],
-             cascade: tuple[int, int] = (0, 0)) -> None:
-        """One update per scheduler step (or idle pass), from the scheduler's own counters."""
+    def step(self, running: int, waiting: int, kv_pool: int, kv_free: int, kv_evictable: int, c: Counters,
+             queue_times: list[float]) -> None:
+        """One update per scheduler step (or idle pass), from the scheduler's own totals."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set((kv_pool - kv_free - kv_evictable) / kv_pool if kv_pool else 0.0)
         self.kv_evictable.set(kv_evictable)
-        if prompt_tokens:
-            self.hit_rate.set(cached_tokens / prompt_tokens)
-        if retractions > self._retractions:
-            self.retractions.inc(retractions - self._retractions)
-            self._retractions = retractions
+        if c.prompt:
+            self.hit_rate.set(c.prefill_cached / c.prompt)
+        if c.retractions > self._retractions:
+            self.retractions.inc(c.retractions - self._retractions)
+            self._retractions = c.retractions
         for q in queue_times:
             self.queue_time.observe(q)
-        if cascade[0] > self._cascade[0]:  # (the batcher's totals: steps, saved tokens)
-            self.cascade_steps.inc(cascade[0] - self._cascade[0])
-            self.cascade_saved.inc(cascade[1] - self._cascade[1])
-            self._cascade = cascade
+        if c.cascade_steps > self._cascade[0]:
+            self.cascade_steps.inc(c.cascade_steps - self._cascade[0])
+            self.cascade_saved.inc(c.cascade_saved - self._cascade[1])
+            self._cascade = (c.cascade_steps, c.cascade_saved)
 
     def grammar_compiled(self, seconds: list[float]) -> None:
         for s in seconds:

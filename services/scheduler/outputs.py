@@ -10,98 +10,119 @@ jump-forward, which requests end, their KV released), then the mask goes out, th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from shared.logging import get_logger, stage
-from shared.messages.common import from_i32
-from shared.messages.to_scheduler import StepOutput
+from shared.messages.common import ErrorCode, FinishReason, from_i32
+from shared.messages.to_scheduler import StepOutput, WorkerError
+from shared.messages.to_worker import StepMask
 from services.scheduler.batcher import Scheduled
+from services.scheduler.counters import Counters
+from services.scheduler.engine import EngineSession
 from services.scheduler.request import Req, Status
-from services.scheduler.step_io import StepLogprobs, deferred_mask, take_prompt_logprobs, token_out
-
-if TYPE_CHECKING:
-    from services.scheduler.scheduler import Scheduler
+from services.scheduler.requests import RequestTable, token_out
+from services.scheduler.step_io import StepLogprobs, deferred_mask, take_prompt_logprobs
 
 log = get_logger("scheduler")
 
 
-def send_mask(s: Scheduler, mask_for: Scheduled | None) -> None:
-    """The deferred bitmask of the step in flight (``mask_for``), from the matchers as they are."""
-    if mask_for is not None:
-        s.worker.send(deferred_mask(mask_for, s.grammar))
+class StepApplier:
+    """Applies the worker's answers to the requests of one engine session."""
 
+    def __init__(self, table: RequestTable, engine: EngineSession, counters: Counters,
+                 send_mask: Callable[[StepMask], None], jump_forward: bool = True) -> None:
+        self.table, self.engine, self.counters = table, engine, counters
+        self.kv, self.grammar = engine.kv, engine.grammar
+        self._send_mask = send_mask
+        self.jump_forward = jump_forward
+        self.context_length = engine.info.context_length
 
-def process_step(s: Scheduler, sched: Scheduled, out: StepOutput, mask_for: Scheduled | None = None) -> None:
-    c, ctx = s.counters, s.info.context_length
-    c.prefill_computed += sched.prefill_tokens
-    c.decode += sched.num_tokens - sched.prefill_tokens
-    lps = StepLogprobs(out)
-    take_prompt_logprobs(sched, out)
-    starts = from_i32(sched.msg.prefix_lens).tolist()
-    report: list[tuple[Req, str, float]] = []  # (request, finish reason or "", ttft ms or -1)
-    for i, (r, sample, tok) in enumerate(zip(sched.reqs, sched.sample, from_i32(out.next_ids).tolist())):
-        if not sample:
+    def send_mask(self, mask_for: Scheduled | None) -> None:
+        """The deferred bitmask of the step in flight (``mask_for``), from the matchers as they are."""
+        if mask_for is not None:
+            self._send_mask(deferred_mask(mask_for, self.grammar))
+
+    def fail(self, sched: Scheduled, err: WorkerError, mask_for: Scheduled | None = None) -> None:
+        """The worker could not run ``sched``: its requests fail (the process lives on)."""
+        log.error("worker_step_failed", step=sched.step, error=err.message)
+        for r, sample in zip(sched.reqs, sched.sample):
+            if sample:  # (a retracted request waits for this token: it resumes without it)
+                r.pending -= 1
+                r.discard = min(r.discard, r.pending)
             if r.status is Status.RUNNING:
-                s.kv.cache_prefix(r)  # a prefill chunk: share it with requests arriving meanwhile
-            continue
-        r.pending -= 1
-        if r.status is Status.FINISHED:
-            continue
-        if r.discard:  # overlap: jump-forward replaced what this step sampled
-            r.discard -= 1
-            continue
-        # the last prompt chunk: others may share it (a jump-forward chunk is this request's own; its
-        # KV joins the cache when the request ends)
-        if r.status is Status.RUNNING and (not r.output or starts[i] < len(r.prompt)):
-            s.kv.cache_prefix(r)
-        ttft = -1.0
-        if r.params.max_new_tokens == 0 or not r.output:
-            c.prefill_cached += r.cached_tokens
-            c.prompt += len(r.prompt)
-            if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
-                s._end(r, "length")
-                report.append((r, "length", -1.0))
+                self.table.finish(r, FinishReason.ERROR, self.kv, error=f"worker failed: {err.message}",
+                                  code=ErrorCode.INTERNAL)
+        self.send_mask(mask_for)
+
+    def apply(self, sched: Scheduled, out: StepOutput, mask_for: Scheduled | None = None) -> None:
+        c, kv, table = self.counters, self.kv, self.table
+        c.prefill_computed += sched.prefill_tokens
+        c.decode += sched.num_tokens - sched.prefill_tokens
+        lps = StepLogprobs(out)
+        take_prompt_logprobs(sched, out)
+        starts = from_i32(sched.msg.prefix_lens).tolist()
+        report: list[tuple[Req, FinishReason | None, float]] = []  # (request, finish reason, ttft ms or -1)
+        for i, (r, sample, tok) in enumerate(zip(sched.reqs, sched.sample, from_i32(out.next_ids).tolist())):
+            if not sample:
+                if r.status is Status.RUNNING:
+                    kv.cache_prefix(r)  # a prefill chunk: share it with requests arriving meanwhile
                 continue
-            ttft = r.wait_ms()
-        r.output.append(tok)
-        r.unsent += 1
-        if r.params.logprobs:
-            lps.take(i, r)
-        reason = grammar_finish(s, r, tok) if r.matcher is not None else ""
-        reason = reason or r.check_finished(ctx)
-        if not reason and r.matcher is not None and jump_forward_ok(s, r):
-            forced = s.grammar.jump_forward(r.matcher, r.remaining_new_tokens)
-            if forced:
-                r.output += forced
-                r.unsent += len(forced)
-                r.discard = r.pending  # steps in flight sample after the old end: drop their tokens
-                s.jump_forward_tokens += len(forced)
-                reason = grammar_done(s, r) or r.check_finished(ctx)
-        if reason:
-            s._end(r, reason)
-        report.append((r, reason, ttft))
-    send_mask(s, mask_for)
-    for r, reason, ttft in report:
-        if ttft >= 0:
-            stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(ttft, 3))
-        if reason:
-            s._report(r, reason)
-        else:
-            s._emit(r.replica, token_out(r))
+            r.pending -= 1
+            if r.status is Status.FINISHED:
+                continue
+            if r.discard:  # overlap: jump-forward replaced what this step sampled
+                r.discard -= 1
+                continue
+            # the last prompt chunk: others may share it (a jump-forward chunk is this request's own; its
+            # KV joins the cache when the request ends)
+            if r.status is Status.RUNNING and (not r.output or starts[i] < len(r.prompt)):
+                kv.cache_prefix(r)
+            ttft = -1.0
+            if r.params.max_new_tokens == 0 or not r.output:
+                c.prefill_cached += r.cached_tokens
+                c.prompt += len(r.prompt)
+                if r.params.max_new_tokens == 0:  # scoring: the prompt is all it wanted
+                    table.end(r, FinishReason.LENGTH, kv)
+                    report.append((r, FinishReason.LENGTH, -1.0))
+                    continue
+                ttft = r.wait_ms()
+            r.output.append(tok)
+            r.unsent += 1
+            if r.params.logprobs:
+                lps.take(i, r)
+            reason = self._accept(r, tok) if r.matcher is not None else None
+            reason = reason or r.check_finished(self.context_length)
+            if reason is None and r.matcher is not None and self._may_jump(r):
+                forced = self.grammar.jump_forward(r.matcher, r.remaining_new_tokens)
+                if forced:
+                    r.output += forced
+                    r.unsent += len(forced)
+                    r.discard = r.pending  # steps in flight sample after the old end: drop their tokens
+                    c.jump_forward_tokens += len(forced)
+                    reason = self._grammar_done(r) or r.check_finished(self.context_length)
+            if reason is not None:
+                table.end(r, reason, kv)
+            report.append((r, reason, ttft))
+        self.send_mask(mask_for)
+        for r, reason, ttft in report:
+            if ttft >= 0:
+                stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(ttft, 3))
+            if reason is not None:
+                table.report(r, reason)
+            else:
+                table.emit(r.replica, token_out(r))
 
+    def _accept(self, r: Req, tok: int) -> FinishReason | None:
+        """Advance the matcher; STOP when the grammar ended (EOS taken, or nothing but EOS left)."""
+        if not r.matcher.accept_token(tok):
+            log.error("grammar_rejected_token", request_id=r.rid, token=tok)
+            return FinishReason.STOP
+        return self._grammar_done(r)
 
-def grammar_finish(s: Scheduler, r: Req, tok: int) -> str:
-    """Advance the matcher; "stop" when the grammar ended (EOS taken, or nothing but EOS left)."""
-    if not r.matcher.accept_token(tok):
-        log.error("grammar_rejected_token", request_id=r.rid, token=tok)
-        return "stop"
-    return grammar_done(s, r)
+    def _grammar_done(self, r: Req) -> FinishReason | None:
+        done = r.matcher.is_terminated() or self.grammar.only_stop_left(r.matcher)
+        return FinishReason.STOP if done else None
 
-
-def grammar_done(s: Scheduler, r: Req) -> str:
-    return "stop" if r.matcher.is_terminated() or s.grammar.only_stop_left(r.matcher) else ""
-
-
-def jump_forward_ok(s: Scheduler, r: Req) -> bool:
-    """Forced tokens carry no logprobs and are not seen by the worker's penalty counts."""
-    return not (s.cfg.disable_jump_forward or r.params.logprobs or r.params.penalized)
+    def _may_jump(self, r: Req) -> bool:
+        """Forced tokens carry no logprobs and are not seen by the worker's penalty counts."""
+        return self.jump_forward and not (r.params.logprobs or r.params.penalized)

@@ -5,7 +5,7 @@
 - ``dfs-weight``: walk the prefix tree depth-first, heavier subtrees (more waiting requests)
   first, so requests sharing a prefix run together.
 Cache-aware policies fall back to FCFS when the queue is long (matching every request each step
-would cost more than it saves).
+would cost more than it saves). They see the tree only through the ``PrefixCache`` interface.
 """
 
 from __future__ import annotations
@@ -32,49 +32,19 @@ class FCFS(Policy):
 class LongestPrefixMatch(Policy):
     def order(self, waiting, kv):
         reqs = list(waiting)
-        if len(reqs) > LONG_QUEUE or kv.cache is None:
+        if len(reqs) > LONG_QUEUE:
             return reqs
-        hits = {id(r): kv.peek_prefix(r) for r in reqs}
-        return sorted(reqs, key=lambda r: -hits[id(r)])  # stable: ties keep arrival order
+        hits = [kv.peek_prefix(r) for r in reqs]
+        return [reqs[i] for i in sorted(range(len(reqs)), key=lambda i: -hits[i])]  # stable: ties keep arrival order
 
 
 class DFSWeight(Policy):
     def order(self, waiting, kv):
         reqs = list(waiting)
-        if len(reqs) > LONG_QUEUE or kv.cache is None:
+        if len(reqs) > LONG_QUEUE:
             return reqs
-        at: dict[int, list[Req]] = {}
-        nodes: dict[int, object] = {}
-        weight: dict[int, int] = {}
-        roots: dict[int, object] = {}
-        for r in reqs:
-            _, node = kv.cache.peek(r.ns, r.prefix_key())
-            node = node or _UNCACHED
-            at.setdefault(id(node), []).append(r)
-            n = node
-            while n is not None:
-                nodes[id(n)] = n
-                weight[id(n)] = weight.get(id(n), 0) + 1
-                if n.parent is None:
-                    roots[id(n)] = n
-                n = n.parent
-        out: list[Req] = []
-        stack = sorted(roots.values(), key=lambda n: weight[id(n)])
-        while stack:
-            n = stack.pop()
-            out.extend(at.get(id(n), ()))
-            kids = [c for c in n.children.values() if id(c) in weight]
-            stack.extend(sorted(kids, key=lambda c: weight[id(c)]))  # heaviest popped first
-        return out
+        handles = [kv.cache.peek(r.ns, r.prefix_key()).handle for r in reqs]
+        return [reqs[i] for i in kv.cache.subtree_order(handles)]
 
-
-class _Uncached:
-    """Stands for the root of a namespace with nothing cached yet."""
-
-    parent = None
-    children: dict = {}
-
-
-_UNCACHED = _Uncached()
 
 POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "lpm": LongestPrefixMatch, "dfs-weight": DFSWeight}

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.messages.common import SamplingParams
+from shared.messages.common import FinishReason, SamplingParams
+from services.scheduler.cache import CacheHandle
 
 
 class Status(enum.Enum):
@@ -31,11 +32,11 @@ class Req:
     row: int = -1  # req_to_token row while running
     slots: list[int] = field(default_factory=list)  # KV slots of positions 0..len(slots)-1
     owned: set[int] = field(default_factory=set)  # slots this request owns (the rest are cached)
-    lock_node: Any = None  # deepest prefix-cache node it holds a lock on
+    lock_node: CacheHandle | None = None  # deepest prefix-cache node it holds a lock on
     matcher: Any = None  # grammar matcher (structured output), advanced with each sampled token
     cached_tokens: int = 0  # prompt tokens whose KV came from the cache
-    finish: str = ""  # set when finished: stop | length | abort | error
-    aborted: str = ""  # pending abort reason, applied at the next step boundary
+    finish: FinishReason | None = None  # set when finished
+    aborted: FinishReason | None = None  # pending abort (ABORT, or STOP: a stop string), applied between steps
     retractions: int = 0
     arrival: float = field(default_factory=time.monotonic)
     unsent: int = 0  # output tokens not yet sent to the tokenizer
@@ -47,6 +48,7 @@ class Req:
     # many of those tokens to drop when they arrive (jump-forward appended others in their place).
     pending: int = 0
     discard: int = 0
+    _key: tuple[int, int, list[int]] = (-1, -1, [])  # prefix_key() memo: (end, known_len, key)
 
     @property
     def in_flight(self) -> int:
@@ -105,16 +107,20 @@ class Req:
         end = self.seq_len - 1
         if self.params.prompt_logprobs_from > 0:
             end = min(end, self.params.prompt_logprobs_from - 1)
-        return self.tokens(0, end)
+        known = len(self.prompt) + len(self.output)
+        memo = self._key
+        if memo[0] != end or memo[1] != known:  # (computed once per step, read by policy, dedup, admission)
+            memo = self._key = (end, known, self.tokens(0, end))
+        return memo[2]
 
     def wait_ms(self) -> float:
         return (time.monotonic() - self.arrival) * 1e3
 
-    def check_finished(self, context_length: int) -> str:
-        """Finish reason after the last sampled token, or "" to continue."""
+    def check_finished(self, context_length: int) -> FinishReason | None:
+        """Finish reason after the last sampled token, or None to continue."""
         last = self.output[-1]
         if last in self.params.stop_token_ids:
-            return "stop"
+            return FinishReason.STOP
         if len(self.output) >= self.params.max_new_tokens or len(self.prompt) + len(self.output) >= context_length:
-            return "length"
-        return ""
+            return FinishReason.LENGTH
+        return None

@@ -1,5 +1,5 @@
 """What the scheduler adds to a batch before sending it, and reads back from a step's output:
-grammar bitmasks and scoring positions down; logprobs and prompt logprobs up; TokenOut messages."""
+grammar bitmasks and scoring positions down; logprobs and prompt logprobs up."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import msgspec
 
 from shared.messages.common import from_f32, from_i32, i32
 from shared.messages.to_scheduler import StepOutput
-from shared.messages.to_tokenizer import TokenOut
 from shared.messages.to_worker import ForwardBatch, StepMask
 from services.scheduler.batcher import Scheduled
 from services.scheduler.grammar import GrammarBackend
@@ -87,13 +86,3 @@ def take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:
     for i, n in zip(rows, from_i32(out.prompt_logprob_counts).tolist()):
         sched.reqs[i].prompt_logprobs.extend(values[pos:pos + n])
         pos += n
-
-
-def token_out(r: Req, **final) -> TokenOut:
-    """The tokens (and logprobs) ``r`` produced since its last output."""
-    out = TokenOut(rid=r.rid, index=r.index, token_ids=r.output[len(r.output) - r.unsent:],
-                   cached_tokens=r.cached_tokens, logprobs=r.unsent_logprobs, top_ids=r.unsent_top_ids,
-                   top_logprobs=r.unsent_top_logprobs,
-                   prompt_logprobs=r.prompt_logprobs if final else [], **final)
-    r.unsent, r.unsent_logprobs, r.unsent_top_ids, r.unsent_top_logprobs = 0, [], [], []
-    return out

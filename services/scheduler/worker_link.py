@@ -1,5 +1,5 @@
-"""The scheduler's link to worker rank 0, how it notices that the worker is gone, and what the
-scheduler does then and when a (restarted) worker is ready (split out of scheduler.py).
+"""The scheduler's link to worker rank 0 and how it notices that the worker is gone (transport and
+liveness only: what the scheduler does then is ``Scheduler._detach`` / ``_attach``).
 
 The worker is *attached* from its ``WorkerReady`` until it is lost. It is lost when
 - its connection closes: the process exited, crashed or was killed (ZMQ monitor event, at once);
@@ -19,27 +19,14 @@ with the worker) and tells the tokenizers (``EngineStatus``); a worker that conn
 
 from __future__ import annotations
 
-import gc
 import time
-from typing import TYPE_CHECKING
 
 import zmq
 
 from shared.logging import get_logger
 from shared.messages.codec import Codec
-from shared.messages.to_scheduler import WorkerReady
-from shared.messages.to_tokenizer import EngineStatus, ModelInfo
-from shared.messages.to_worker import ToWorker, WorkerSetup
-from shared.model_path import resolve_model
+from shared.messages.to_worker import ToWorker
 from shared.transport import DealerQueue, PeerMonitor
-from services.scheduler.batcher import Batcher, Limits
-from services.scheduler.cascade import CascadePolicy
-from services.scheduler.grammar import GrammarBackend
-from services.scheduler.kv import KVManager
-from services.scheduler.policy import POLICIES
-
-if TYPE_CHECKING:
-    from services.scheduler.scheduler import Scheduler
 
 log = get_logger("scheduler")
 HEARTBEAT_IVL_MS = 1000
@@ -108,61 +95,3 @@ class WorkerLink:
             self._warned = now
             log.warning("worker_slow", step=step, waited_s=round(now - since, 1), connections=len(self.monitor.fds))
         return ""
-
-
-def worker_ready(s: Scheduler, w: WorkerReady) -> None:
-    """A worker is ready — at start, or a restarted one: fresh KV bookkeeping sized from its pool,
-    ``WorkerSetup`` down, ``ModelInfo`` to every replica (serving again)."""
-    cfg = s.cfg
-    if s.worker.attached:  # a new worker while the old one looked alive: the old one's state is gone
-        worker_lost(s, "the worker process restarted")
-    old = getattr(s, "grammar", None)
-    # step numbers go on (a late answer is never taken), and so do the counters GetLoad / metrics report
-    b = s.batcher if old is not None else None
-    carried = (b.step, b.retractions, b.cascade_steps, b.cascade_saved, s.kv.evicted_tokens) if b else (0,) * 5
-    s.kv = KVManager(w.pool_size, cfg.max_running_requests, cfg.page_size, not cfg.disable_radix_cache)
-    s.batcher = Batcher(s.kv, POLICIES[cfg.schedule_policy](),
-                        Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size),
-                        None if cfg.disable_cascade_attention else
-                        CascadePolicy(cfg.cascade_min_group, cfg.cascade_min_prefix, cfg.cascade_min_saved))
-    b = s.batcher
-    b.step, b.retractions, b.cascade_steps, b.cascade_saved, s.kv.evicted_tokens = carried
-    s.worker.attach()
-    s.worker.send(WorkerSetup(max_running_requests=cfg.max_running_requests))
-    s.info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
-                       context_length=w.context_length, pool_size=s.kv.pool_size,
-                       max_running_requests=cfg.max_running_requests,
-                       eos_token_ids=w.eos_token_ids, device=w.device, dtype=w.dtype)
-    log.info("worker_ready", restarted=old is not None, **{k: getattr(w, k) for k in w.__struct_fields__})
-    if old is None or (old.vocab_size, old.stop_ids) != (w.vocab_size, list(w.eos_token_ids)):
-        if old is not None:
-            old.close()
-        s.grammar = GrammarBackend(resolve_model(cfg.model)[0], w.vocab_size, w.eos_token_ids)
-        s.grammar.wait_ready()  # before serving: building it later would contend with the loop
-        # the start-up heap (torch, transformers, xgrammar, the vocabulary) lives as long as the process:
-        # out of the collector's sight, a full collection no longer walks it (ms per step, under load)
-        gc.collect()
-        gc.freeze()
-    s.down = ""
-    for ident in s.replicas:
-        s.tok.send(ident, s.info)
-
-
-def worker_lost(s: Scheduler, reason: str) -> None:
-    """Fail every request (waiting, compiling, running) with UNAVAILABLE, forget the step in flight
-    and the KV bookkeeping (the KV died with the worker), tell every replica the engine is not
-    serving; new requests are refused with ``reason`` until the next ``WorkerReady``."""
-    s.worker.detach()
-    live = s._live()
-    log.error("worker_lost", reason=reason, requests=len(live), running=len(s.running), waiting=len(s.waiting))
-    for r in live:
-        s._finish(r, "error", error=f"{reason}: the request was lost, retry it", code="unavailable")
-    s.info, s.down, s.inflight = None, reason, None
-    s.waiting.clear()
-    s.running.clear()
-    s.answers.clear()
-    s.aborts.clear()
-    s.grammar.pending.clear()  # (their requests failed; a compile still running finishes unseen)
-    s._flush()
-    for ident in s.replicas:
-        s.tok.send(ident, EngineStatus(serving=False, reason=reason))

@@ -5,11 +5,14 @@ and token counts go to the metrics once it ends; its ``generate`` span covers re
 from __future__ import annotations
 
 import time
+
+import msgspec
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from shared.errors import BY_WIRE_CODE, Internal
 from shared.logging import stage
+from shared.messages.common import FinishReason
 from shared.tracing import Trace, Tracer
 from services.tokenizer.detokenizer import IncrementalDetokenizer
 from services.tokenizer.metrics import TokenizerMetrics
@@ -35,13 +38,13 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class Chunk:
-    """New output of one branch. ``finish`` ("stop" | "length" | "abort") and ``usage`` are set on
+    """New output of one branch. ``finish`` (STOP, LENGTH or ABORT) and ``usage`` are set on
     the branch's last chunk."""
 
     index: int
     token_ids: list[int]
     text: str
-    finish: str = ""
+    finish: FinishReason | None = None
     usage: Usage | None = None
     matched_stop: str = ""
     matched_stop_token_id: int | None = None
@@ -63,7 +66,7 @@ class _Branch:
         self.generated = 0
         self.cached = 0
         self.done = False
-        self.finish = ""
+        self.finish: FinishReason | None = None
         self.started = False  # the scheduler took it (an output arrived)
         self.last = 0.0  # when its last tokens arrived
         self.gaps: list[float] = []  # inter-token latencies, one per token after the first
@@ -85,27 +88,26 @@ class Generator:
         ``group``: the data-parallel group to run it in (default: the router's choice)."""
         trace = trace or Trace.incoming(None)
         span = self.tracer.start("generate", trace.traceparent, trace.start_ns, request_id=rid,
-                                 prompt_tokens=len(p.input_ids), n=p.n)
-        branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, p.input_ids, p.skip_special_tokens, p.stop))
-                    for _ in range(p.n)]
-        live = p.n
+                                 prompt_tokens=len(p.req.input_ids), n=p.req.n)
+        req = msgspec.structs.replace(p.req, rid=rid, traceparent=span.traceparent)
+        branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, req.input_ids, p.skip_special_tokens, p.stop))
+                    for _ in range(req.n)]
+        live = req.n
         first = 0.0
         try:
-            route = Route(group, 0, "pinned") if group is not None else None
-            queue = self.client.submit(rid, p.input_ids, p.params, p.n, p.cache_ns, span.traceparent, p.constraint,
-                                       route)
+            queue = self.client.submit(req, Route(group, 0, "pinned") if group is not None else None)
         except Exception:
-            self._ended(trace, span, p, branches, first, "error")
+            self._ended(trace, span, p, branches, first, FinishReason.ERROR)
             raise
         try:
             async for out in self.client.stream(queue):
                 b = branches[out.index]
                 if b.done:
                     continue
-                if out.finish == "error":
+                if out.finish is FinishReason.ERROR:
                     live = 0
                     for x in branches:
-                        x.finish = x.finish or "error"
+                        x.finish = x.finish or FinishReason.ERROR
                     raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
                 b.started = True
                 if out.token_ids:
@@ -130,16 +132,16 @@ class Generator:
                     yield Chunk(out.index, out.token_ids, text, logprobs=lps)
                     continue
                 b.done, live = True, live - 1
-                b.finish = "stop" if b.detok.stopped else out.finish
-                usage = Usage(len(p.input_ids), b.generated, b.cached)
+                b.finish = FinishReason.STOP if b.detok.stopped else out.finish
+                usage = Usage(len(req.input_ids), b.generated, b.cached)
                 if b.detok.stopped:
                     if not out.finish:
-                        self.client.abort(rid, "stop", out.index)
-                    yield Chunk(out.index, out.token_ids, text, "stop", usage, matched_stop=b.detok.matched_stop,
+                        self.client.abort(rid, FinishReason.STOP, out.index)
+                    yield Chunk(out.index, out.token_ids, text, FinishReason.STOP, usage, matched_stop=b.detok.matched_stop,
                                 logprobs=lps)
                 else:
                     last = out.token_ids[-1] if out.token_ids else None
-                    stop_id = last if out.finish == "stop" and last in p.params.stop_token_ids else None
+                    stop_id = last if out.finish is FinishReason.STOP and last in req.params.stop_token_ids else None
                     yield Chunk(out.index, out.token_ids, text + b.detok.finish(), out.finish, usage,
                                 matched_stop_token_id=stop_id, logprobs=lps)
                 if live == 0:
@@ -151,13 +153,13 @@ class Generator:
                 stage("cancelled", rid, trace_id=trace.trace_id,
                       completion_tokens=sum(x.generated for x in branches))
             self.client.release(rid)
-            self._ended(trace, span, p, branches, first, "abort")
+            self._ended(trace, span, p, branches, first, FinishReason.ABORT)
 
-    def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float, unfinished: str) -> None:
+    def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float, unfinished: FinishReason) -> None:
         """Metrics and span of a request that ended; branches without a finish reason get ``unfinished``."""
         reasons = [b.finish or unfinished for b in branches]
         started = [b for b in branches if b.started]
-        prompt = len(p.input_ids) if started else 0
+        prompt = len(p.req.input_ids) if started else 0
         generated = sum(b.generated for b in branches)
         if self.metrics is not None:
             done = all(b.done for b in branches)

@@ -22,6 +22,8 @@ import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from shared.messages.common import FinishReason
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0)
@@ -53,7 +55,7 @@ class TokenizerMetrics:
                                      registry=r)
         self.finished = Counter("banyan:request_success", "Request branches ended, by finish reason",
                                 ["finish_reason"], registry=r)
-        for reason in ("stop", "length", "abort", "error"):  # present from the start, at 0
+        for reason in FinishReason:  # present from the start, at 0
             self.finished.labels(reason)
 
     def request_ended(self, e2e: float | None, gaps: list[float], prompt_tokens: int, generated: int,

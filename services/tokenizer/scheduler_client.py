@@ -27,7 +27,7 @@ from shared.config import ConfigError
 from shared.errors import AlreadyExists, Unavailable
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
-from shared.messages.common import Constraint, SamplingParams
+from shared.messages.common import ErrorCode, FinishReason
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello
 from shared.messages.to_tokenizer import EngineStatus, Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
 from shared.tracing import trace_id
@@ -180,11 +180,10 @@ class SchedulerClient:
         except LookupError as e:
             raise Unavailable("no data-parallel group is answering") from e
 
-    def submit(self, rid: str, input_ids: list[int], params: SamplingParams, n: int = 1, cache_ns: str = "",
-               traceparent: str = "", constraint: Constraint | None = None,
-               route: Route | None = None) -> asyncio.Queue[TokenOut]:
+    def submit(self, req: GenerateReq, route: Route | None = None) -> asyncio.Queue[TokenOut]:
         """Send a request to ``route``'s group (default: the router's choice); returns the queue
         its outputs arrive on. Call ``release`` when done."""
+        rid = req.rid
         if self.info is None or self.closing:
             raise Unavailable("the engine is not ready" if self.info is None else "the engine is shutting down")
         downs = [link.down for link in self.links if link.down]
@@ -192,20 +191,19 @@ class SchedulerClient:
             raise Unavailable("the engine is not serving: " + "; ".join(dict.fromkeys(downs)))
         if rid in self._streams:
             raise AlreadyExists(f"request_id {rid!r} is already in flight")
-        route = route or self.route(input_ids, cache_ns)
+        route = route or self.route(req.input_ids, req.cache_ns)
         if not self.links[route.group].usable:
             link = self.links[route.group]
             raise Unavailable(f"data-parallel group {route.group} is not serving: {link.down or 'not answering'}")
         queue: asyncio.Queue[TokenOut] = asyncio.Queue()
-        self._streams[rid] = _Flight(queue, route.group, n)
-        self.router.started(route.group, n)
-        stage("routed", rid, trace_id=trace_id(traceparent), group=route.group, reason=route.reason,
+        self._streams[rid] = _Flight(queue, route.group, req.n)
+        self.router.started(route.group, req.n)
+        stage("routed", rid, trace_id=trace_id(req.traceparent), group=route.group, reason=route.reason,
               matched_tokens=route.matched_tokens)
-        self.links[route.group].q.send(GenerateReq(rid=rid, input_ids=input_ids, params=params, n=n,
-                                                   cache_ns=cache_ns, constraint=constraint, traceparent=traceparent))
+        self.links[route.group].q.send(req)
         return queue
 
-    def abort(self, rid: str, reason: str = "abort", index: int = -1) -> None:
+    def abort(self, rid: str, reason: FinishReason = FinishReason.ABORT, index: int = -1) -> None:
         """Stop a request (``index`` ≥ 0: one branch of an n > 1 request). A request no longer in
         flight here (released already) is aborted in every group: the one holding it stops it."""
         flight = self._streams.get(rid)
@@ -230,7 +228,7 @@ class SchedulerClient:
             held = None
             while not out.finish and not queue.empty():
                 nxt = queue.get_nowait()
-                if nxt.index != out.index or nxt.finish == "error":
+                if nxt.index != out.index or nxt.finish is FinishReason.ERROR:
                     held = nxt
                     break
                 out = merge_outputs(out, nxt)
@@ -299,7 +297,8 @@ class SchedulerClient:
                 if flight.group == g:  # end them: the client may retry, and another group will take it
                     link.q.send(AbortReq(rid=rid))
                     for i in range(flight.n):
-                        flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish="error", error_code="unavailable",
+                        flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish=FinishReason.ERROR,
+                                                         error_code=ErrorCode.UNAVAILABLE,
                                                          error=f"data-parallel group {g} stopped answering"))
         self._health()
 

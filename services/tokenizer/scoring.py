@@ -8,7 +8,8 @@ import asyncio
 from dataclasses import dataclass
 
 from shared.errors import BY_WIRE_CODE, Internal, InvalidArgument
-from shared.messages.common import SamplingParams
+from shared.messages.common import FinishReason, SamplingParams
+from shared.messages.to_scheduler import GenerateReq
 from shared.messages.to_tokenizer import ModelInfo
 from services.tokenizer import validation
 from services.tokenizer.scheduler_client import SchedulerClient
@@ -83,11 +84,12 @@ class Scorer:
         async def one(i: int, ids: list[int], start: int) -> Scored:
             sub = f"{rid}.{i}"
             params = SamplingParams(temperature=0.0, max_new_tokens=0, prompt_logprobs_from=start)
-            queue = self.client.submit(sub, ids, params, cache_ns=cache_ns, traceparent=traceparent, route=route)
+            queue = self.client.submit(GenerateReq(rid=sub, input_ids=ids, params=params, cache_ns=cache_ns,
+                                                   traceparent=traceparent), route)
             done = False
             try:
                 async for out in self.client.stream(queue):
-                    if out.finish == "error":
+                    if out.finish is FinishReason.ERROR:
                         done = True
                         raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
                     if out.finish:

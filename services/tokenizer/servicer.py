@@ -8,7 +8,7 @@ import grpc
 
 from shared.errors import InvalidArgument, Unavailable
 from shared.logging import stage
-from shared.messages.common import Constraint
+from shared.messages.common import Constraint, FinishReason
 from shared.messages.to_tokenizer import Load, ModelInfo
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
@@ -21,7 +21,8 @@ from services.tokenizer.scoring import Scorer
 from services.tokenizer.text import Message, TextProcessor
 from services.tokenizer.validation import Prompt, SamplingRequest
 
-FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+          FinishReason.ABORT: pb.FINISH_REASON_ABORT}
 
 
 def _traceparent(context: grpc.aio.ServicerContext) -> str:
@@ -108,7 +109,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         p = validation.prepare(_prompt(request), _sampling(request.sampling_params), self.text, self._info(),
                                request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
                                constraint=_constraint(request))
-        stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.input_ids), n=p.n)
+        stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.req.input_ids), n=p.req.n)
         stream = self.generator.stream(p, rid, trace)
         try:
             async for chunk in stream:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from shared.errors import InvalidArgument
 from shared.messages.common import Constraint, SamplingParams
+from shared.messages.to_scheduler import GenerateReq
 from shared.messages.to_tokenizer import ModelInfo
 from services.tokenizer.text import Message, TextProcessor
 
@@ -65,13 +66,12 @@ class SamplingRequest:
 
 @dataclass(frozen=True)
 class Prepared:
-    input_ids: list[int]
-    params: SamplingParams
+    """A validated request: the message for the scheduler, whole (its ``rid`` and ``traceparent``
+    are filled in when it is submitted), and what only the tokenizer needs to detokenize it."""
+
+    req: GenerateReq
     stop: list[str]
     skip_special_tokens: bool
-    n: int
-    cache_ns: str
-    constraint: Constraint | None = None
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -205,4 +205,6 @@ def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: Model
     _require(1 <= n <= limit, f"{prefix}n must be in [1, {limit}], got {n}")
     ids = input_ids(prompt, text, info)
     params = sampling(s, len(ids), info, prefix)
-    return Prepared(ids, params, list(s.stop), s.skip_special_tokens, n, cache_salt, check_constraint(constraint))
+    req = GenerateReq(rid=request_id, input_ids=ids, params=params, n=n, cache_ns=cache_salt,
+                      constraint=check_constraint(constraint))
+    return Prepared(req, list(s.stop), s.skip_special_tokens)

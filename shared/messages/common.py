@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 import numpy as np
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request branch ended (the wire value is the lower-case name)."""
+
+    STOP = "stop"  # a stop token or stop string, or the grammar ended
+    LENGTH = "length"  # max_new_tokens, or the context window is full
+    ABORT = "abort"  # cancelled: the client went away, an Abort call, a deadline, shutdown
+    ERROR = "error"  # failed: TokenOut.error_code and .error say why
+
+
+class ErrorCode(enum.StrEnum):
+    """What kind of failure a ``FinishReason.ERROR`` is; each maps to one gRPC status code
+    (``shared.errors.BY_WIRE_CODE``) and HTTP status."""
+
+    INVALID_ARGUMENT = "invalid_argument"
+    ALREADY_EXISTS = "already_exists"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):

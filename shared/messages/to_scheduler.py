@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.common import Constraint, SamplingParams
+from shared.messages.common import Constraint, FinishReason, SamplingParams
 
 
 class TokenizerHello(msgspec.Struct, tag="hello", frozen=True):
@@ -29,7 +29,7 @@ class AbortReq(msgspec.Struct, tag="abort", frozen=True):
     """Stop a request (client cancel, deadline, or a stop string matched in the tokenizer)."""
 
     rid: str
-    reason: str = "abort"  # "abort" | "stop"
+    reason: FinishReason = FinishReason.ABORT  # ABORT, or STOP: the tokenizer matched a stop string
     index: int = -1  # one branch of an n > 1 request, or -1 for all
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.messages.common import ErrorCode, FinishReason
+
 
 class ModelInfo(msgspec.Struct, tag="info", frozen=True):
     """Sent in answer to ``TokenizerHello`` once the worker is ready, and to every replica again
@@ -26,9 +28,9 @@ class TokenOut(msgspec.Struct, frozen=True, omit_defaults=True):
     rid: str
     index: int = 0  # branch of an n > 1 request
     token_ids: list[int] = []
-    finish: str = ""  # "" | "stop" | "length" | "abort" | "error"
-    error: str = ""  # message when finish == "error"
-    error_code: str = ""  # "invalid_argument" | "already_exists" | "internal" | "unavailable"
+    finish: FinishReason | None = None  # set on the branch's last output
+    error: str = ""  # message when finish is ERROR
+    error_code: ErrorCode | None = None  # set when finish is ERROR
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0

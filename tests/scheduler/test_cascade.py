@@ -92,7 +92,7 @@ def test_requests_under_one_cached_prefix_form_a_group():
     s = step(b, running, waiting)  # decode
     assert from_i32(s.msg.cascade_group).tolist() == [0, 0, 0, 0, -1]
     assert from_i32(s.msg.cascade_lens).tolist() == [200]
-    assert b.cascade_steps == 2 and b.cascade_saved == 2 * 600
+    assert b.counters.cascade_steps == 2 and b.counters.cascade_saved == 2 * 600
     finish_all(b, running)
 
 
@@ -148,7 +148,7 @@ def test_a_duplicate_of_a_cached_prefix_is_not_grouped():
     b.kv.admit(later)
     later.status = type(later.status).RUNNING
     running.append(later)
-    groups = plan_groups([a, dup, later], [201, 201, 200], b.cascade)
+    groups = plan_groups([a, dup, later], [201, 201, 200], b.cascade, b.kv.cache)
     assert groups is not None and groups.group[1] == -1 and groups.group[0] == groups.group[2] >= 0
     finish_all(b, running)
 
@@ -216,6 +216,6 @@ def test_a_request_reading_a_duplicate_below_its_own_inserted_tail_is_not_groupe
         r.status = type(r.status).RUNNING
         running.append(r)
     assert all(len(r.slots) == 242 for r in later)
-    groups = plan_groups([dup, *later], [242, 242, 242], b.cascade)
+    groups = plan_groups([dup, *later], [242, 242, 242], b.cascade, b.kv.cache)
     assert groups is not None and groups.group == [-1, 0, 0] and groups.lens == [242]
     finish_all(b, running)

@@ -134,8 +134,10 @@ class RadixMachine(RuleBasedStateMachine):
         expect = self.model_len(ns, key)
         end = len(key) - len(key) % P
         assert expect >= owned_from
-        got = self.cache.insert(ns, key, slots)
-        assert got == expect, f"insert returned {got}, {expect} tokens were cached"
+        res = self.cache.insert(ns, key, slots)
+        assert res.cached == expect, f"insert returned {res.cached}, {expect} tokens were cached"
+        assert res.stored == end and path_of(self.cache, res.handle) == (ns, key[:res.stored]), \
+            "the handle does not cover exactly what is stored"
         base = self.model_slots(ns, key, expect)
         for j in range(expect + P, end + 1, P):
             self.model[(ns, tuple(key[:j]))] = base + slots[expect:j]
@@ -157,14 +159,14 @@ class RadixMachine(RuleBasedStateMachine):
         m = self.cache.match(ns, key)
         k = len(m.slots)
         assert m.slots == self.model_slots(ns, key, k) and k == self.model_len(ns, key)
-        self.cache.lock(m.node)
-        self.locks.append((ns, tuple(key[:k]), m.node))
+        self.cache.lock(m.handle)
+        self.locks.append((ns, tuple(key[:k]), m.handle))
         last = m.slots[-1] if m.slots else None
         if self.make_room(last, len(key) - k):
             new = self.alloc.alloc(last, len(key) - k)
             self.insert(ns, key, m.slots + new, k)
         self.locks.pop()
-        self.cache.unlock(m.node)
+        self.cache.unlock(m.handle)
 
     @rule(data=st.data(), ns=NS, lock=st.booleans())
     def match(self, data, ns: str, lock: bool) -> None:
@@ -173,10 +175,10 @@ class RadixMachine(RuleBasedStateMachine):
         m = self.cache.match(ns, key)
         assert len(m.slots) == j and j % self.P == 0, f"matched {len(m.slots)}, model has {j}"
         assert m.slots == self.model_slots(ns, key, j)
-        assert path_of(self.cache, m.node, ns) == (ns, key[:j]), "node does not cover exactly the match"
+        assert path_of(self.cache, m.handle, ns) == (ns, key[:j]), "node does not cover exactly the match"
         if lock:
-            self.cache.lock(m.node)
-            self.locks.append((ns, tuple(key[:j]), m.node))
+            self.cache.lock(m.handle)
+            self.locks.append((ns, tuple(key[:j]), m.handle))
 
     @precondition(lambda self: self.locks)
     @rule(data=st.data())
@@ -262,7 +264,7 @@ def test_lru_peek_does_not_refresh() -> None:
     c = RadixCache(freed)
     c.insert("", [1, 2], [11, 12])
     c.insert("", [3, 4], [13, 14])
-    assert c.peek("", [1, 2, 9])[0] == 2
+    assert c.peek("", [1, 2, 9]).length == 2
     assert c.evict(1) == 2 and freed == [[11, 12]]
 
 
@@ -284,12 +286,12 @@ def test_lru_skips_locked_leaves() -> None:
     c.insert("", [1, 2], [11, 12])
     c.insert("", [3, 4], [13, 14])
     m = c.match("", [1, 2])
-    c.lock(m.node)
+    c.lock(m.handle)
     c.match("", [3, 4])  # 3-4 is the most recent, but 1-2 is locked
     assert c.evict(1) == 2 and freed == [[13, 14]]
     assert c.evict(100) == 0
     assert (c.evictable_size, c.locked_size) == (0, 2)
-    c.unlock(m.node)
+    c.unlock(m.handle)
     assert c.evict(1) == 2 and freed[-1] == [11, 12]
     c.check_integrity()
 
@@ -315,9 +317,9 @@ def test_lru_order_matches_last_access(ops, n) -> None:
         elif op == "long":
             assert len(c.match("", keys[k] + [5, 6]).slots) == 3
         elif op == "insert":
-            assert c.insert("", keys[k], [0, 0, 0]) == 3
+            assert c.insert("", keys[k], [0, 0, 0]).cached == 3
         else:
-            assert c.peek("", keys[k])[0] == 3
+            assert c.peek("", keys[k]).length == 3
             continue
         last[k] = next(clock)
     for k in sorted(last, key=last.get):
@@ -332,16 +334,16 @@ def test_page_size_4() -> None:
     key = list(range(100, 110))  # 10 tokens: 2 whole pages + 2
     slots = alloc.alloc(None, 10)
     assert [s // P for s in slots] == [1] * 4 + [2] * 4 + [3] * 2 and slots[0] == 4
-    assert c.insert("", key, slots) == 0
+    assert c.insert("", key, slots).cached == 0
     alloc.free(slots[8:])  # the partial page is never cached: the caller keeps and frees it
     assert (c.evictable_size, c.locked_size) == (8, 0)
     assert alloc.num_free + 8 == alloc.pool_size
     assert c.match("", key).slots == slots[:8]
     for n, want in [(11, 8), (9, 8), (8, 8), (7, 4), (5, 4), (4, 4), (3, 0), (0, 0)]:
-        assert len(c.match("", key[:n]).slots) == want and c.peek("", key[:n])[0] == want
+        assert len(c.match("", key[:n]).slots) == want and c.peek("", key[:n]).length == want
     assert c.match("", key[:6] + [0, 0, 0, 0]).slots == slots[:4]  # diverges inside page 2
-    assert c.peek("", [100, 101, 102, 0])[0] == 0  # diverges inside page 1
-    assert c.insert("", key + [1, 2, 3], alloc.alloc(None, 13)[:13]) == 8
+    assert c.peek("", [100, 101, 102, 0]).length == 0  # diverges inside page 1
+    assert c.insert("", key + [1, 2, 3], alloc.alloc(None, 13)[:13]).cached == 8
     c.check_integrity()
     # a request fills the tail of its partly filled last page before taking a new one
     mine = alloc.alloc(None, 6)
@@ -353,9 +355,9 @@ def test_page_size_4() -> None:
 
 def test_page_size_4_insert_truncates_to_pages() -> None:
     c = RadixCache(lambda s: None, 4)
-    assert c.insert("", [1, 2, 3], [5, 6, 7]) == 0  # shorter than a page: nothing stored
+    assert c.insert("", [1, 2, 3], [5, 6, 7]).cached == 0  # shorter than a page: nothing stored
     assert (c.evictable_size, c.match("", [1, 2, 3]).slots) == (0, [])
-    assert c.insert("", [1, 2, 3, 4, 5, 6, 7, 8], [4, 5, 6, 7]) == 0  # truncated to min(key, slots)
+    assert c.insert("", [1, 2, 3, 4, 5, 6, 7, 8], [4, 5, 6, 7]).cached == 0  # truncated to min(key, slots)
     assert c.evictable_size == 4 and c.match("", [1, 2, 3, 4, 5, 6, 7, 8]).slots == [4, 5, 6, 7]
     c.check_integrity()
 
@@ -365,19 +367,19 @@ def test_namespaces_never_share() -> None:
         freed = Freed()
         c = RadixCache(freed, P)
         key = [1, 2, 3, 4, 5, 6, 7, 8]
-        assert c.insert("a", key, list(range(8, 16))) == 0
-        assert c.peek("b", key)[0] == 0
+        assert c.insert("a", key, list(range(8, 16))).cached == 0
+        assert c.peek("b", key).length == 0
         m = c.match("b", key)
-        assert m.slots == [] and m.node.parent is None and m.node is not c.match("a", []).node
-        assert c.insert("b", key, list(range(16, 24))) == 0  # not cached in "b" yet
+        assert m.slots == [] and m.handle.parent is None and m.handle is not c.match("a", []).handle
+        assert c.insert("b", key, list(range(16, 24))).cached == 0  # not cached in "b" yet
         assert c.match("a", key).slots == list(range(8, 16))
         assert c.match("b", key).slots == list(range(16, 24))
-        assert c.insert("", key, list(range(24, 32))) == 0  # the default namespace is a third one
+        assert c.insert("", key, list(range(24, 32))).cached == 0  # the default namespace is a third one
         m = c.match("a", key)
-        c.lock(m.node)
+        c.lock(m.handle)
         assert c.evict(100) == 16 and sorted(x for f in freed for x in f) == list(range(16, 32))
-        assert c.match("a", key).slots == list(range(8, 16)) and c.peek("b", key)[0] == 0
-        c.unlock(m.node)
+        assert c.match("a", key).slots == list(range(8, 16)) and c.peek("b", key).length == 0
+        c.unlock(m.handle)
         c.check_integrity()
 
 
@@ -388,20 +390,20 @@ def test_split_on_match() -> None:
     assert len(c._roots[""].children) == 1
     m = c.match("", [1, 2, 3, 4, 99])
     assert m.slots == [11, 12, 13, 14]
-    assert path_of(c, m.node) == ("", [1, 2, 3, 4]) and m.node.key == [1, 2, 3, 4]
-    assert [ch.key for ch in m.node.children.values()] == [[5, 6, 7, 8]]
+    assert path_of(c, m.handle) == ("", [1, 2, 3, 4]) and m.handle.key == [1, 2, 3, 4]
+    assert [ch.key for ch in m.handle.children.values()] == [[5, 6, 7, 8]]
     c.check_integrity()
-    c.lock(m.node)  # locking the upper half leaves the lower half evictable
+    c.lock(m.handle)  # locking the upper half leaves the lower half evictable
     assert (c.locked_size, c.evictable_size) == (4, 4)
     c.check_integrity()
     assert c.evict(100) == 4 and freed == [[15, 16, 17, 18]]
     assert c.match("", list(range(1, 9))).slots == [11, 12, 13, 14]
-    c.unlock(m.node)
+    c.unlock(m.handle)
     assert (c.locked_size, c.evictable_size) == (0, 4)
     c.check_integrity()
     # a lock taken before a split stays on the lower node and its new parent, not on siblings
     c.insert("", [1, 2, 3, 4, 5, 6], [11, 12, 13, 14, 15, 16])
-    deep = c.match("", [1, 2, 3, 4, 5, 6]).node
+    deep = c.match("", [1, 2, 3, 4, 5, 6]).handle
     c.lock(deep)
     c.match("", [1, 2, 7])  # splits 1-2-3-4 after 1-2
     c.insert("", [1, 2, 7, 8], [11, 12, 27, 28])
@@ -417,8 +419,8 @@ def test_split_on_match_page_size_4() -> None:
     c = RadixCache(lambda s: None, 4)
     c.insert("", list(range(12)), list(range(4, 16)))
     m = c.match("", list(range(6)))
-    assert m.slots == [4, 5, 6, 7] and m.node.key == [0, 1, 2, 3]
-    c.lock(m.node)
+    assert m.slots == [4, 5, 6, 7] and m.handle.key == [0, 1, 2, 3]
+    c.lock(m.handle)
     assert (c.locked_size, c.evictable_size) == (4, 8)
     c.check_integrity()
 
@@ -427,11 +429,11 @@ def test_insert_existing_key_returns_its_length() -> None:
     for P in (1, 4):
         c = RadixCache(lambda s: None, P)
         key = list(range(10))
-        assert c.insert("", key, list(range(10, 20))) == 0
+        assert c.insert("", key, list(range(10, 20))).cached == 0
         aligned = 10 - 10 % P
-        assert c.insert("", key, list(range(30, 40))) == aligned
-        assert c.insert("", key[:8], list(range(30, 38))) == 8  # a prefix (may split)
-        assert c.insert("", key + [7] * 6, list(range(40, 56))) == aligned
+        assert c.insert("", key, list(range(30, 40))).cached == aligned
+        assert c.insert("", key[:8], list(range(30, 38))).cached == 8  # a prefix (may split)
+        assert c.insert("", key + [7] * 6, list(range(40, 56))).cached == aligned
         assert c.match("", key).slots == list(range(10, 10 + aligned))  # the first insert's slots stay
         assert c.evictable_size == 16 - 16 % P
         c.check_integrity()
@@ -516,7 +518,7 @@ def test_kv_manager_cycle(P: int) -> None:
     running.append(d)
     assert d.cached_tokens == 0
     prefill(kv, d, running, chunk=16 * P)
-    assert kv.evicted_tokens >= cached - (kv.slots.num_free + kv.cache.evictable_size)
+    assert kv.counters.evicted_tokens >= cached - (kv.slots.num_free + kv.cache.evictable_size)
     with pytest.raises(OutOfSlots):
         while True:
             d.output.append(1)

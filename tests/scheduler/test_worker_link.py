@@ -163,7 +163,7 @@ def test_scheduler_fails_everything_on_worker_loss_and_serves_a_new_worker(tmp_p
         (o,) = f.outs(lambda o: True)
         assert (o.rid, o.finish, o.error_code) == ("meanwhile", "error", "unavailable") and EXITED in o.error
 
-        f.sched.batcher.retractions = 7  # (counters reported by GetLoad and the metrics go on)
+        f.sched.counters.retractions = 7  # (totals reported by GetLoad and the metrics outlive the worker)
         new = f.worker(pool_size=500)  # a restarted worker: a fresh, smaller pool
         info = f.recv(f.tok)
         assert isinstance(info, ModelInfo) and info.pool_size == 500
@@ -171,9 +171,9 @@ def test_scheduler_fails_everything_on_worker_loss_and_serves_a_new_worker(tmp_p
         b = f.answer(new, token=11)
         assert b.step > last and [r.rid for r in b.new_reqs] == ["after"] and from_i32(b.prefix_lens).tolist() == [0]
         f.answer(new, token=12)
-        got = f.outs(lambda o: getattr(o, "finish", ""))
+        got = f.outs(lambda o: getattr(o, "finish", None))
         assert [t for o in got for t in o.token_ids] == [11, 12] and got[-1].finish == "length"
-        assert f.sched.kv.pool_size == 500 and not f.sched.running and f.sched.batcher.retractions == 7
+        assert f.sched.engine.kv.pool_size == 500 and not f.sched.table.running and f.sched.counters.retractions == 7
         f.stop()
         assert isinstance(f.recv(new), Shutdown)
     finally:
@@ -207,11 +207,11 @@ def test_client_health_follows_the_engine(tmp_path):
                 await asyncio.sleep(0.01)
             assert health == [False]
             with pytest.raises(Unavailable, match="not serving: the worker died"):
-                client.submit("x", [1, 2], SamplingParams())
+                client.submit(GenerateReq(rid="x", input_ids=[1, 2], params=SamplingParams()))
             await sched.send_multipart([ident, send.encode(info)])  # a restarted worker is ready
             await asyncio.wait_for(client.ready.wait(), WAIT_S)
             assert health == [False, True]
-            client.submit("y", [1, 2], SamplingParams())
+            client.submit(GenerateReq(rid="y", input_ids=[1, 2], params=SamplingParams()))
             _, frame = await asyncio.wait_for(sched.recv_multipart(), WAIT_S)
             assert recv.decode(frame).rid == "y"
         finally:

@@ -290,15 +290,15 @@ def test_client_routes_and_aborts_in_the_right_group(tmp_path):
         assert client.info.pool_size == 900 and client.info.model == "m"  # the smaller pool
         params = SamplingParams(max_new_tokens=1)
         base = prompt(11, 64)
-        q = client.submit("a", base + [1], params)
+        q = client.submit(GenerateReq(rid="a", input_ids=base + [1], params=params))
         assert (await drain(client, "a", q))[-1].finish == "length"
         home = [i for i, f in enumerate(fakes) if f.gens][0]
         for i in range(4):  # the same prefix: the same group
-            q = client.submit(f"b{i}", base + [2, i], params)
+            q = client.submit(GenerateReq(rid=f"b{i}", input_ids=base + [2, i], params=params))
             await drain(client, f"b{i}", q)
         assert len(fakes[home].gens) == 5 and not fakes[1 - home].gens
         fakes[home].hold = True
-        q = client.submit("held", base + [3], params, n=2)
+        q = client.submit(GenerateReq(rid="held", input_ids=base + [3], params=params, n=2))
         assert client.router.groups[home].in_flight == 2
         client.abort("held")
         assert (await drain(client, "held", q))[-1].finish == "abort"
@@ -333,18 +333,18 @@ def test_a_silent_group_is_routed_around_and_comes_back(tmp_path, monkeypatch):
         route = client.route(base)
         g = route.group
         fakes[g].hold = True
-        q = client.submit("x", base, params, route=route)
+        q = client.submit(GenerateReq(rid="x", input_ids=base, params=params), route)
         fakes[g].silent = True
         outs = await drain(client, "x", q)  # ended by the tokenizer: its group stopped answering
         assert outs[-1].finish == "error" and outs[-1].error_code == "unavailable"
         assert not client.links[g].up
-        q = client.submit("y", base, params)
+        q = client.submit(GenerateReq(rid="y", input_ids=base, params=params))
         assert (await drain(client, "y", q))[-1].finish == "length"
         assert [r.rid for r in fakes[1 - g].gens] == ["y"]
         fakes[1 - g].silent = True
         await until(lambda: not client.ready.is_set(), "every group down")
         with pytest.raises(Exception, match="no data-parallel group"):
-            client.submit("z", base, params)
+            client.submit(GenerateReq(rid="z", input_ids=base, params=params))
         fakes[g].silent = fakes[1 - g].silent = False
         await until(lambda: all(link.up for link in client.links), "groups back")
         assert client.ready.is_set() and health == [False, True]

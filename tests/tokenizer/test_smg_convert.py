@@ -14,6 +14,7 @@ from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from shared.errors import InvalidArgument
+from shared.messages.common import FinishReason
 from services.tokenizer.generation import Chunk, TokenLogprob, Usage
 from services.tokenizer.smg import bundle, convert
 from services.tokenizer.smg.servicer import SmgServicer
@@ -107,7 +108,7 @@ def test_chunks_and_completions():
     c = msg.chunk
     assert (list(c.token_ids), c.prompt_tokens, c.completion_tokens, c.index) == ([11, 13], 7, 2, 1)
     assert list(c.output_logprobs.token_ids) == [11, 13] and list(c.output_logprobs.top_logprobs[1].token_ids) == [13, 2]
-    last = Chunk(1, [3], "", "stop", Usage(7, 3, 4), matched_stop_token_id=3,
+    last = Chunk(1, [3], "", FinishReason.STOP, Usage(7, 3, 4), matched_stop_token_id=3,
                  logprobs=[TokenLogprob(3, -0.1, [(3, -0.1), (9, -3.0)])])
     b.ids += last.token_ids
     b.lps += last.logprobs
@@ -118,7 +119,7 @@ def test_chunks_and_completions():
     assert list(done.output_logprobs.token_ids) == [11, 13, 3] and not done.output_logprobs.top_logprobs
     streamed = convert.complete("r", last, b, streamed=True, top=True).complete
     assert list(streamed.output_ids) == [3] and len(streamed.output_logprobs.top_logprobs) == 1
-    by_string = convert.complete("r", Chunk(0, [], "", "stop", Usage(7, 1, 0), matched_stop="\n"), b, True, False)
+    by_string = convert.complete("r", Chunk(0, [], "", FinishReason.STOP, Usage(7, 1, 0), matched_stop="\n"), b, True, False)
     assert by_string.complete.WhichOneof("matched_stop") == "matched_stop_str"
     assert by_string.complete.matched_stop_str == "\n" and not by_string.complete.HasField("output_logprobs")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from services.tokenizer.scheduler_client import SchedulerClient
+from shared.messages.common import ErrorCode, FinishReason
 from shared.messages.to_tokenizer import TokenOut
 
 
@@ -32,7 +33,7 @@ def test_consecutive_outputs_of_a_branch_merge():
             TokenOut(rid="r", token_ids=[2, 3], logprobs=[-0.2, -0.3], top_ids=[[2, 9], [3, 9]],
                      top_logprobs=[[-0.2, -3.0], [-0.3, -4.0]]),
             TokenOut(rid="r", token_ids=[4], logprobs=[-0.4], top_ids=[[4, 1]], top_logprobs=[[-0.4, -5.0]],
-                     finish="length", prompt_tokens=7, completion_tokens=4)]
+                     finish=FinishReason.LENGTH, prompt_tokens=7, completion_tokens=4)]
     (got,) = drain(outs, 1)
     assert got.token_ids == [1, 2, 3, 4] and got.logprobs == [-0.1, -0.2, -0.3, -0.4]
     assert got.top_ids == [[1, 2], [2, 9], [3, 9], [4, 1]] and len(got.top_logprobs) == 4
@@ -41,17 +42,19 @@ def test_consecutive_outputs_of_a_branch_merge():
 
 def test_branches_keep_their_order_and_a_finish_ends_a_merge():
     outs = [TokenOut(rid="r", index=0, token_ids=[1]), TokenOut(rid="r", index=0, token_ids=[2]),
-            TokenOut(rid="r", index=1, token_ids=[3]), TokenOut(rid="r", index=0, token_ids=[4], finish="stop"),
+            TokenOut(rid="r", index=1, token_ids=[3]),
+            TokenOut(rid="r", index=0, token_ids=[4], finish=FinishReason.STOP),
             TokenOut(rid="r", index=0, token_ids=[5])]  # (after a finish: never merged into it)
     got = drain(outs, 4)
-    assert [(o.index, o.token_ids, o.finish) for o in got] == [(0, [1, 2], ""), (1, [3], ""), (0, [4], "stop"),
-                                                                 (0, [5], "")]
+    assert [(o.index, o.token_ids, o.finish) for o in got] == [(0, [1, 2], None), (1, [3], None),
+                                                                 (0, [4], FinishReason.STOP), (0, [5], None)]
 
 
 def test_an_error_is_never_merged():
-    outs = [TokenOut(rid="r", token_ids=[1]), TokenOut(rid="r", finish="error", error="boom", error_code="internal")]
+    outs = [TokenOut(rid="r", token_ids=[1]),
+            TokenOut(rid="r", finish=FinishReason.ERROR, error="boom", error_code=ErrorCode.INTERNAL)]
     got = drain(outs, 2)
-    assert [(o.token_ids, o.finish) for o in got] == [([1], ""), ([], "error")]
+    assert [(o.token_ids, o.finish) for o in got] == [([1], None), ([], FinishReason.ERROR)]
 
 
 def test_an_output_alone_comes_at_once():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
-from services.scheduler.cache.base import MatchResult, PrefixCache
+from services.scheduler.cache.base import InsertResult, MatchResult, PeekResult, PrefixCache
 
 
 class Node:
@@ -26,6 +26,10 @@ class Node:
         # tokens from the root to the end of this edge: fixed for the node's life (a split puts a
         # new node above it, ending where its edge now starts)
         self.depth = (parent.depth if parent is not None else 0) + len(key)
+
+    @property
+    def last_slot(self) -> int:
+        return self.value[-1] if self.value else -1
 
     def __lt__(self, other: Node) -> bool:  # heap tie-break
         return id(self) < id(other)
@@ -128,11 +132,11 @@ class RadixCache(PrefixCache):
             slots += v
         return MatchResult(slots, node if node is not None else self._nowhere)
 
-    def peek(self, ns: str, key: Sequence[int]) -> tuple[int, Node | None]:
+    def peek(self, ns: str, key: Sequence[int]) -> PeekResult:
         node, pos, _ = self._descend(ns, _as_list(key), split=False, tick=0)
-        return pos, node
+        return PeekResult(pos, node)
 
-    def insert(self, ns: str, key: Sequence[int], slots: Sequence[int]) -> int:
+    def insert(self, ns: str, key: Sequence[int], slots: Sequence[int]) -> InsertResult:
         end = self._aligned(min(len(key), len(slots)))
         self._root(ns)
         node, pos, _ = self._descend(ns, _as_list(key[:end]), split=True, tick=self._tick())
@@ -142,7 +146,8 @@ class RadixCache(PrefixCache):
             self._leaves.discard(node)
             self._leaves.add(leaf)
             self._evictable += end - pos
-        return pos
+            node = leaf
+        return InsertResult(pos, end, node)
 
     def lock(self, node: Node) -> None:
         while node.parent is not None:
@@ -163,6 +168,38 @@ class RadixCache(PrefixCache):
                 if not node.children:
                     self._leaves.add(node)
             node = node.parent
+
+    def path(self, handle: Node) -> list[Node]:
+        out = []
+        while handle.parent is not None:  # (the root holds no tokens)
+            out.append(handle)
+            handle = handle.parent
+        out.reverse()
+        return out
+
+    def subtree_order(self, handles: Sequence[Node | None]) -> list[int]:
+        at: dict[int, list[int]] = {}  # node → indices of the handles there
+        weight: dict[int, int] = {}  # node → handles in its subtree
+        tops: dict[int, Node | None] = {}  # roots reached (None: the handles of empty namespaces)
+        for i, h in enumerate(handles):
+            at.setdefault(id(h), []).append(i)
+            if h is None:
+                weight[id(None)] = weight.get(id(None), 0) + 1
+                tops[id(None)] = None
+            n = h
+            while n is not None:
+                weight[id(n)] = weight.get(id(n), 0) + 1
+                if n.parent is None:
+                    tops[id(n)] = n
+                n = n.parent
+        out: list[int] = []
+        stack = sorted(tops.values(), key=lambda n: weight[id(n)])
+        while stack:
+            n = stack.pop()  # the heaviest of its siblings first
+            out.extend(at.get(id(n), ()))
+            if n is not None:
+                stack.extend(sorted((c for c in n.children.values() if id(c) in weight), key=lambda c: weight[id(c)]))
+        return out
 
     def evict(self, num_tokens: int) -> int:
         if num_tokens <= 0 or not self._leaves:

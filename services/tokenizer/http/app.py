@@ -76,7 +76,7 @@ class Frontend:
         trace: Trace = request.state.trace  # one trace for the HTTP request, a span per prompt
         rids = [rid] if len(prepared) == 1 else [f"{rid}-{i}" for i in range(len(prepared))]
         for r, p in zip(rids, prepared):
-            stage("tokenized", r, trace_id=trace.trace_id, prompt_tokens=len(p.input_ids), n=p.n)
+            stage("tokenized", r, trace_id=trace.trace_id, prompt_tokens=len(p.req.input_ids), n=p.req.n)
         streams = [self.generator.stream(p, r, trace) for p, r in zip(prepared, rids)]
         outputs = self._tracked(rids, merge(streams))
         created, model, headers = int(time.time()), self.model().model, {"X-Request-Id": rid}

@@ -142,7 +142,7 @@ def complete(rid: str, c: Chunk, b: Branch, streamed: bool, top: bool) -> pb.Gen
     or when streaming — as SGLang does — the last chunk's) and logprobs likewise."""
     assert c.usage is not None
     ids, lps = (c.token_ids, c.logprobs) if streamed else (b.ids, b.lps)
-    done = pb.GenerateComplete(output_ids=ids, finish_reason=c.finish, prompt_tokens=c.usage.prompt_tokens,
+    done = pb.GenerateComplete(output_ids=ids, finish_reason=str(c.finish), prompt_tokens=c.usage.prompt_tokens,
                                completion_tokens=c.usage.completion_tokens, cached_tokens=c.usage.cached_tokens,
                                output_logprobs=output_logprobs(lps, top), index=c.index)
     if c.matched_stop:

@@ -108,8 +108,8 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         if request.HasField("data_parallel_rank") and not 0 <= request.data_parallel_rank < len(self.client.links):
             raise InvalidArgument(f"data_parallel_rank {request.data_parallel_rank} is not in "
                                   f"[0, {len(self.client.links)})")
-        stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.input_ids), n=p.n)
-        branches = [convert.Branch() for _ in range(p.n)]
+        stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.req.input_ids), n=p.req.n)
+        branches = [convert.Branch() for _ in range(p.req.n)]
         top = request.return_logprob and request.top_logprobs_num > 0
         group = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
         stream = self.generator.stream(p, rid, trace, group=group)
@@ -121,7 +121,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
                 if c.logprobs:
                     b.lps += c.logprobs
                 if request.stream:
-                    yield convert.stream_chunk(rid, c, b, len(p.input_ids), top)
+                    yield convert.stream_chunk(rid, c, b, len(p.req.input_ids), top)
                 if c.finish:
                     yield convert.complete(rid, c, b, request.stream, top)
         finally:

@@ -1,0 +1,21 @@
+"""Totals since the scheduler started. One object, owned by the scheduler: it outlives worker
+restarts (the KV manager and batcher of a new worker add to the same totals), and GetLoad and the
+metrics read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Counters:
+    steps: int = 0  # step ids handed out: they go on across workers (a lost worker's late answer never matches)
+    prompt: int = 0  # prompt tokens of the branches prefilled (prefill_cached of them came from the cache)
+    prefill_computed: int = 0  # prompt (and resumed) tokens the model computed
+    prefill_cached: int = 0
+    decode: int = 0
+    retractions: int = 0
+    evicted_tokens: int = 0
+    jump_forward_tokens: int = 0  # output tokens appended by jump-forward (not sampled)
+    cascade_steps: int = 0  # steps with shared-prefix attention groups
+    cascade_saved: int = 0  # KV tokens those groups did not read

@@ -1,0 +1,79 @@
+"""What exists only while a worker is attached: the model it serves, the KV bookkeeping sized from
+its pool, the batcher, the grammar backend for its vocabulary and the steps in flight.
+
+An ``EngineSession`` is built when worker rank 0 reports ``WorkerReady`` and dropped when the worker
+is lost (its KV died with it): the scheduler has a session exactly when it serves. Totals
+(``Counters``) and the grammar backend outlive sessions; the backend is rebuilt only when a new
+worker brings another vocabulary.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+from shared.config import SchedulerConfig
+from shared.logging import get_logger
+from shared.messages.to_scheduler import StepOutput, WorkerError, WorkerReady
+from shared.messages.to_tokenizer import ModelInfo
+from shared.model_path import resolve_model
+from services.scheduler.batcher import Batcher, Limits, Scheduled
+from services.scheduler.cascade import CascadePolicy
+from services.scheduler.counters import Counters
+from services.scheduler.grammar import GrammarBackend
+from services.scheduler.kv import KVManager
+from services.scheduler.policy import POLICIES
+
+log = get_logger("scheduler")
+
+
+@dataclass
+class EngineSession:
+    info: ModelInfo
+    kv: KVManager
+    batcher: Batcher
+    grammar: GrammarBackend
+    inflight: Scheduled | None = None  # overlap: the step the worker runs while the next is built
+    last_built: bool = False  # the last loop iteration sent a step (the next one ``follows`` it)
+    answers: dict[int, StepOutput | WorkerError] = field(default_factory=dict)  # by step id
+
+    @classmethod
+    def start(cls, cfg: SchedulerConfig, w: WorkerReady, counters: Counters,
+              grammar: GrammarBackend | None) -> EngineSession:
+        kv = KVManager(w.pool_size, cfg.max_running_requests, cfg.page_size, not cfg.disable_radix_cache, counters)
+        cascade = None if cfg.disable_cascade_attention else \
+            CascadePolicy(cfg.cascade_min_group, cfg.cascade_min_prefix, cfg.cascade_min_saved)
+        batcher = Batcher(kv, POLICIES[cfg.schedule_policy](),
+                          Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size), cascade,
+                          counters)
+        info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
+                         context_length=w.context_length, pool_size=kv.pool_size,
+                         max_running_requests=cfg.max_running_requests, eos_token_ids=w.eos_token_ids,
+                         device=w.device, dtype=w.dtype)
+        return cls(info, kv, batcher, grammar_for(cfg, w, grammar))
+
+    @property
+    def busy(self) -> bool:
+        return self.inflight is not None
+
+    @property
+    def compiling(self) -> int:
+        """Request branches waiting for their grammar to compile."""
+        return sum(len(p.reqs) for p in self.grammar.pending)
+
+
+def grammar_for(cfg: SchedulerConfig, w: WorkerReady, old: GrammarBackend | None) -> GrammarBackend:
+    """The grammar backend for ``w``'s vocabulary: ``old`` when it matches (a restarted worker of the
+    same model), else a new one, built before serving (building it later would contend with the
+    loop)."""
+    if old is not None and (old.vocab_size, old.stop_ids) == (w.vocab_size, list(w.eos_token_ids)):
+        return old
+    if old is not None:
+        old.close()
+    grammar = GrammarBackend(resolve_model(cfg.model)[0], w.vocab_size, w.eos_token_ids)
+    grammar.wait_ready()
+    # the start-up heap (torch, transformers, xgrammar, the vocabulary) lives as long as the process:
+    # out of the collector's sight, a full collection no longer walks it (ms per step, under load)
+    gc.collect()
+    gc.freeze()
+    return grammar
