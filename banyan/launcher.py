@@ -66,6 +66,16 @@ def _group_gpus(worker: WorkerConfig, dp: int) -> list[dict[str, str]]:
     return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[g * tp:(g + 1) * tp])} for g in range(dp)]
 
 
+def group_endpoint(endpoint: str, g: int) -> str:
+    """Group ``g``'s copy of a ZMQ endpoint every group binds: tcp port + g, an ipc path + "-g"."""
+    if not endpoint or g == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, port = endpoint.rsplit(":", 1)
+        return f"{host}:{int(port) + g}"
+    return f"{endpoint}-{g}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -153,7 +163,8 @@ class Launcher:
             tok_eps.append(tok_ep)
             self._spawn(f"scheduler{sfx}", "services.scheduler",
                         replace(cfg.scheduler, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep,
-                                metrics_port=sched_metrics[g]))
+                                metrics_port=sched_metrics[g],
+                                kv_events_endpoint=group_endpoint(cfg.scheduler.kv_events_endpoint, g)))
             wcfg = replace(cfg.worker, scheduler_endpoint=wrk_ep)
             if g and wcfg.tp_size > 1:  # each group's ranks meet on their own port
                 wcfg = replace(wcfg, dist_init_addr=f"{wcfg.dist_init_addr.rsplit(':', 1)[0]}:{free_port()}")

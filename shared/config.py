@@ -121,6 +121,13 @@ class SchedulerConfig(CommonConfig):
     cascade_min_saved: int = field(default=32768, metadata={
         "help": "cascade attention: KV tokens a step must save (sum of (group size - 1) x prefix) to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
+    kv_events_endpoint: str = field(default="", metadata={
+        "help": "also publish KV-cache block events on a ZMQ PUB socket bound here (e.g. tcp://*:5557; vLLM's / "
+                "SGLang's msgpack KVEventBatch; with --dp N group g binds port + g); empty: only to subscribed "
+                "tokenizers (SMG's SubscribeKvEvents)"})
+    kv_events_topic: str = field(default="", metadata={"help": "the ZMQ topic of --kv-events-endpoint's messages"})
+    kv_events_block_size: int = field(default=0, metadata={
+        "help": "tokens per KV-event block, a multiple of --page-size (0: the smallest multiple >= 16)"})
     worker_timeout: float = field(default=30.0, metadata={
         "help": "seconds without a heartbeat answer after which worker rank 0 counts as lost (host down, "
                 "network cut; a worker process that exits is noticed at once); every request then fails "
@@ -139,6 +146,8 @@ class SchedulerConfig(CommonConfig):
         _check(self.cascade_min_prefix >= 1, "cascade_min_prefix must be >= 1")
         _check(self.cascade_min_saved >= 0, "cascade_min_saved must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
+        _check(self.kv_events_block_size >= 0 and self.kv_events_block_size % self.page_size == 0,
+               f"kv_events_block_size must be a multiple of page_size ({self.page_size}): {self.kv_events_block_size}")
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,9 @@ async def take(it, mirror: Mirror, n: int) -> None:
         mirror.apply(await asyncio.wait_for(it.__anext__(), 5))
 
 
-def test_union_of_groups_snapshot_and_sequence():
+def test_union_of_groups_snapshot_and_sequence(monkeypatch):
+    monkeypatch.setattr(kv_relay, "SYNC_WAIT_S", 0.05)  # (the groups here send their snapshots later)
+
     async def main():
         client = FakeClient(2)
         relay = KvRelay(client)
@@ -116,8 +118,28 @@ def test_union_of_groups_snapshot_and_sequence():
     asyncio.run(main())
 
 
+def test_the_first_snapshot_waits_for_every_group():
+    async def main():
+        client = FakeClient(2)
+        relay = KvRelay(client)
+        it, m = relay.subscribe(), Mirror()
+        first = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0.05)
+        assert not first.done()
+        client.deliver(0, KvCleared(), stored([1, 2]), snapshot=True)
+        await asyncio.sleep(0.05)
+        assert not first.done(), "group 1 has not answered yet"
+        client.deliver(1, KvCleared(), stored([1, 7]), snapshot=True)
+        m.apply(await asyncio.wait_for(first, 5))
+        assert set(m.blocks) == {1, 2, 7} and m.seqs == [1]
+        await it.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_subscriber_that_falls_behind_is_cut_off(monkeypatch):
     monkeypatch.setattr(kv_relay, "MAX_QUEUED", 3)
+    monkeypatch.setattr(kv_relay, "SYNC_WAIT_S", 0.05)
 
     async def main():
         client = FakeClient(1)

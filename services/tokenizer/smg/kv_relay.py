@@ -32,6 +32,7 @@ from services.tokenizer.scheduler_client import SchedulerClient
 log = get_logger("tokenizer")
 RENEW_S = 2.0  # KvSubscribe renewal period (the scheduler's lease is KV_LEASE_S)
 MAX_QUEUED = 4096  # batches a subscriber may fall behind
+SYNC_WAIT_S = 3.0  # a first subscriber waits this long at most for every group's snapshot
 SNAPSHOT_BLOCKS = 4096  # blocks per snapshot batch
 
 
@@ -72,18 +73,27 @@ class KvRelay:
         self.blocks: dict[int, _Block] = {}  # the union: hash → block
         self.held: list[set[int]] = [set() for _ in client.links]  # per group: the hashes it holds
         self.streams: set[_Stream] = set()
+        self.users = 0  # subscribers, also those still waiting for the first snapshot
+        self.synced = [False for _ in client.links]  # the group's snapshot arrived since subscribing
+        self._all_synced = asyncio.Event()
         self._renew: asyncio.Task | None = None
         client.listeners[KvEvents] = self._on_events
 
     # ---- subscribers ---------------------------------------------------------------------------
     async def subscribe(self, start_seq: int = 0) -> AsyncIterator[pb.KvEventBatch]:
         stream = _Stream(start_seq)
-        if not self.streams:
+        if not self.users:
             self._start()
-        self.streams.add(stream)
-        for batch in self._snapshot():
-            stream.put(batch)
+        self.users += 1
         try:
+            if not self._all_synced.is_set():  # (a group that does not answer is left out of the first snapshot)
+                try:
+                    await asyncio.wait_for(self._all_synced.wait(), SYNC_WAIT_S)
+                except TimeoutError:
+                    log.warning("kv_events_not_synced", groups=[g for g, ok in enumerate(self.synced) if not ok])
+            self.streams.add(stream)  # (from here on it gets every change after the snapshot)
+            for batch in self._snapshot():
+                stream.put(batch)
             while True:
                 batch = await stream.queue.get()
                 if batch is _CLOSED:
@@ -95,7 +105,8 @@ class KvRelay:
                 yield batch
         finally:
             self.streams.discard(stream)
-            if not self.streams:
+            self.users -= 1
+            if not self.users:
                 self._stop()
 
     def _start(self) -> None:
@@ -109,6 +120,8 @@ class KvRelay:
             link.q.send(KvSubscribe(on=False))
         self.blocks.clear()
         self.held = [set() for _ in self.client.links]
+        self.synced = [False for _ in self.client.links]
+        self._all_synced.clear()
 
     async def _renewing(self) -> None:
         while True:
@@ -135,12 +148,15 @@ class KvRelay:
 
     # ---- from the schedulers -------------------------------------------------------------------
     def _on_events(self, g: int, msg: KvEvents) -> None:
-        if not self.streams:
+        if not self.users:
             return  # (in flight when the last subscriber left)
         out: list[pb.KvCacheEvent] = []
         if msg.snapshot:  # replaces what this group held: only the difference goes out
             keep = {h for ev in msg.events if isinstance(ev, KvStored) for h in ev.hashes}
             self._drop(g, self.held[g] - keep, out)
+            self.synced[g] = True
+            if all(self.synced):
+                self._all_synced.set()
         for ev in msg.events:
             if isinstance(ev, KvStored):
                 self._add(g, ev, out)
