@@ -51,7 +51,7 @@ def serve(argv: list[str]) -> int:
         ap.error("--num-tokenizers must be >= 1")
     if ns.dp_size < 1:
         ap.error("--dp must be >= 1")
-    setup_logging("launcher", ns.log_level)
+    setup_logging("launcher", ns.log_level, ns.log_format)
     if ns.tp_size > 1 and not ns.dist_init_addr:  # the ranks meet on a free local port
         ns.dist_init_addr = f"127.0.0.1:{free_port()}"
     cfg = ServeConfig(tokenizer=from_namespace(TokenizerConfig, ns), scheduler=from_namespace(SchedulerConfig, ns),
@@ -62,17 +62,62 @@ def serve(argv: list[str]) -> int:
     return Launcher(cfg).run()
 
 
+# subcommand → (one line for `banyan --help`, how it runs)
+COMMANDS: dict[str, str] = {
+    "serve": "serve a model on this host: scheduler, worker ranks and tokenizer replicas",
+    "tokenizer": "run one tokenizer replica alone (gRPC + OpenAI-compatible HTTP; for compose / Kubernetes)",
+    "scheduler": "run one scheduler alone (batching, prefix cache, KV bookkeeping)",
+    "worker": "run one worker rank alone (weights, KV cache, attention, sampling)",
+    "bench": "benchmark a running server (Banyan gRPC or any OpenAI-compatible HTTP server)",
+    "check-env": "check this host can serve: Python, torch, CUDA, FlashInfer, xgrammar, gRPC, model, ports, /dev/shm",
+    "top": "live view of a running deployment (load, tokens/s, cache, KV, latency) from its metrics",
+}
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("banyan")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: banyan COMMAND [flags]   (banyan COMMAND --help for its flags; every flag is also a BANYAN_* "
+             "environment variable)", "", "Banyan LLM serving engine. Commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+    lines += ["", "  -h, --help   this text", "  --version    the installed version"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    commands = ("serve", "tokenizer", "scheduler", "worker", "bench")
-    if not argv or argv[0] not in commands:
-        print(f"usage: banyan {{{','.join(commands)}}} [flags]   (banyan COMMAND --help)", file=sys.stderr)
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        sys.exit(0)
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"banyan {version()}")
+        sys.exit(0)
+    if not argv or argv[0] not in COMMANDS:
+        said = f"banyan: unknown command {argv[0]!r}\n\n" if argv else ""
+        print(said + usage(), file=sys.stderr)
         sys.exit(2)
     cmd, rest = argv[0], argv[1:]
     if cmd == "bench":
         from banyan.bench.cli import main as bench
 
         sys.exit(bench(rest))
+    if cmd == "check-env":
+        from banyan.tools.check_env import main as check_env
+
+        sys.exit(check_env(rest))
+    if cmd == "top":
+        from banyan.tools.top import main as top
+
+        sys.exit(top(rest))
     if cmd == "serve":
         sys.exit(serve(rest))
     module = {"tokenizer": "services.tokenizer.__main__", "scheduler": "services.scheduler.__main__",

@@ -51,7 +51,6 @@ from shared.messages.common import Constraint, SamplingParams  # noqa: E402
 from shared.messages.to_scheduler import GenerateReq, WorkerReady  # noqa: E402
 import services.scheduler.outputs as outputs_mod  # noqa: E402
 import services.scheduler.scheduler as sched_mod  # noqa: E402
-from services.scheduler.worker_link import worker_ready  # noqa: E402
 from banyan.bench.datasets import JSON_SCHEMA  # noqa: E402
 from benchmarks.grammar_step_fakes import FakePoller, FakeReplica, FakeWorker, Sections  # noqa: E402
 
@@ -109,8 +108,8 @@ def config_overrides(pairs: list[str]) -> dict:
 
 
 def make_scheduler(running: int, args, tmp: str):
-    """A real Scheduler whose worker became ready (``worker_ready``: KV, batcher, grammar backend
-    as in serving), with a fake worker, tokenizer replica and poller."""
+    """A real Scheduler whose worker became ready (``_attach``: KV, batcher, grammar backend as in
+    serving), with a fake worker, tokenizer replica and poller."""
     name, tdir = tokenizer_dir(args.tokenizer)
     vocab, stops = MODELS[name]
     seed = args.seed
@@ -121,18 +120,22 @@ def make_scheduler(running: int, args, tmp: str):
     sec = Sections()
     s.worker = FakeWorker(s, sec, vocab, seed)
     pool = running * (PROMPT_LEN + MAX_NEW) * 2
-    worker_ready(s, WorkerReady(model="bench", architecture="LlamaForCausalLM", vocab_size=vocab,
-                                context_length=8192, pool_size=pool, eos_token_ids=stops, device="cpu",
-                                dtype="bfloat16"))
+    s._attach(WorkerReady(model="bench", architecture="LlamaForCausalLM", vocab_size=vocab, context_length=8192,
+                          pool_size=pool, eos_token_ids=stops, device="cpu", dtype="bfloat16",
+                          cuda_graph_max_bs=args.graph_bs))
     s.tok = replica = FakeReplica(sec)
+    s.table._send = replica.send
     rng = np.random.default_rng(seed + 1)
-    params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stops)
-    constraint = Constraint(kind="json_schema", value=json.dumps(SCHEMA))
+    params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stops, ignore_eos=args.plain)
+    constraint = None if args.plain else Constraint(kind="json_schema", value=json.dumps(SCHEMA))
+    systems = [rng.integers(1000, vocab - 1000, PROMPT_LEN - 32).tolist() for _ in range(args.groups)]
     counter = iter(range(1 << 30))
 
     def arrive() -> None:
         for _ in range(replica.refill):
             ids = rng.integers(1000, vocab - 1000, PROMPT_LEN).tolist()
+            if systems:  # (a shared system prompt: one of --groups)
+                ids = systems[int(rng.integers(len(systems)))] + ids[:32]
             s._on_generate(b"bench", GenerateReq(rid=f"r{next(counter)}", input_ids=ids, params=params,
                                                  constraint=constraint))
         replica.refill = 0
@@ -149,19 +152,19 @@ def make_scheduler(running: int, args, tmp: str):
 def _instrument(s, sec: Sections) -> None:
     """Time the scheduler's own methods by wrapping them on the instance, and module functions
     through the names the calling module sees (``outputs``, ``scheduler``)."""
-    for attr, name in (("_flush", "flush"), ("_update_metrics", "metrics"), ("_poll", "poll"),
-                       ("_poll_grammars", "grammar_poll")):
+    for attr, name in (("_update_metrics", "metrics"), ("_poll", "poll"), ("_poll_grammars", "grammar_poll")):
         setattr(s, attr, sec.wrap(name, getattr(s, attr)))
-    sched_mod.process_step = sec.wrap("process", _orig["process_step"])
-    outputs_mod.grammar_finish = sec.wrap("accept", _orig["grammar_finish"])
-    outputs_mod.grammar_done = sec.wrap("accept", _orig["grammar_done"])
-    g = s.grammar
+    s.table.flush = sec.wrap("flush", s.table.flush)
+    a = s.applier
+    a.apply, a._accept, a._grammar_done = (sec.wrap("process", a.apply), sec.wrap("accept", a._accept),
+                                           sec.wrap("accept", a._grammar_done))
+    g = s.engine.grammar
     g.jump_forward = sec.wrap("jump_forward", g.jump_forward)
     g.only_stop_left = sec.wrap("accept", g.only_stop_left)
     g.bitmask = sec.wrap(lambda parent: "fill" if parent in ("mask", "extras") else "accept", g.bitmask)
     outputs_mod.deferred_mask = sec.wrap("mask", _orig["deferred_mask"])
     sched_mod.with_extras = sec.wrap("extras", _orig["with_extras"])
-    build = s.batcher.build
+    build = s.engine.batcher.build
     iters: list[dict] = []
     last = 0.0
 
@@ -175,19 +178,15 @@ def _instrument(s, sec: Sections) -> None:
         with sec("build"):
             return build(*a, **kw)
 
-    s.batcher.build = build_marked
+    s.engine.batcher.build = build_marked
     s.iterations = iters
 
 
-_orig = {"process_step": sched_mod.process_step, "with_extras": sched_mod.with_extras,
-         "deferred_mask": outputs_mod.deferred_mask, "grammar_finish": outputs_mod.grammar_finish,
-         "grammar_done": outputs_mod.grammar_done}
+_orig = {"with_extras": sched_mod.with_extras, "deferred_mask": outputs_mod.deferred_mask}
 
 
 def _restore() -> None:
-    sched_mod.process_step, sched_mod.with_extras = _orig["process_step"], _orig["with_extras"]
-    for name in ("deferred_mask", "grammar_finish", "grammar_done"):
-        setattr(outputs_mod, name, _orig[name])
+    sched_mod.with_extras, outputs_mod.deferred_mask = _orig["with_extras"], _orig["deferred_mask"]
 
 
 def summarize(recs: list[dict]) -> dict:
@@ -225,7 +224,7 @@ def run_one(running: int, args) -> dict:
     finished = [(ids, f) for ids, f in s.tok.done if f != "abort"]
     res = {"running": running, "tokenizer": name, "steps": len(recs), "warmup_steps": warmup,
            "requests_finished": len(finished), "valid_json": valid_json(s.grammar.tokenizer, finished),
-           "output_tokens": s.tok.tokens, "jump_forward_tokens": s.jump_forward_tokens,
+           "output_tokens": s.tok.tokens, "jump_forward_tokens": s.counters.jump_forward_tokens,
            "loop_wall_s": round(wall, 2),
            "stream_digest": s.tok.digest.hexdigest()[:16], "ms_per_step": summarize(recs)}
     return res
@@ -276,6 +275,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--tokenizer", default="llama3")
+    ap.add_argument("--plain", action="store_true", help="unconstrained requests (EOS ignored): the host path "
+                    "of a plain decode step")
+    ap.add_argument("--groups", type=int, default=0, help="prompts share one of this many system prompts "
+                    "(shared-prefix groups, as W3)")
+    ap.add_argument("--graph-bs", type=int, default=0, help="the fake worker's largest CUDA graph (cascade rule)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="run", help="key of this run in the JSON (e.g. before / after)")
     ap.add_argument("--append", action="store_true", help="add a repeat to the label's runs (else replace them)")

@@ -117,7 +117,7 @@ def step_breakdown(runner: ModelRunner, driver: Driver, last: dict, n: int = 12)
         x = runner.graphs.batch(runner.req_to_token, bs, runner.graphs.inputs[4, :bs].tolist())
         parts["plan"].append(timed(lambda: runner.attn.prepare_graph(x, bs)))
         parts["replay"].append(timed(lambda: runner.graphs._graphs[bs].replay()))
-        logits = runner.graphs._logits[bs][: len(rids)]
+        logits = runner.graphs.logits[: len(rids)]
         parts["sample"].append(timed(lambda: runner.sampler.sample(logits, params, [None] * len(rids)).cpu()))
     res = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
     res["rest"] = res["step"] - res["plan"] - res["replay"] - res["sample"]
@@ -184,7 +184,8 @@ def diagnostics(runner: ModelRunner, driver: Driver, rids: list[str], last: dict
         try:
             runner.attn = FlashInferAttention(runner.kv, runner.spec.num_heads, **kw)
             with torch.inference_mode():
-                runner.graphs = DecodeGraphs(runner.model, runner.attn, 64, runner.context_length, runner.device)
+                runner.graphs = DecodeGraphs(runner.model, runner.attn, 64, runner.context_length, runner.device,
+                                             runner.spec.vocab_size)
             out[f"bs64_step_ms_{name}"] = decode_steps(8)
             out[f"bs64_replay_ms_{name}"] = replay_ms(runner, 64)
         except Exception as e:

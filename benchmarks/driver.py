@@ -17,6 +17,8 @@ from shared.messages.to_worker import ForwardBatch, NewReq
 class _Req:
     row: int
     slots: list[int] = field(default_factory=list)  # KV slot of each position so far
+    shared: int = 0  # leading slots that are another request's (a cached prefix): never freed by this one
+    sent: bool = False  # the worker knows it (its NewReq went with a batch)
 
 
 class Driver:
@@ -29,16 +31,26 @@ class Driver:
         self._released: list[int] = []
         self._step = 0
 
+    def share(self, rid: str, source: str, n: int) -> None:
+        """Admit ``rid`` with the first ``n`` KV slots of ``source`` as its cached prefix (as the
+        scheduler does for a radix-cache hit); it is sent to the worker with its first step."""
+        self.reqs[rid] = _Req(self.free_rows.pop(), list(self.reqs[source].slots[:n]), shared=n)
+
     def batch(self, work: list[tuple[str, list[int], bool]],
-              params: SamplingParams = SamplingParams(temperature=0.0), follows: bool = False) -> ForwardBatch:
+              params: SamplingParams = SamplingParams(temperature=0.0), follows: bool = False,
+              cascade: tuple[list[int], list[int]] | None = None) -> ForwardBatch:
         """work: (request id, new token ids, sample after them) per request, in batch order; ids
         not seen before are admitted with ``params``. A token id -1 is the one the request's
-        previous step sampled (overlap: still on the device)."""
+        previous step sampled (overlap: still on the device). ``cascade``: shared-prefix groups
+        (each request's group or -1, each group's prefix length), as the scheduler sends them."""
         new, rows, prefix, extend, sample, ids, slots = [], [], [], [], [], [], []
         for rid, tokens, do_sample in work:
             if rid not in self.reqs:
                 self.reqs[rid] = _Req(self.free_rows.pop())
-                new.append(NewReq(rid=rid, row=self.reqs[rid].row, params=params))
+            r = self.reqs[rid]
+            if not r.sent:
+                r.sent = True
+                new.append(NewReq(rid=rid, row=r.row, params=params, prefix_slots=i32(r.slots[:r.shared])))
             r = self.reqs[rid]
             rows.append(r.row)
             prefix.append(len(r.slots))
@@ -50,9 +62,10 @@ class Driver:
             slots += fresh
         self._step += 1
         released, self._released = self._released, []
+        extra = dict(cascade_group=i32(cascade[0]), cascade_lens=i32(cascade[1])) if cascade else {}
         return ForwardBatch(step=self._step, new_reqs=new, released_rows=released, rows=i32(rows),
                             prefix_lens=i32(prefix), extend_lens=i32(extend), sample=i32(sample),
-                            input_ids=i32(ids), out_slots=i32(slots), follows=follows)
+                            input_ids=i32(ids), out_slots=i32(slots), follows=follows, **extra)
 
     def run(self, work: list[tuple[str, list[int], bool]], **kw) -> np.ndarray:
         return self.runner.execute(self.batch(work, **kw))
@@ -75,6 +88,6 @@ class Driver:
 
     def release(self, rid: str) -> None:
         r = self.reqs.pop(rid)
-        self.free_slots += r.slots
+        self.free_slots += r.slots[r.shared:]
         self.free_rows.append(r.row)
         self._released.append(r.row)

@@ -109,7 +109,7 @@ class FakeWorker:
         if len(rows):
             mask = np.frombuffer(bitmask, dtype=np.int32).reshape(len(rows), -1)
             ids[rows] = [self._allowed(m) for m in mask]
-        self.s.answers[b.step] = StepOutput(step=b.step, next_ids=i32(ids))
+        self.s.engine.answers[b.step] = StepOutput(step=b.step, next_ids=i32(ids))
 
     def _allowed(self, row: np.ndarray) -> int:
         """A uniformly random token among those ``row`` allows (rejection, then the exact set)."""
@@ -146,7 +146,7 @@ class FakeReplica:
     def send(self, ident: bytes, msg) -> None:
         self.codec.encode(msg)
         for o in getattr(msg, "outs", ()):
-            self.digest.update(f"{o.rid}:{o.token_ids}:{o.finish};".encode())
+            self.digest.update(f"{o.rid}:{o.token_ids}:{o.finish or ''};".encode())
             self.tokens += len(o.token_ids)
             self.streams[o.rid] += o.token_ids
             if o.finish:

@@ -2,14 +2,23 @@
 # Build Banyan's CPU container images on a bare Debian bookworm host that reaches Debian's apt and
 # PyPI but not Docker Hub (CI, developer machines). Idempotent — each step is skipped when done:
 #
-#   1. install Debian's Docker engine, docker-compose 1.29 and debootstrap   (if dockerd is missing)
-#   2. start dockerd in the background, log in $STATE/dockerd.log          (if no daemon answers)
-#   3. build the base image banyan-base:bookworm from debootstrap minbase  (if the image is missing)
+#   1. install Debian's Docker engine (docker.io, containerd, runc, iptables)  (if no dockerd is installed)
+#      and docker-compose 1.29                                 (if neither `docker compose` nor docker-compose works)
+#   2. start dockerd in the background, log in $STATE/dockerd.log, pid in $STATE/dockerd.pid
+#                                                                           (if no daemon answers)
+#   3. build the base image banyan-base:bookworm from debootstrap minbase  (if the image is missing;
+#      debootstrap is installed from Debian then, if missing)
 #   4. build banyan:cpu (Dockerfile) and banyan-proxy (deploy/proxy/Dockerfile), layer-cached
 #
-#   bash scripts/docker_ci.sh            # all four steps
-#   bash scripts/docker_ci.sh engine     # steps 1-2 only
+#   bash scripts/docker_ci.sh              # all four steps
+#   bash scripts/docker_ci.sh engine       # steps 1-2 only
+#   bash scripts/docker_ci.sh stop         # stop the dockerd that step 2 started (nothing else), unless
+#                                          # containers are still running
+#   bash scripts/docker_ci.sh compose-v2 DIR   # Debian's compose v2 CLI plugin into DIR/cli-plugins, for
+#                                          # `DOCKER_CONFIG=DIR docker compose` (the tests; nothing installed)
+#   bash scripts/docker_ci.sh compose-v1   # Debian's docker-compose 1.29, if missing (the tests run both)
 #
+# An engine that is already installed (Docker CE, docker.io) and running is used as it is.
 # The CPU torch wheel (torch 2.13.0+cpu) comes from this host's pip configuration (find-links,
 # local indexes) into docker/wheels/ (git- but not docker-ignored), so the image never pulls the
 # multi-GB CUDA build from PyPI; the host's CA bundle goes into the build as a BuildKit secret.
@@ -21,8 +30,10 @@ STATE="${BANYAN_DOCKER_STATE:-/var/tmp/banyan-docker}"
 BASE_IMAGE="${BANYAN_BASE_IMAGE:-banyan-base:bookworm}"
 MIRROR="${BANYAN_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 TORCH_VERSION=2.13.0
-# Debian's CLI matches Debian's daemon (20.10); a newer docker CLI earlier in PATH wants buildx.
+# Debian's (or Docker CE's) CLI in /usr/bin matches its daemon; a newer static docker CLI earlier in
+# PATH may want buildx for DOCKER_BUILDKIT=1.
 DOCKER=/usr/bin/docker
+[[ -x $DOCKER ]] || DOCKER="$(command -v docker || echo /usr/bin/docker)"
 export DOCKER_BUILDKIT=1
 export PATH="$PATH:/usr/sbin:/sbin"   # dockerd, debootstrap, iptables, for a PATH without them
 
@@ -32,15 +43,9 @@ mkdir -p "$STATE"
 CLEANUP=()
 trap 'rm -rf "${CLEANUP[@]}"' EXIT
 
-install_engine() {
-  local missing=()
-  [[ -x /usr/sbin/dockerd && -x $DOCKER ]] || missing+=(docker.io containerd runc)
-  command -v iptables >/dev/null || missing+=(iptables)
-  [[ -x /usr/bin/docker-compose ]] || missing+=(docker-compose)
-  command -v debootstrap >/dev/null || missing+=(debootstrap)
-  ((${#missing[@]})) || return 0
-  log "installing ${missing[*]} from Debian"
-  [[ $(id -u) == 0 ]] || die "installing the Docker engine needs root (apt-get)"
+apt_install() {   # apt_install PKG...: from Debian, as root, daemons not started by the packages
+  log "installing $* from Debian"
+  [[ $(id -u) == 0 ]] || die "installing $* needs root (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
   # Daemons are started below, not by the packages' maintainer scripts.
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
@@ -48,16 +53,32 @@ install_engine() {
     CLEANUP+=(/usr/sbin/policy-rc.d)
   fi
   local apt=(apt-get -q -o DPkg::Lock::Timeout=600)   # wait for another apt/dpkg, don't fail
-  { "${apt[@]}" update && "${apt[@]}" install -y --no-install-recommends docker.io containerd runc \
-      iptables docker-compose debootstrap ca-certificates; } >"$STATE/apt.log" 2>&1 \
-    || { tail -n 30 "$STATE/apt.log" >&2; die "apt-get install of the Docker engine failed (log: $STATE/apt.log)"; }
+  { "${apt[@]}" update && "${apt[@]}" install -y --no-install-recommends "$@"; } >"$STATE/apt.log" 2>&1 \
+    || { tail -n 30 "$STATE/apt.log" >&2; die "apt-get install of $* failed (log: $STATE/apt.log)"; }
+}
+
+have_compose() { "$DOCKER" compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null; }
+
+install_engine() {
+  local missing=()
+  if ! "$DOCKER" info >/dev/null 2>&1 && ! command -v dockerd >/dev/null && [[ ! -x /usr/sbin/dockerd ]]; then
+    missing+=(docker.io containerd runc)
+    command -v iptables >/dev/null || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
+  fi
+  have_compose || missing+=(docker-compose)
+  # ca-certificates only when missing (never upgraded here): the image build's pip trusts this bundle
+  [[ -f /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
+  ((${#missing[@]})) || return 0
+  apt_install "${missing[@]}"
+  [[ -x /usr/bin/docker ]] && DOCKER=/usr/bin/docker
 }
 
 start_daemon() {
   if "$DOCKER" info >/dev/null 2>&1; then return 0; fi
-  log "starting dockerd (log: $STATE/dockerd.log)"
+  log "starting dockerd (log: $STATE/dockerd.log; stop it with: bash scripts/docker_ci.sh stop)"
   # setsid + redirected fds: the daemon outlives this script without holding the caller's pipes.
-  setsid dockerd >"$STATE/dockerd.log" 2>&1 </dev/null &
+  setsid "$(command -v dockerd || echo /usr/sbin/dockerd)" >"$STATE/dockerd.log" 2>&1 </dev/null &
+  echo $! >"$STATE/dockerd.pid"   # the one `stop` may stop
   for _ in $(seq 120); do
     "$DOCKER" info >/dev/null 2>&1 && return 0
     kill -0 $! 2>/dev/null || break
@@ -67,8 +88,48 @@ start_daemon() {
   die "dockerd did not come up (log above: $STATE/dockerd.log)"
 }
 
+stop_daemon() {
+  local pid
+  pid="$(cat "$STATE/dockerd.pid" 2>/dev/null || true)"
+  if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null || [[ $(cat "/proc/$pid/comm" 2>/dev/null) != dockerd ]]; then
+    rm -f "$STATE/dockerd.pid"
+    log "no dockerd started by this script is running: nothing to stop"
+    return 0
+  fi
+  local running
+  running="$("$DOCKER" ps -q 2>/dev/null | wc -l)"
+  if ((running > 0)); then
+    log "dockerd (pid $pid) left running: $running container(s) still run ($DOCKER ps)"
+    return 0
+  fi
+  log "stopping dockerd (pid $pid)"
+  kill -TERM "$pid"
+  for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || { rm -f "$STATE/dockerd.pid"; return 0; }; sleep 0.5; done
+  die "dockerd (pid $pid) did not stop within 30 s"
+}
+
+# compose-v2 DIR: Debian's docker-compose 2.x package (trixie; bookworm has only 1.29) downloaded with a
+# private apt configuration — the system's sources, lists and packages are left as they are — and its
+# CLI plugin unpacked into DIR/cli-plugins, so that `DOCKER_CONFIG=DIR docker compose` is compose v2.
+compose_v2() {
+  local dir=$1 apt="$STATE/apt-compose-v2"
+  [[ -x $dir/cli-plugins/docker-compose ]] && return 0
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/deb" "$dir/cli-plugins"
+  echo "deb ${MIRROR} trixie main" >"$apt/sources.list"
+  local o=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+           -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o APT::Sandbox::User=root)
+  log "downloading Debian trixie's docker-compose (v2) into $dir/cli-plugins (nothing is installed)"
+  { apt-get -q "${o[@]}" update && (cd "$apt/deb" && apt-get -q "${o[@]}" download docker-compose); } \
+    >"$STATE/apt-compose-v2.log" 2>&1 || { tail -n 20 "$STATE/apt-compose-v2.log" >&2; die "download of compose v2 failed"; }
+  rm -rf "$apt/x" && dpkg-deb -x "$apt"/deb/docker-compose_2*.deb "$apt/x"
+  local bin="$apt/x/usr/libexec/docker/cli-plugins/docker-compose"
+  [[ -x $bin ]] || bin="$apt/x/usr/bin/docker-compose"
+  install -m 755 "$bin" "$dir/cli-plugins/docker-compose"
+}
+
 build_base() {
   if "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
+  command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || apt_install debootstrap
   log "building $BASE_IMAGE with debootstrap --variant=minbase bookworm ($MIRROR)"
   local dir
   dir="$(mktemp -d /var/tmp/banyan-rootfs.XXXXXX)"
@@ -141,6 +202,13 @@ build() {
   log "built $tag in $((SECONDS - t0)) s"
 }
 
+case ${1:-all} in
+  stop) stop_daemon; exit 0 ;;
+  compose-v2) [[ -n ${2:-} ]] || die "usage: docker_ci.sh compose-v2 DIR"; compose_v2 "$2"; exit 0 ;;
+  compose-v1) command -v docker-compose >/dev/null || apt_install docker-compose; exit 0 ;;
+  engine | all) ;;
+  *) die "unknown step ${1}: all | engine | stop | compose-v1 | compose-v2 DIR" ;;
+esac
 install_engine
 start_daemon
 [[ ${1:-all} == engine ]] && exit 0

@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 
 ENV_PREFIX = "BANYAN_"
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8")  # fp8: fp8_e4m3
+QUANTIZATIONS = ("", "fp8")
 
 
 class ConfigError(ValueError):
@@ -29,12 +31,16 @@ def _check(cond: bool, msg: str) -> None:
 class CommonConfig:
     model: str = field(default="", metadata={"help": "HF model directory (empty: the embedded demo model)"})
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+    log_format: str = field(default="auto", metadata={
+        "help": "text (one readable line per event and request stage) | json (one JSON object a line) | auto "
+                "(text when stderr is a terminal, else JSON)"})
     otlp_endpoint: str = field(default="", metadata={
         "help": "export OpenTelemetry spans to this OTLP endpoint (grpc host:4317, or http/protobuf with "
                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL; needs the otel extra; empty: no export)"})
 
     def __post_init__(self) -> None:
         _check(self.log_level in ("debug", "info", "warning", "error"), f"bad log level {self.log_level!r}")
+        _check(self.log_format in ("auto", "text", "json"), f"bad log format {self.log_format!r} (auto | text | json)")
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,9 @@ class TokenizerConfig(CommonConfig):
 class SchedulerConfig(CommonConfig):
     tokenizer_endpoint: str = field(default="tcp://0.0.0.0:5557", metadata={"help": "bind: tokenizers connect here"})
     worker_endpoint: str = field(default="tcp://0.0.0.0:5558", metadata={"help": "bind: worker rank 0 connects here"})
-    max_running_requests: int = field(default=256, metadata={"help": "requests decoding at once"})
+    max_running_requests: int = field(default=0, metadata={
+        "help": "requests running at once (0: 1024 with a GPU worker, where shared prefixes let a large batch "
+                "read little KV per request, 256 on a CPU)"})
     max_prefill_tokens: int = field(default=16384, metadata={"help": "prompt tokens computed per step (all requests)"})
     chunked_prefill_size: int = field(default=8192, metadata={"help": "prompt tokens per request per step"})
     schedule_policy: str = field(default="lpm", metadata={"help": "fcfs | lpm | dfs-weight"})
@@ -117,9 +125,15 @@ class SchedulerConfig(CommonConfig):
         "help": "never read a prefix shared by many running requests once for the group (cascade attention)"})
     cascade_min_group: int = field(default=4, metadata={
         "help": "cascade attention: requests sharing a cached prefix before it is read once for all"})
-    cascade_min_prefix: int = field(default=64, metadata={"help": "cascade attention: shortest shared prefix (tokens)"})
-    cascade_min_saved: int = field(default=32768, metadata={
-        "help": "cascade attention: KV tokens a step must save (sum of (group size - 1) x prefix) to use it"})
+    cascade_min_prefix: int = field(default=640, metadata={
+        "help": "cascade attention: shortest shared prefix (tokens; below ~600 the merge costs more than it saves "
+                "on an H200)"})
+    cascade_min_saved: int = field(default=131072, metadata={
+        "help": "cascade attention: KV tokens (sum of (group size - 1) x prefix) a step that could replay a CUDA "
+                "graph must save to use it (a grouped step runs eagerly)"})
+    cascade_min_saved_eager: int = field(default=32768, metadata={
+        "help": "cascade attention: KV tokens a step that runs eagerly anyway (prefill chunks in it, or a batch "
+                "above the largest CUDA graph) must save to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
     kv_events_endpoint: str = field(default="", metadata={
         "help": "also publish KV-cache block events on a ZMQ PUB socket bound here (e.g. tcp://*:5557; vLLM's / "
@@ -128,6 +142,9 @@ class SchedulerConfig(CommonConfig):
     kv_events_topic: str = field(default="", metadata={"help": "the ZMQ topic of --kv-events-endpoint's messages"})
     kv_events_block_size: int = field(default=0, metadata={
         "help": "tokens per KV-event block, a multiple of --page-size (0: the smallest multiple >= 16)"})
+    log_interval: float = field(default=10.0, metadata={
+        "help": "seconds between summary log lines (running, queued, tokens/s in and out, cache hit rate, KV "
+                "usage; none while idle; 0: off)"})
     worker_timeout: float = field(default=30.0, metadata={
         "help": "seconds without a heartbeat answer after which worker rank 0 counts as lost (host down, "
                 "network cut; a worker process that exits is noticed at once); every request then fails "
@@ -135,7 +152,7 @@ class SchedulerConfig(CommonConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.max_running_requests >= 1, "max_running_requests must be >= 1")
+        _check(self.max_running_requests >= 0, "max_running_requests must be >= 0 (0: auto)")
         _check(self.worker_timeout >= 1.0, "worker_timeout must be >= 1 s")
         _check(self.max_prefill_tokens >= 16, "max_prefill_tokens must be >= 16")
         _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
@@ -144,10 +161,12 @@ class SchedulerConfig(CommonConfig):
         _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         _check(self.cascade_min_group >= 2, "cascade_min_group must be >= 2")
         _check(self.cascade_min_prefix >= 1, "cascade_min_prefix must be >= 1")
-        _check(self.cascade_min_saved >= 0, "cascade_min_saved must be >= 0")
+        _check(self.cascade_min_saved >= 0 and self.cascade_min_saved_eager >= 0,
+               "cascade_min_saved and cascade_min_saved_eager must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
         _check(self.kv_events_block_size >= 0 and self.kv_events_block_size % self.page_size == 0,
                f"kv_events_block_size must be a multiple of page_size ({self.page_size}): {self.kv_events_block_size}")
+        _check(self.log_interval >= 0, "log_interval must be >= 0 (0: no summary lines)")
 
 
 @dataclass(frozen=True)
@@ -163,7 +182,14 @@ class WorkerConfig(CommonConfig):
                 "fused norm/rope/activation/sampling kernels"})
     mem_fraction_static: float = field(default=0.85, metadata={
         "help": "fraction of the GPU's memory for weights + KV pool (the KV pool gets what the weights leave)"})
-    cuda_graph_max_bs: int = field(default=160, metadata={"help": "largest decode batch replayed as a CUDA graph"})
+    kv_cache_dtype: str = field(default="auto", metadata={
+        "help": "KV cache storage: auto (the model dtype) | fp8_e4m3 (FP8 with a per-tensor scale, or the "
+                "checkpoint's per-layer / per-head k_scale and v_scale: twice the tokens in the same memory)"})
+    quantization: str = field(default="", metadata={
+        "help": "weight quantization: empty (none, or what the checkpoint's quantization_config says: FP8 "
+                "checkpoints load as FP8) | fp8 (FP8 e4m3 weights with per-output-channel scales, quantized at "
+                "load; activations scaled per token at run time; embeddings and lm_head stay in --dtype)"})
+    cuda_graph_max_bs: int = field(default=512, metadata={"help": "largest decode batch replayed as a CUDA graph"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run every step eagerly"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (one worker process each)"})
     tp_rank: int = field(default=0, metadata={"help": "this worker's tensor-parallel rank (0 talks to the scheduler)"})
@@ -179,6 +205,10 @@ class WorkerConfig(CommonConfig):
         _check(self.attention_backend in ("auto", "flashinfer", "torch"),
                f"bad attention backend {self.attention_backend!r} (auto | flashinfer | torch)")
         _check(0.0 < self.mem_fraction_static <= 1.0, "mem_fraction_static must be in (0, 1]")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"bad kv_cache_dtype {self.kv_cache_dtype!r} ({' | '.join(KV_CACHE_DTYPES)})")
+        _check(self.quantization in QUANTIZATIONS, f"quantization {self.quantization!r} is not supported (empty: "
+               f"none or the checkpoint's own | fp8; AWQ, GPTQ, bitsandbytes and other methods are not)")
         _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
         _check(self.tp_size >= 1, "tp_size must be >= 1")
         _check(0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is not in [0, {self.tp_size})")
@@ -193,10 +223,13 @@ def _parse(tp: typing.Any, raw: str) -> typing.Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--flag`` per field of ``cls``; defaults come from ``BANYAN_*`` env vars."""
+    """Add one ``--flag`` per field of ``cls``; defaults come from ``BANYAN_*`` env vars. A field whose
+    flag the parser has already (a ``CommonConfig`` field when several services' flags are combined,
+    as ``banyan serve`` does) is not added again."""
     hints = typing.get_type_hints(cls)
+    have = {s for a in parser._actions for s in a.option_strings}
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or "--" + f.name.replace("_", "-") in have:
             continue
         tp = hints[f.name]
         env = ENV_PREFIX + f.name.upper()

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from banyan.bench.datasets import BenchRequest
+
+Progress = Callable[[int], object] | None  # called with the number of tokens that just arrived
 
 
 @dataclass
@@ -35,7 +38,7 @@ class GrpcBackend:
         self.channel = grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.GenerationServiceStub(self.channel)
 
-    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float) -> Result:
+    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float, progress: Progress = None) -> Result:
         pb = self.pb
         sp = pb.SamplingParams(max_tokens=r.output_len, ignore_eos=ignore_eos, temperature=temperature)
         req = pb.GenerateRequest(sampling_params=sp)
@@ -58,6 +61,8 @@ class GrpcBackend:
                         res.itl.append(now - last)
                     last = now
                     res.output_len += len(chunk.token_ids)
+                    if progress is not None:
+                        progress(len(chunk.token_ids))
                 if chunk.HasField("usage"):
                     res.cached_tokens = chunk.usage.cached_tokens
                     res.prompt_len = chunk.usage.prompt_tokens
@@ -80,7 +85,7 @@ class OpenAIBackend:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.session = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=3600))
 
-    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float) -> Result:
+    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float, progress: Progress = None) -> Result:
         body = {"model": self.model, "prompt": r.prompt_ids or r.prompt_text, "max_tokens": r.output_len,
                 "temperature": temperature, "stream": True, "stream_options": {"include_usage": True},
                 "ignore_eos": ignore_eos}
@@ -108,6 +113,8 @@ class OpenAIBackend:
                         else:
                             res.itl.append(now - last)
                         last, chunks = now, chunks + 1
+                        if progress is not None:
+                            progress(1)
                     usage = data.get("usage")
                     if usage:
                         res.output_len = usage.get("completion_tokens", chunks)

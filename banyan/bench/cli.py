@@ -19,8 +19,9 @@ def _range(text: str) -> tuple[int, int]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="banyan bench", description="Serving benchmark (Banyan gRPC or OpenAI HTTP)")
     ap.add_argument("--backend", choices=("grpc", "openai"), default="grpc")
-    ap.add_argument("--target", default="localhost:50051", help="gRPC host:port, or the HTTP base URL")
-    ap.add_argument("--model", default="", help="model name sent to OpenAI servers")
+    ap.add_argument("--target", default=os.environ.get("BANYAN_ADDRESS", "localhost:50051"),
+                    help="gRPC host:port, or the HTTP base URL [env BANYAN_ADDRESS, default localhost:50051]")
+    ap.add_argument("--model", default="", help="model name sent to OpenAI servers (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("BANYAN_API_KEY", ""))
     ap.add_argument("--dataset", choices=("random", "shared-prefix", "json", "sharegpt"), default="random")
     ap.add_argument("--dataset-path", default="", help="ShareGPT-format JSON file (--dataset sharegpt)")
@@ -31,7 +32,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts-per-group", type=int, default=16)
     ap.add_argument("--system-prompt-len", type=int, default=1024)
     ap.add_argument("--question-len", type=int, default=128)
-    ap.add_argument("--vocab-size", type=int, default=0, help="token-id range for random prompts (0: ask the server)")
+    ap.add_argument("--vocab-size", type=int, default=0,
+                    help="token-id range of random prompts (0: ask the server: gRPC GetModelInfo, or vocab_size in "
+                         "an OpenAI-compatible server's /v1/models, which Banyan reports)")
     ap.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
     ap.add_argument("--max-concurrency", type=int, default=0, help="0 = unlimited")
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -43,7 +46,22 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _server_models(args) -> list[dict]:
+    """``GET /v1/models`` of an OpenAI-compatible server (Banyan's cards carry ``vocab_size``)."""
+    import urllib.request
+
+    req = urllib.request.Request(args.target.rstrip("/") + "/v1/models",
+                                 headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read()).get("data") or []
+    except Exception as e:  # noqa: BLE001 — the server's own error is clearer than a traceback
+        raise SystemExit(f"banyan bench: GET {req.full_url} failed: {e}") from e
+
+
 def _vocab(args) -> int:
+    """The token-id range of random prompts: --vocab-size, else the server's vocabulary (gRPC
+    GetModelInfo; over HTTP Banyan's ``vocab_size`` in /v1/models)."""
     if args.vocab_size:
         return args.vocab_size
     if args.backend == "grpc":
@@ -52,9 +70,16 @@ def _vocab(args) -> int:
         from shared.proto.banyan.v1 import generation_pb2 as pb
         from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
+        meta = [("authorization", f"Bearer {args.api_key}")] if args.api_key else None
         with grpc.insecure_channel(args.target) as ch:
-            return pb_grpc.GenerationServiceStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=30).vocab_size
-    return 32000
+            return pb_grpc.GenerationServiceStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=30,
+                                                                  metadata=meta).vocab_size
+    cards = _server_models(args)
+    card = next((c for c in cards if c.get("id") == args.model), cards[0] if cards else {})
+    if not card.get("vocab_size"):
+        raise SystemExit(f"banyan bench: {args.target} does not report its vocabulary size (no vocab_size in "
+                         "/v1/models): pass --vocab-size N for random token-id prompts")
+    return int(card["vocab_size"])
 
 
 def build_requests(args) -> list[datasets.BenchRequest]:
@@ -87,6 +112,8 @@ async def _main(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.backend == "openai" and not args.model:
+        args.model = next((c.get("id", "") for c in _server_models(args)), "")
     summary = asyncio.run(_main(args))
     summary["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()
                          if k != "api_key"}
@@ -97,4 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     drew = plot(summary, png)
     print(table(summary))
     print(f"results: {args.out}" + (f", {png}" if drew else ""))
+    if not drew:
+        print("no plots: matplotlib is not installed (pip install matplotlib, or the bench extra: "
+              "pip install -e '.[bench]')")
     return 0 if summary["failed"] == 0 else 1

@@ -17,19 +17,25 @@ async def run(backend, requests: list[BenchRequest], request_rate: float, max_co
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
     bar = None
-    if progress:
+    if progress:  # in output tokens as they stream (a request's first ones can take a while), requests aside
         from tqdm import tqdm
 
-        bar = tqdm(total=len(requests), desc="requests", unit="req")
+        bar = tqdm(total=sum(r.output_len for r in requests), desc="output tokens", unit="tok")
+        bar.set_postfix_str(f"0/{len(requests)} requests")
+    done = 0
 
     async def one(r: BenchRequest) -> Result:
+        nonlocal done
+        args = (r, ignore_eos, temperature) + ((bar.update,) if bar is not None else ())
         if sem is None:
-            res = await backend.send(r, ignore_eos, temperature)
+            res = await backend.send(*args)
         else:
             async with sem:
-                res = await backend.send(r, ignore_eos, temperature)
-        if bar is not None:
-            bar.update(1)
+                res = await backend.send(*args)
+        done += 1
+        if bar is not None:  # the tokens it did not produce (EOS, failure): the bar still ends at its total
+            bar.update(max(0, r.output_len - len(res.token_times)))
+            bar.set_postfix_str(f"{done}/{len(requests)} requests", refresh=False)
         return res
 
     start = time.perf_counter()

@@ -69,9 +69,14 @@ def parser() -> argparse.ArgumentParser:
             ap.add_argument("--" + f.name.replace("_", "-"), type=_range, default=None, help="MIN:MAX tokens")
         elif f.name == "w5_rates":
             ap.add_argument("--w5-rates", default=None, help="req/s list, e.g. 4,8,16; x0.5 = half W2's req/s")
+        elif f.name == "w3_extra":
+            ap.add_argument("--w3-extra", default=None, help="more shared-prefix shapes GROUPSxPERxSYSTEM, "
+                            "comma-separated ('' for none; default 64x16x2048,8x32x8192)")
         else:
             ap.add_argument("--" + f.name.replace("_", "-"), type=int, default=None, help=f"default {f.default}")
     ap.add_argument("--hf-engines", default="generate,cb", help="HF baselines: generate and/or cb")
+    ap.add_argument("--w3-baselines", default="cache_off,cascade_off",
+                    help="W3's second servers: cache_off (--disable-radix-cache) and/or cascade_off")
     ap.add_argument("--hf-timeout", type=float, default=420.0, help="seconds for the HF process")
     ap.add_argument("--hbm-bw", type=float, default=report.HBM_BYTES_S, help="bytes/s for the limits")
     ap.add_argument("--peak-flops", type=float, default=report.BF16_FLOP_S, help="FLOP/s for the limits")
@@ -99,7 +104,7 @@ def sizes_from(args) -> wl.Sizes:
     for f in dataclasses.fields(wl.Sizes):
         given = getattr(args, f.name)
         if given is not None:
-            kw[f.name] = tuple(given.split(",")) if f.name == "w5_rates" else given
+            kw[f.name] = tuple(x for x in given.split(",") if x) if f.name in ("w5_rates", "w3_extra") else given
     return wl.Sizes(**kw)
 
 
@@ -140,8 +145,8 @@ def worker_counters(server) -> dict | None:
             if f"gpu_{kind}" in fam.name:
                 found |= kind == "idle"
                 sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
-        if fam.name.startswith("banyan:cascade_steps"):  # steps run with shared-prefix attention groups
-            sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))
+        if fam.name == "banyan:cascade_steps":  # steps run with shared-prefix attention groups (not the
+            sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))  # _created family)
         if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
             kind = "fill" if "fill" in fam.name else "wait"
             for smp in fam.samples:
@@ -250,7 +255,7 @@ class Suite:
             return
         try:
             fns = {"W1": lambda: wl.w1(server.target, s, vocab), "W2": lambda: wl.w2(server.target, s, vocab),
-                   "W3": lambda: _w3_on(wl.w3(server.target, s, vocab)),
+                   "W3": lambda: _w3_on(wl.w3(server.target, s, vocab), self.w3_extra(server, "cascade_on")),
                    "W4": lambda: wl.w4(server.target, s, vocab),
                    "W5": lambda: wl.w5(server.target, s, vocab, _req_s(self.doc["results"].get("W2")))}
             for w in todo:
@@ -277,6 +282,20 @@ class Suite:
                 self.doc["results"]["W3"]["cache_off"] = res
                 self.save()
 
+    def w3_extra(self, server, key: str) -> dict:
+        """The extra shared-prefix shapes on ``server`` (each one's error kept, the others still run)."""
+        out = {}
+        for shape in self.sizes.w3_extra:
+            t = time.perf_counter()
+            try:
+                out[shape] = wl.w3_shape(server.target, self.sizes, self.facts["vocab"], shape)
+            except Exception as e:  # noqa: BLE001
+                self.failed = True
+                traceback.print_exc()
+                out[shape] = {"error": f"{e!r}"[:1000]}
+            print(f"[suite] W3 {shape} ({key}): {time.perf_counter() - t:.1f} s", flush=True)
+        return out if key == "cascade_off" else {shape: {"cascade_on": res} for shape, res in out.items()}
+
     def counters(self, server) -> dict | None:
         try:
             return worker_counters(server)
@@ -288,11 +307,19 @@ class Suite:
         """W3 again on a server without the radix cache, then on one with the cache but without
         shared-prefix (cascade) attention (what the groups add on top of the cache)."""
         w3 = self.doc["results"]["W3"]
+        wanted = {b.strip() for b in self.args.w3_baselines.split(",")}
         for key, name, flag in (("cache_off", "no_radix", "--disable-radix-cache"),
                                 ("cascade_off", "no_cascade", "--disable-cascade-attention")):
+            if key not in wanted:
+                continue
             server = self.server(name, flag)
             try:
                 w3[key] = wl.w3(server.target, self.sizes, self.facts["vocab"])
+                if key == "cascade_off":
+                    for shape, res in self.w3_extra(server, "cascade_off").items():
+                        w3["extra"][shape]["cascade_off"] = res
+                        on_x, off_x = res_tok_s(w3["extra"][shape]["cascade_on"]), res_tok_s(res)
+                        w3["extra"][shape]["cascade_speedup"] = on_x / off_x if off_x else 0.0
             finally:
                 server.stop()
             on, off = w3["cache_on"]["output_throughput"], w3[key]["output_throughput"]
@@ -304,7 +331,7 @@ class Suite:
             return self.finish(self.doc)
         dtype_bytes = 4 if self.args.tiny or "float32" in self.args.serve_args else 2
         self.facts = self.doc["model_facts"] = report.model_facts(self.model, dtype_bytes)
-        max_running = _flag(self.args.serve_args, "--max-running-requests", 256)
+        max_running = _flag(self.args.serve_args, "--max-running-requests", 256 if self.args.tiny else 1024)
         self.doc["limits"] = report.limits(self.facts, self.sizes, max_running, set(self.workloads), self.args.hbm_bw,
                                            self.args.peak_flops)
         try:
@@ -331,8 +358,13 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
 
 
-def _w3_on(on: dict) -> dict:
-    return {"cache_on": on, "optimum_hit_rate": on["optimum_hit_rate"], "hit_vs_optimum": on["hit_vs_optimum"]}
+def _w3_on(on: dict, extra: dict) -> dict:
+    return {"cache_on": on, "optimum_hit_rate": on["optimum_hit_rate"], "hit_vs_optimum": on["hit_vs_optimum"],
+            "extra": extra}
+
+
+def res_tok_s(res: dict) -> float:
+    return res.get("output_throughput", 0.0) if isinstance(res, dict) else 0.0
 
 
 def _req_s(w2: dict | None) -> float | None:

@@ -189,6 +189,11 @@ def table(doc: dict) -> str:
         rel = _ratio(hit, opt)
         row("W3 cache hit rate: achieved / optimum = ratio", f"{_pct(hit)} / {_pct(opt)} = {_pct(rel)}",
             goal_key="w3_hit_vs_optimum", value=rel)
+        row("W3 first output (s after the run's start), cache on", _n(_get(w3, "cache_on", "first_output_s"), 2))
+        for shape, x in (w3.get("extra") or {}).items():
+            xon, xoff = _get(x, "cascade_on", "output_throughput"), _get(x, "cascade_off", "output_throughput")
+            row(f"shared prefix {shape.replace('x', ' × ', 1).replace('x', ', system ')}: output tok/s cascade on · "
+                "off · speedup", f"{_n(xon)} · {_n(xoff)} · {_n(_ratio(xon, xoff), 2)}×")
     if "W4" in r:
         w4 = r["W4"]
         c, u = _get(w4, "constrained", "output_throughput"), _get(w4, "unconstrained", "output_throughput")

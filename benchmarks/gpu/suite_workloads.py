@@ -47,6 +47,9 @@ class Sizes:
     w4_concurrency: int = 64
     w5_num: int = 200
     w5_rates: tuple[str, ...] = ("4", "8", "16")  # req/s, or "x0.5": that fraction of W2's req/s
+    # more shared-prefix shapes (groups x per group x system; question and output as W3), cascade on and
+    # off: SGLang's generated-shared-prefix default and a long document
+    w3_extra: tuple[str, ...] = ("64x16x2048", "8x32x8192")
     hf_subset: int = 32
     hf_batch: int = 32
     hf_w1_runs: int = 1
@@ -62,6 +65,8 @@ class Sizes:
         for r in self.w5_rates:
             if float(r.removeprefix("x")) <= 0:
                 raise ValueError(f"--w5-rates: {r!r} is not a positive rate")
+        for shape in self.w3_extra:
+            parse_shape(shape)
 
     @property
     def w3_optimum_hit_rate(self) -> float:
@@ -81,6 +86,28 @@ def w2_requests(s: Sizes, vocab: int) -> list[BenchRequest]:
 def w3_requests(s: Sizes, vocab: int) -> list[BenchRequest]:
     return datasets.shared_prefix_requests(s.w3_groups, s.w3_per_group, s.w3_system, s.w3_question, s.w3_output,
                                            vocab, SEED_W3)
+
+
+def parse_shape(shape: str) -> tuple[int, int, int]:
+    """"GxPxS" → (groups, per group, system tokens)."""
+    try:
+        g, p, sys_len = (int(x) for x in shape.split("x"))
+    except ValueError:
+        raise ValueError(f"--w3-extra: {shape!r} is not GROUPSxPERxSYSTEM") from None
+    if min(g, p, sys_len) < 1:
+        raise ValueError(f"--w3-extra: {shape!r} has a size below 1")
+    return g, p, sys_len
+
+
+def w3_shape(target: str, s: Sizes, vocab: int, shape: str) -> dict:
+    """Another shared-prefix shape, like W3 (fresh prompts: its own seed)."""
+    g, p, sys_len = parse_shape(shape)
+    sized = dataclasses.replace(s, w3_groups=g, w3_per_group=p, w3_system=sys_len)
+    reqs = datasets.shared_prefix_requests(g, p, sys_len, s.w3_question, s.w3_output, vocab, SEED_W3 + 1000 + g * p)
+    summary, _ = serve_run(target, reqs)
+    return {**brief(summary), "first_output_s": min(summary["ttfts_s"], default=0.0),
+            "optimum_hit_rate": sized.w3_optimum_hit_rate,
+            "hit_vs_optimum": summary["cache_hit_rate"] / sized.w3_optimum_hit_rate}
 
 
 def w5_requests(s: Sizes, vocab: int, i: int) -> list[BenchRequest]:
@@ -104,8 +131,8 @@ class Recording:
         self.backend = backend
         self.results: dict[int, Result] = {}
 
-    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float) -> Result:
-        res = await self.backend.send(r, ignore_eos, temperature)
+    async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float, progress=None) -> Result:
+        res = await self.backend.send(r, ignore_eos, temperature, progress)
         self.results[id(r)] = res
         return res
 
@@ -202,7 +229,7 @@ def w3(target: str, s: Sizes, vocab: int) -> dict:
     summary, _ = serve_run(target, reqs)
     load = load_delta(before, get_load(target))
     prompt = load["prefill_cached_tokens"] + load["prefill_computed_tokens"]
-    return {**brief(summary), "load": load,
+    return {**brief(summary), "load": load, "first_output_s": min(summary["ttfts_s"], default=0.0),
             "engine_hit_rate": load["prefill_cached_tokens"] / prompt if prompt else 0.0,
             "optimum_hit_rate": s.w3_optimum_hit_rate,
             "hit_vs_optimum": summary["cache_hit_rate"] / s.w3_optimum_hit_rate}

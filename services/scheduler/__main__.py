@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="banyan scheduler", description="Banyan scheduler service")
     add_arguments(ap, SchedulerConfig)
     cfg = from_namespace(SchedulerConfig, ap.parse_args(argv))
-    setup_logging("scheduler", cfg.log_level)
+    setup_logging("scheduler", cfg.log_level, cfg.log_format)
     from services.scheduler.scheduler import Scheduler
 
     Scheduler(cfg).run()

@@ -168,7 +168,8 @@ class Batcher:
             step=c.steps, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
             sample=i32(plan.sample), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
-        groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache) if self.cascade else None
+        groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache, max(plan.extend) == 1) \
+            if self.cascade else None
         if groups is not None:
             c.cascade_steps += 1
             c.cascade_saved += groups.saved

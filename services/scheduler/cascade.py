@@ -28,9 +28,17 @@ from services.scheduler.request import Req
 
 @dataclass(frozen=True)
 class CascadePolicy:
+    """When groups pay. A grouped step always runs eagerly: when the same step without groups would
+    replay a CUDA graph (a pure decode of at most ``graph_bs`` requests), the groups must save at
+    least ``min_saved`` KV tokens (what running eagerly costs, in KV tokens read: measured by
+    ``benchmarks/gpu/cascade_cost.py``); when it would run eagerly anyway (prefill chunks in it, or
+    a batch above the largest graph), ``min_saved_eager`` (the merge pass and the second plan)."""
+
     min_group: int = 4  # requests reading one prefix before it is read once for all
-    min_prefix: int = 64  # shortest shared prefix worth a group (tokens)
-    min_saved: int = 32768  # KV tokens a step must save to use groups at all (they cost the CUDA graph)
+    min_prefix: int = 640  # shortest shared prefix worth a group (tokens)
+    min_saved: int = 131072  # KV tokens a step that could replay a graph must save
+    min_saved_eager: int = 32768  # KV tokens an eager step must save
+    graph_bs: int = 0  # the worker's largest CUDA-graph batch (0: none)
 
 
 @dataclass(frozen=True)
@@ -54,9 +62,10 @@ def _path(cache: PrefixCache, r: Req, start: int) -> list[CacheHandle]:
     return out
 
 
-def plan_groups(reqs: list[Req], starts: list[int], policy: CascadePolicy, cache: PrefixCache) -> Groups | None:
-    """The groups of a batch (``starts``: each request's tokens in KV before the step), or None
-    when they would not save ``policy.min_saved`` tokens."""
+def plan_groups(reqs: list[Req], starts: list[int], policy: CascadePolicy, cache: PrefixCache,
+                decode: bool = True) -> Groups | None:
+    """The groups of a batch (``starts``: each request's tokens in KV before the step; ``decode``:
+    every request computes one token), or None when they would not save enough (the policy)."""
     if len(reqs) < policy.min_group:
         return None
     lo = policy.min_prefix
@@ -81,6 +90,7 @@ def plan_groups(reqs: list[Req], starts: list[int], policy: CascadePolicy, cache
             lens.append(c[1])
             saved += (members[c] - 1) * c[1]
         group.append(index[c])
-    if saved < policy.min_saved:
+    graph = decode and len(reqs) <= policy.graph_bs
+    if saved < (policy.min_saved if graph else policy.min_saved_eager):
         return None
     return Groups(group, lens, saved)

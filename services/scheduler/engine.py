@@ -40,15 +40,17 @@ class EngineSession:
     @classmethod
     def start(cls, cfg: SchedulerConfig, w: WorkerReady, counters: Counters,
               grammar: GrammarBackend | None) -> EngineSession:
-        kv = KVManager(w.pool_size, cfg.max_running_requests, cfg.page_size, not cfg.disable_radix_cache, counters)
+        running = cfg.max_running_requests or auto_max_running(w)
+        kv = KVManager(w.pool_size, running, cfg.page_size, not cfg.disable_radix_cache, counters)
         cascade = None if cfg.disable_cascade_attention else \
-            CascadePolicy(cfg.cascade_min_group, cfg.cascade_min_prefix, cfg.cascade_min_saved)
+            CascadePolicy(cfg.cascade_min_group, cfg.cascade_min_prefix, cfg.cascade_min_saved,
+                          cfg.cascade_min_saved_eager, w.cuda_graph_max_bs)
         batcher = Batcher(kv, POLICIES[cfg.schedule_policy](),
-                          Limits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size), cascade,
+                          Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size), cascade,
                           counters)
         info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
                          context_length=w.context_length, pool_size=kv.pool_size,
-                         max_running_requests=cfg.max_running_requests, eos_token_ids=w.eos_token_ids,
+                         max_running_requests=running, eos_token_ids=w.eos_token_ids,
                          device=w.device, dtype=w.dtype)
         return cls(info, kv, batcher, grammar_for(cfg, w, grammar))
 
@@ -60,6 +62,13 @@ class EngineSession:
     def compiling(self) -> int:
         """Request branches waiting for their grammar to compile."""
         return sum(len(p.reqs) for p in self.grammar.pending)
+
+
+def auto_max_running(w: WorkerReady) -> int:
+    """``--max-running-requests 0``: 1024 on a GPU — with shared prefixes (one system prompt, n > 1
+    samples) a large batch reads little KV per request, and the admission control keeps the pool
+    from over-filling — and 256 on a CPU."""
+    return 1024 if w.device.startswith("cuda") else 256
 
 
 def grammar_for(cfg: SchedulerConfig, w: WorkerReady, old: GrammarBackend | None) -> GrammarBackend:

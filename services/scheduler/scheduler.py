@@ -35,6 +35,7 @@ from services.scheduler.outputs import StepApplier
 from services.scheduler.request import Req, Status
 from services.scheduler.requests import RequestTable
 from services.scheduler.step_io import with_extras
+from services.scheduler.summary import Summary
 from services.scheduler.worker_link import WorkerLink
 
 log = get_logger("scheduler")
@@ -54,6 +55,7 @@ class Scheduler:
         self.table = RequestTable(self.tok.send)
         self.counters = Counters()
         self.metrics = SchedulerMetrics()
+        self.summary = Summary(cfg.log_interval)  # the periodic ``summary`` log line
         self.tracer = make_tracer("scheduler", cfg.otlp_endpoint)
         self.engine: EngineSession | None = None  # None: not serving (no worker ready yet, or it was lost)
         self.applier: StepApplier | None = None  # (the engine's)
@@ -240,7 +242,7 @@ class Scheduler:
         self.applier = StepApplier(self.table, e, self.counters, self.worker.send, not self.cfg.disable_jump_forward)
         self.worker.attach()
         self.kv_events.attach(e.kv.cache)
-        self.worker.send(WorkerSetup(max_running_requests=self.cfg.max_running_requests))
+        self.worker.send(WorkerSetup(max_running_requests=e.info.max_running_requests))
         log.info("worker_ready", restarted=restarted, **{k: getattr(w, k) for k in w.__struct_fields__})
         self.down = ""
         for ident in self.replicas:
@@ -264,9 +266,10 @@ class Scheduler:
 
     # ---- reporting ---------------------------------------------------------------------------
     def _update_metrics(self, e: EngineSession, queue_times: list[float]) -> None:
-        c, kv = self.counters, e.kv
-        self.metrics.step(len(self.table.running), num_waiting(self.table, e), kv.pool_size, kv.slots.num_free,
-                          kv.evictable, c, queue_times)
+        c, kv, running, waiting = self.counters, e.kv, len(self.table.running), num_waiting(self.table, e)
+        self.metrics.step(running, waiting, kv.pool_size, kv.slots.num_free, kv.evictable, c, queue_times)
+        self.summary.tick(running, waiting, c.prompt, c.prefill_cached, c.decode,
+                          kv.pool_size - kv.slots.num_free - kv.evictable, kv.pool_size)
 
     def _shutdown(self) -> None:
         log.info("scheduler_stop", running=len(self.table.running), waiting=len(self.table.waiting))

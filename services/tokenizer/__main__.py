@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> None:
                                  description="Banyan tokenizer service (gRPC and OpenAI-compatible HTTP APIs)")
     add_arguments(ap, TokenizerConfig)
     cfg = from_namespace(TokenizerConfig, ap.parse_args(argv))
-    setup_logging("tokenizer", cfg.log_level)
+    setup_logging("tokenizer", cfg.log_level, cfg.log_format)
     from services.tokenizer.server import main_async
 
     main_async(cfg)

@@ -18,8 +18,6 @@ from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 from shared.tracing import make_tracer
 from services.tokenizer.auth import ApiKey
-from services.tokenizer.http.app import create_app
-from services.tokenizer.http.server import HttpServer
 from services.tokenizer.interceptor import AuthInterceptor, ErrorInterceptor
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.router import Router
@@ -61,7 +59,10 @@ async def run(cfg: TokenizerConfig) -> None:
     port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
     smg_port = smg.attach(server, grpc_server, health_servicer) if smg else -1
     http = None
-    if cfg.http_port >= 0:
+    if cfg.http_port >= 0:  # (FastAPI and uvicorn are imported only when the HTTP API is served)
+        from services.tokenizer.http.app import create_app
+        from services.tokenizer.http.server import HttpServer
+
         app = create_app(text, client, api_key, metrics, tracer)
         http = HttpServer(app, cfg.host, cfg.http_port, cfg.grace_seconds, app.state.frontend.abort_all)
     http_port = http.port if http else -1

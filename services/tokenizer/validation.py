@@ -22,7 +22,8 @@ MAX_REQUEST_ID = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**64 - 1  # the proto's uint64
+SEED_RANGE = 2**63  # the engine's seeds: [0, 2**63); larger ones are folded into it (top bit dropped)
 MAX_N = 64
 MAX_CACHE_SALT = 256
 MAX_TOP_LOGPROBS = 20
@@ -158,6 +159,7 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
     _require(0 <= top_logprobs <= MAX_TOP_LOGPROBS, f"{prefix}top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
     if s.seed is not None:
         _require(0 <= s.seed <= MAX_SEED, f"{prefix}seed must be in [0, {MAX_SEED}]")
+    seed = None if s.seed is None else s.seed % SEED_RANGE  # 2**63 + k samples as k (branch i uses seed + i)
     _require(len(s.stop) <= MAX_STOP_STRINGS, f"{prefix}stop has {len(s.stop)} strings (at most {MAX_STOP_STRINGS})")
     for x in s.stop:
         _require(0 < len(x) <= MAX_STOP_CHARS, f"{prefix}stop strings must have 1..{MAX_STOP_CHARS} characters")
@@ -167,7 +169,7 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
     if not s.ignore_eos:
         stop_ids += [t for t in info.eos_token_ids if t not in stop_ids]
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, min_p=min_p,
-                          seed=s.seed, max_new_tokens=room if s.max_tokens is None else s.max_tokens,
+                          seed=seed, max_new_tokens=room if s.max_tokens is None else s.max_tokens,
                           stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, presence_penalty=presence,
                           frequency_penalty=frequency, logprobs=s.logprobs or top_logprobs > 0,
                           top_logprobs=top_logprobs)

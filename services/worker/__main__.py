@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="banyan worker", description="Banyan worker service")
     add_arguments(ap, WorkerConfig)
     cfg = from_namespace(WorkerConfig, ap.parse_args(argv))
-    setup_logging("worker", cfg.log_level)
+    setup_logging("worker", cfg.log_level, cfg.log_format)
     from shared.model_path import resolve_model
     from services.worker.server import serve
 

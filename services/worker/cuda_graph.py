@@ -19,21 +19,25 @@ NUM_INPUTS = 5
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 up to ``max_bs`` (and ``max_bs`` itself)."""
-    sizes = [s for s in (1, 2, 4) if s < max_bs] + list(range(8, max_bs + 1, 8))
+    """1, 2, 4, 8, every multiple of 8 up to 256, of 32 above (a padded row costs less there than
+    another graph's capture), and ``max_bs`` itself."""
+    sizes = [s for s in (1, 2, 4) if s < max_bs] + list(range(8, min(max_bs, 256) + 1, 8)) + \
+        list(range(288, max_bs + 1, 32))
     return sorted(set(sizes) | {max_bs})
 
 
 class DecodeGraphs:
     def __init__(self, model: CausalLM, attn: AttentionBackend, max_bs: int, max_context: int,
-                 device: torch.device) -> None:
+                 device: torch.device, vocab_size: int) -> None:
         self.model, self.attn = model, attn
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.max_bs = self.batch_sizes[-1]
         self.inputs = torch.zeros((NUM_INPUTS, self.max_bs), dtype=torch.int64, device=device)
         self._extend = torch.ones(self.max_bs, dtype=torch.int64, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}  # bs -> (bs, V) float32, written by the graph
+        # one output for every graph: graph bs writes rows :bs (per-graph outputs would hold
+        # sum(sizes) x V floats, gigabytes with a 128k vocabulary at max_bs 512)
+        self.logits = torch.empty((self.max_bs, vocab_size), dtype=torch.float32, device=device)
         attn.init_graph(self.batch_sizes, max_context)
         self._capture(torch.zeros((1, max_context), dtype=torch.int32, device=device))
 
@@ -55,11 +59,11 @@ class DecodeGraphs:
         bs = batch.num_reqs
         self.attn.prepare_graph(batch, bs)
         self._graphs[bs].replay()
-        return self._logits[bs]
+        return self.logits[:bs]
 
     def _forward(self, bs: int) -> torch.Tensor:
         x = self.inputs[:, :bs]
-        return self.model.compute_logits(self.model(x[IDS], x[POSITIONS], self.attn))
+        return self.model.compute_logits(self.model(x[IDS], x[POSITIONS], self.attn), out=self.logits[:bs])
 
     def _capture(self, req_to_token: torch.Tensor) -> None:
         pool = torch.cuda.graph_pool_handle()
@@ -73,6 +77,6 @@ class DecodeGraphs:
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self._logits[bs] = self._forward(bs)
+                self._forward(bs)
             self._graphs[bs] = graph
         torch.cuda.synchronize()

@@ -1,12 +1,17 @@
-"""The paged KV cache (page size 1): per layer, K and V slot tensors."""
+"""The paged KV cache (page size 1): per layer, K and V slot tensors, in the model dtype or FP8."""
 
 from __future__ import annotations
 
 import torch
 
+from services.worker.quant.fp8 import FP8
+from services.worker.quant.kv import KVScales, store_fp8
+
 
 class KVPool:
-    """``k[l]``, ``v[l]``: (num_slots, num_kv_heads, head_dim) per layer ``l``.
+    """``k[l]``, ``v[l]``: (num_slots, num_kv_heads, head_dim) per layer ``l``, of ``dtype`` (the
+    model's; queries and outputs keep it) or of ``kv_dtype`` when given: FP8 e4m3, stored as
+    x / scale with a dequantization scale per layer and KV head (``scales``; 1.0 by default).
 
     ``num_slots`` includes slot 0, the padding slot that is never allocated; the tensors start
     zeroed so that reading padding yields finite values.
@@ -20,12 +25,28 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        kv_dtype: torch.dtype | None = None,
+        scales: KVScales | None = None,
     ) -> None:
         if num_slots < 2:
             raise ValueError(f"a KV pool needs at least 2 slots (slot 0 is padding), got {num_slots}")
+        if kv_dtype not in (None, dtype, FP8):
+            raise ValueError(f"a KV pool stores the model dtype or {FP8}, not {kv_dtype}")
+        self.compute_dtype = dtype
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        store = kv_dtype or dtype
+        self.k = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=store, device=device) for _ in range(num_layers)]
+        self.quantized = store == FP8
+        self.scales = None
+        if self.quantized:
+            self.scales = scales or KVScales.ones(num_layers, num_kv_heads)
+            if len(self.scales.k) != num_layers or any(s.shape != (num_kv_heads,) for s in self.scales.k + self.scales.v):
+                raise ValueError(f"KV scales for {len(self.scales.k)} layers; expected {num_layers} of {num_kv_heads}")
+            as_dev = lambda xs: [x.float().to(device) for x in xs]  # noqa: E731
+            self.k_scale, self.v_scale = as_dev(self.scales.k), as_dev(self.scales.v)
+            self._k_inv = [1.0 / s for s in self.k_scale]
+            self._v_inv = [1.0 / s for s in self.v_scale]
 
     @property
     def num_slots(self) -> int:
@@ -33,14 +54,37 @@ class KVPool:
 
     @property
     def dtype(self) -> torch.dtype:
+        """What the pool stores (FP8 when quantized)."""
         return self.k[0].dtype
 
     @property
     def device(self) -> torch.device:
         return self.k[0].device
 
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token over all layers and this rank's heads."""
+        return 2 * len(self.k) * self.k[0][0].numel() * self.dtype.itemsize
+
+    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new tokens' K and V (T, Hkv, D) at ``slots`` (T,) of ``layer`` (quantized when FP8)."""
+        if self.quantized:
+            store_fp8(self.k[layer], self.v[layer], slots, k, v, self._k_inv[layer], self._v_inv[layer])
+            return
+        self.k[layer].index_copy_(0, slots, k.to(self.dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.dtype))
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V (L, Hkv, D) at ``slots``: as stored, or dequantized to float32 when FP8."""
+        k, v = self.k[layer][slots], self.v[layer][slots]
+        if self.quantized:
+            k = k.float() * self.k_scale[layer][:, None]
+            v = v.float() * self.v_scale[layer][:, None]
+        return k, v
+
 
 def pool_slots_for_memory(bytes_budget: int, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """How many slots (padding slot included) a pool of these dimensions fits in ``bytes_budget``."""
+    """How many slots (padding slot included) a pool of these dimensions fits in ``bytes_budget``
+    (``dtype``: what the pool stores — FP8 fits twice the tokens of bf16)."""
     bytes_per_slot = 2 * num_layers * kv_heads * head_dim * dtype.itemsize  # K and V
     return bytes_budget // bytes_per_slot

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.logging import get_logger
 from shared.metrics_http import serve_metrics
@@ -34,7 +34,19 @@ class WorkerMetrics:
                                    buckets=MASK_BUCKETS, registry=r)
         self.cascade = Counter("banyan:cascade_steps", "Steps run with shared-prefix (cascade) attention: a prefix "
                                "shared by a group of requests read once for the group", registry=r)
+        self.kv_pool = Gauge("banyan:kv_pool_tokens", "Tokens the KV pool holds (per rank; FP8 KV holds twice "
+                             "as many as bf16 in the same memory)", ["kv_cache_dtype"], registry=r)
+        self.kv_bytes = Gauge("banyan:kv_pool_bytes_per_token", "KV bytes per token (all layers, this rank's heads)",
+                              ["kv_cache_dtype"], registry=r)
+        self.weights = Gauge("banyan:weight_bytes", "Bytes of this rank's weights", ["quantization"], registry=r)
         self._server = None
+
+    def model(self, pool_tokens: int, kv_bytes_per_token: int, kv_cache_dtype: str, weight_bytes: int,
+              quantization: str) -> None:
+        """What the worker serves with (set once, at start)."""
+        self.kv_pool.labels(kv_cache_dtype).set(pool_tokens)
+        self.kv_bytes.labels(kv_cache_dtype).set(kv_bytes_per_token)
+        self.weights.labels(quantization or "none").set(weight_bytes)
 
     def serve(self, port: int) -> None:
         """Start the HTTP server thread (``port`` 0: none)."""

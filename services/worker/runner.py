@@ -31,6 +31,8 @@ from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
 from services.worker.postprocess import Sampled, StepSampler, prompt_logprobs, score_positions
+from services.worker.quant import enable_cuda_kernels
+from services.worker.quant.kv import layer_scales, resolve_kv_dtype
 from services.worker.sampling import Sampler, flashinfer_draw
 
 log = get_logger("worker")
@@ -92,13 +94,22 @@ class ModelRunner:
         self.backend = resolve_backend(cfg.attention_backend, self.device)
         fused = self.backend == "flashinfer"
         torch.manual_seed(cfg.seed)
+        self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, self.tp,
-                                           flashinfer_ops() if fused else TORCH_OPS)
+                                           flashinfer_ops() if fused else TORCH_OPS, cfg.quantization)
+        self.quant = self.model.quant
+        kernels = {}
+        if self.device.type == "cuda" and (self.quant is not None or self.kv_dtype != self.dtype):
+            kernels = enable_cuda_kernels(self.device)  # the fused FP8 kernels, where they check out
         self.context_length = cfg.context_length or self.spec.context_length
         kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads, cfg.mem_fraction_static)
+        scales = None
+        if self.kv_dtype != self.dtype:
+            scales = layer_scales(self.model.kv_scales, self.spec.num_layers, self.spec.num_kv_heads, self.tp.rank,
+                                  self.tp.size)
         self.kv = KVPool(self.spec.num_layers, self.pool_size + 1, kv_heads, self.spec.head_dim,
-                         self.dtype, self.device)
+                         self.dtype, self.device, kv_dtype=self.kv_dtype, scales=scales)
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size)
         self.sampler = Sampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         self.req_to_token = torch.zeros((1, self.context_length), dtype=torch.int32, device=self.device)
@@ -107,7 +118,7 @@ class ModelRunner:
         if self.device.type == "cuda" and self.attn.supports_cuda_graph and not cfg.disable_cuda_graph:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
-                                           self.device)
+                                           self.device, self.spec.vocab_size)
         self.post = StepSampler(self.sampler, self.spec.vocab_size, self.device)
         self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token
         self.timer = DeviceTimer(self.device)
@@ -116,8 +127,26 @@ class ModelRunner:
         self._scores: dict = {}  # prompt-logprob fields of the last step, if it had scoring requests
         log.info("model_loaded", model=os.path.basename(model_dir.rstrip("/")), arch=self.spec.architecture,
                  device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), pool_size=self.pool_size,
+                 kv_cache_dtype=self.kv_cache_dtype, kv_bytes_per_token=self.kv.bytes_per_token,
+                 kv_scales=scales.source if scales else None, quantization=self.quantization,
+                 weight_gib=round(self.weight_bytes / 2**30, 3), fp8_kernels=kernels or None,
                  context_length=self.context_length, attention=self.backend, tp_rank=self.tp.rank,
                  tp_size=self.tp.size, cuda_graph_bs=self.graphs.batch_sizes if self.graphs else [])
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """What the KV pool stores: the model dtype's name, or "fp8_e4m3"."""
+        return "fp8_e4m3" if self.kv.quantized else str(self.kv.dtype).removeprefix("torch.")
+
+    @property
+    def quantization(self) -> str:
+        """The weights' quantization ("" for none)."""
+        return self.quant.name if self.quant is not None else ""
+
+    @property
+    def weight_bytes(self) -> int:
+        """This rank's parameters (FP8 weights and their scales included), tied ones once."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())  # (tied ones once)
 
     def _default_pool_size(self, kv_heads: int, mem_fraction: float) -> int:
         """KV slots that fit in what ``mem_fraction`` of the device leaves after the weights (SGLang's
@@ -130,7 +159,7 @@ class ModelRunner:
                                  f"{total / 2**30:.1f} GiB after the weights; raise --mem-fraction-static")
         else:
             budget = CPU_KV_BYTES
-        n = pool_slots_for_memory(budget, self.spec.num_layers, kv_heads, self.spec.head_dim, self.dtype)
+        n = pool_slots_for_memory(budget, self.spec.num_layers, kv_heads, self.spec.head_dim, self.kv_dtype)
         n = max(1, min(n - 1, 64 * self.context_length))  # slot 0 is padding
         if self.tp.size > 1:
             t = torch.tensor([n], dtype=torch.int64, device=self.device)

@@ -59,12 +59,16 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     metrics = WorkerMetrics()
+    metrics.model(runner.pool_size, runner.kv.bytes_per_token, runner.kv_cache_dtype, runner.weight_bytes,
+                  runner.quantization)
     metrics.serve(cfg.metrics_port)
     spec = runner.spec
     q.send(WorkerReady(model=model_name, architecture=spec.architecture, vocab_size=spec.vocab_size,
                        context_length=runner.context_length, pool_size=runner.pool_size,
                        eos_token_ids=list(spec.eos_token_ids), device=str(runner.device),
-                       dtype=str(runner.dtype).removeprefix("torch.")))
+                       dtype=str(runner.dtype).removeprefix("torch."),
+                       cuda_graph_max_bs=runner.graphs.max_bs if runner.graphs is not None else 0,
+                       kv_cache_dtype=runner.kv_cache_dtype, quantization=runner.quantization))
     log.info("worker_ready", pid=os.getpid(), tp_size=runner.tp.size)
     steps = _Steps(runner, q, metrics, link)
     msg: ToWorker | None = None

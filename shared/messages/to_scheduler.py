@@ -67,6 +67,9 @@ class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
     eos_token_ids: list[int]
     device: str
     dtype: str
+    cuda_graph_max_bs: int = 0  # the largest pure-decode batch it replays as a CUDA graph (0: none)
+    kv_cache_dtype: str = ""  # what the KV pool stores: the model dtype's name or "fp8_e4m3" ("": not said)
+    quantization: str = ""  # the weights' quantization ("" for none), e.g. "fp8"
 
 
 class StepOutput(msgspec.Struct, tag="out", frozen=True):

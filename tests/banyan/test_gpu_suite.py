@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LLAMA3 = next((t for t in TOKENIZERS if (t / "tokenizer.json").exists()), None)  # .assets/ or the team folder
 SMALL = ["--length-scale", "0.05", "--w4-output", "24", "--w1-runs", "2", "--w2-num", "8", "--w3-groups", "2",
          "--w3-per-group", "3", "--w4-num", "4", "--w5-num", "3", "--w5-rates", "50,x0.5", "--hf-subset", "4",
-         "--hf-batch", "2", "--hf-w1-runs", "1"]
+         "--hf-batch", "2", "--hf-w1-runs", "1", "--w3-extra", "2x3x64"]
 
 
 def test_sizes_and_limits_of_the_8b_shape(tmp_path) -> None:
@@ -71,7 +71,9 @@ def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
         assert 0.0 <= w3[k]["cache_hit_rate"] <= 1.0
     assert w3["cache_off"]["cache_hit_rate"] == 0.0 and w3["cache_on"]["cache_hit_rate"] > 0
     assert 0 < w3["optimum_hit_rate"] < 1 and w3["hit_vs_optimum"] > 0 and w3["speedup"] > 0
-    assert w3["cascade_speedup"] > 0 and w3["cascade_steps"] >= 0
+    assert w3["cascade_speedup"] > 0 and w3["cascade_steps"] >= 0 and w3["cache_on"]["first_output_s"] > 0
+    (x,) = w3["extra"].values()  # the extra shape (its system prompt scaled like the others): on and off
+    assert x["cascade_on"]["completed"] == x["cascade_off"]["completed"] == 6 and x["cascade_speedup"] > 0
     w4 = res["W4"]
     assert w4["constrained"]["failed"] == 0 and w4["unconstrained"]["failed"] == 0 and w4["same_lengths"]
     assert w4["unconstrained"]["total_output_tokens"] == w4["constrained"]["total_output_tokens"]

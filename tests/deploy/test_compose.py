@@ -1,7 +1,9 @@
 """Smoke test of the container deployment: images, compose stack, two tokenizer replicas.
 
-scripts/docker_ci.sh installs Debian's Docker engine and docker-compose when missing, starts
-dockerd, builds the debootstrap base image and the service images (a no-op when all is there).
+scripts/docker_ci.sh (the session's `docker_images` fixture, tests/deploy/conftest.py) installs
+Debian's Docker engine and docker-compose when missing, starts dockerd (stopped at the session's
+end when it started it), builds the debootstrap base image and the service images (a no-op when
+all is there).
 Then the CPU stack of compose.yaml comes up under its own project name with 2 tokenizer replicas
 behind the front proxy (published on free loopback ports), and the test
   - waits for every container's health check,
@@ -118,14 +120,8 @@ def timings() -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def images(timings) -> None:
-    """The Docker engine running and the images built (scripts/docker_ci.sh, idempotent)."""
-    t0 = time.monotonic()
-    r = run(["bash", str(ROOT / "scripts" / "docker_ci.sh")], timeout=1800)
-    timings["docker_ci.sh"] = time.monotonic() - t0
-    assert r.returncode == 0, (
-        "the Docker engine or the Banyan images are not available (scripts/docker_ci.sh failed; it installs "
-        "docker.io/docker-compose from Debian, starts dockerd and builds the images):\n" + explain(r))
+def images(docker_images, timings) -> None:
+    """The engine and images (the session fixture; its time is counted by the first module using it)."""
 
 
 @pytest.fixture(scope="module")
@@ -264,20 +260,31 @@ def test_compose_stack_serves_through_both_replicas(stack: Stack, timings) -> No
     assert len(trace_ids) == 1 and None not in trace_ids, trace_ids
 
 
-def test_compose_variants_are_valid(images) -> None:
-    """The GPU override and the monitoring profile parse with docker-compose 1.29 (their images are
-    not pulled: the CPU smoke test above is the one that runs)."""
-    s = Stack()
-    s("config", "-q")
-    gpu = [*s.compose, "-f", str(ROOT / "compose.gpu.yaml"), "config"]
-    r = run(gpu, timeout=60, env=s.env)
+@pytest.mark.parametrize("flavour", ["v1", "v2"])
+def test_compose_variants_are_valid(composes, flavour) -> None:
+    """compose.yaml, the GPU override and the monitoring profile parse with Debian's docker-compose
+    1.29 and with compose v2 (their images are not pulled: the CPU smoke test above is the one that
+    runs); no `version` warning from v2."""
+    argv, env = composes[flavour]
+    base = {k: v for k, v in env.items() if not k.startswith(("BANYAN_", "COMPOSE_"))}
+    compose = [*argv, "-p", PROJECT, "-f", str(ROOT / "compose.yaml")]
+    r = run([*compose, "config", "-q"], timeout=60, env=base)
+    assert r.returncode == 0 and "obsolete" not in r.stderr, explain(r)
+    gpu = [*compose, "-f", str(ROOT / "compose.gpu.yaml"), "config"]
+    r = run(gpu, timeout=60, env=base)
     assert r.returncode != 0 and "BANYAN_MODEL_DIR" in r.stderr, explain(r)  # the model is required
-    r = run(gpu, timeout=60, env={**s.env, "BANYAN_MODEL_DIR": "/srv/models/some-model"})
+    r = run(gpu, timeout=60, env={**base, "BANYAN_MODEL_DIR": "/srv/models/some-model"})
     assert r.returncode == 0, explain(r)
-    worker = r.stdout[r.stdout.index("\n  worker:"):]
-    for needle in ("dockerfile: Dockerfile.gpu", "driver: nvidia", "- gpu", "/srv/models/some-model:/model:ro",
-                   "BANYAN_MODEL: /model", "image: banyan:gpu"):
-        assert needle in worker, (needle, worker)
-    r = run([*s.compose, "--profile", "monitoring", "config", "--services"], timeout=60, env=s.env)
+    import yaml
+
+    worker = yaml.safe_load(r.stdout)["services"]["worker"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["device_ids"] == ["0"]
+    assert worker["image"] == "banyan:gpu" and worker["build"]["dockerfile"] == "Dockerfile.gpu"
+    assert worker["environment"]["BANYAN_MODEL"] == "/model"
+    mounts = [v if isinstance(v, str) else f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}"
+              for v in worker["volumes"]]
+    assert "/srv/models/some-model:/model:ro" in mounts, mounts
+    r = run([*compose, "--profile", "monitoring", "config", "--services"], timeout=60, env=base)
     assert r.returncode == 0, explain(r)
     assert {"prometheus", "grafana", "otel-collector"} <= set(r.stdout.split()), r.stdout

@@ -98,6 +98,10 @@ def test_seed_reproducible_and_sampling_varies(stub):
     b = joined(gen(stub, max_tokens=24, temperature=1.0, seed=7, ignore_eos=True))[1]
     c = joined(gen(stub, max_tokens=24, temperature=1.0, seed=8, ignore_eos=True))[1]
     assert a == b and a != c
+    # the proto's seed is a uint64: one >= 2**63 is taken, folded into the engine's 63 bits
+    assert joined(gen(stub, max_tokens=24, temperature=1.0, seed=2**63 + 7, ignore_eos=True))[1] == a
+    assert joined(gen(stub, max_tokens=24, temperature=1.0, seed=2**64 - 1, ignore_eos=True))[1] == joined(
+        gen(stub, max_tokens=24, temperature=1.0, seed=2**63 - 1, ignore_eos=True))[1]
 
 
 def test_chat_input_uses_template(stub):

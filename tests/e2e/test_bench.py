@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,3 +38,54 @@ def test_bench_grpc(server, tmp_path, dataset, extra):
     assert out.with_suffix(".png").stat().st_size > 1000
     if dataset == "shared-prefix":
         assert res["cached_tokens"] > 0  # later prompts of a group reuse its system prompt
+
+
+def test_bench_openai_asks_the_vocabulary_over_http(server, tmp_path):
+    """--backend openai on the demo model (a 2,000-token vocabulary): the token-id range and the
+    model name come from /v1/models; progress counts output tokens; without matplotlib no PNG and
+    a line saying how to get one."""
+    no_mpl = tmp_path / "no-matplotlib"
+    (no_mpl / "matplotlib").mkdir(parents=True)
+    (no_mpl / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    out = tmp_path / "openai.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(no_mpl), str(ROOT)])}
+    r = subprocess.run([sys.executable, "-m", "banyan.cli", "bench", "--backend", "openai", "--target",
+                        server.http_url, "--num-prompts", "6", "--input-len", "8:32", "--output-len", "4:8",
+                        "--max-concurrency", "3", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["completed"] == 6 and res["failed"] == 0, res["errors"]
+    assert res["config"]["model"] == "banyan-demo"
+    assert "output tokens" in r.stderr and "tok" in r.stderr and "6/6 requests" in r.stderr, r.stderr[-2000:]
+    assert not out.with_suffix(".png").exists()
+    assert "no plots: matplotlib is not installed" in r.stdout
+
+
+def test_bench_openai_says_when_the_server_hides_its_vocabulary(tmp_path):
+    """A server whose /v1/models has no vocab_size (not Banyan): one line asking for --vocab-size."""
+    import http.server
+    import threading
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"object": "list", "data": [{"id": "other", "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "banyan.cli", "bench", "--backend", "openai", "--target",
+                            f"http://127.0.0.1:{srv.server_port}", "--num-prompts", "2", "--out",
+                            str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        srv.shutdown()
+    assert r.returncode != 0
+    assert "does not report its vocabulary size" in r.stderr and "--vocab-size" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

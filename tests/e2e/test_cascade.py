@@ -57,7 +57,7 @@ def counter(text: str, name: str) -> float:
 
 def test_grouped_outputs_equal_plain(model_dir, tmp_path_factory):
     on = serve(model_dir, tmp_path_factory.mktemp("cascade-on"), "--cascade-min-group", "2",
-               "--cascade-min-prefix", "16", "--cascade-min-saved", "0")
+               "--cascade-min-prefix", "16", "--cascade-min-saved", "0", "--cascade-min-saved-eager", "0")
     try:
         got = workload(on)
         metrics, worker_metrics = on.metrics("scheduler"), on.metrics("worker")

@@ -80,6 +80,33 @@ def test_models_health_openapi(server, client):
     assert status == 200
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health"):
         assert path in spec["paths"], path
+    card = client.models.retrieve(MODEL).model_extra
+    assert card["vocab_size"] == stub_info(server).vocab_size and card["max_model_len"] > 0
+
+
+def stub_info(server) -> pb.GetModelInfoResponse:
+    with server.channel() as ch:
+        return pb_grpc.GenerationServiceStub(ch).GetModelInfo(pb.GetModelInfoRequest(), metadata=AUTH, timeout=30)
+
+
+def test_docs_served_without_a_cdn(server):
+    """/docs is Swagger UI whose every asset comes from this server (open without the API key)."""
+    status, _, page = raw(server, "GET", "/docs", key=None)
+    assert status == 200 and "swagger-ui" in page
+    links = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert links and all(u.startswith("/docs/assets/") for u in links), links
+    assert "https://" not in page and "http://" not in page
+    for url in links:
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+        conn.request("GET", url)
+        resp = conn.getresponse()
+        body = resp.read()
+        assert resp.status == 200 and len(body) > 1000, (url, resp.status)
+    bundle = [u for u in links if u.endswith(".js")]
+    assert bundle, links
+    # the asset mount is not a way around the API key
+    assert raw(server, "GET", "/docs/assets/../../v1/models", key=None)[0] in (401, 404)
+    assert raw(server, "GET", "/v1/models", key=None)[0] == 401
 
 
 def test_chat_matches_grpc_and_streams_the_same_text(client, stub):
@@ -182,6 +209,7 @@ def test_seed_reproducible(client):
                     ).choices[0].message.content
 
     assert run(11) == run(11) != run(12)
+    assert run(2**63 + 11) == run(11) and run(2**64 - 1) == run(2**63 - 1)  # uint64 seeds fold to 63 bits
 
 
 def test_usage_and_cached_tokens(client):
@@ -216,7 +244,8 @@ BAD = {  # (endpoint, body) → 400 with a message naming the problem
     "regex that does not compile": ("completions", {"regex": "(ab"}, "regex"),
     "streamed bad regex": ("completions", {"regex": "(ab", "stream": True}, "regex"),
     "unknown response_format": ("chat", {"response_format": {"type": "xml"}}, "response_format.type"),
-    "seed too large": ("chat", {"seed": 2**64 - 1}, "seed"),
+    "seed over uint64": ("chat", {"seed": 2**64}, "seed"),
+    "negative seed": ("chat", {"seed": -1}, "seed must be in"),
     "stream_options without stream": ("chat", {"stream_options": {"include_usage": True}}, "stream"),
 }
 

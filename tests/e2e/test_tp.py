@@ -22,7 +22,7 @@ def servers(demo_dir, tmp_path_factory):
     args = ("--max-prefill-tokens", "64", "--max-running-requests", "6")  # chunked prefill next to decodes
     tp1 = Server(str(d), d / "tp1.log", *args, "--tp", "1", "--disable-cascade-attention")
     tp2 = Server(str(d), d / "tp2.log", *args, "--tp", "2", "--cascade-min-group", "2", "--cascade-min-prefix", "8",
-                 "--cascade-min-saved", "0")
+                 "--cascade-min-saved", "0", "--cascade-min-saved-eager", "0")
     yield tp1, tp2
     for s in (tp1, tp2):
         assert s.stop() == 0, s.log_text()[-3000:]

@@ -80,7 +80,7 @@ def warm(b: Batcher, prompt: list[int]) -> None:
 
 
 def test_requests_under_one_cached_prefix_form_a_group():
-    b = cascade_batcher(CascadePolicy(min_group=3, min_prefix=64, min_saved=0))
+    b = cascade_batcher(CascadePolicy(min_group=3, min_prefix=64, min_saved=0, min_saved_eager=0))
     warm(b, SYSTEM + [1])
     running = []
     waiting = deque(req(SYSTEM + [10 + i, 20 + i], rid=f"q{i}") for i in range(4))
@@ -99,7 +99,7 @@ def test_requests_under_one_cached_prefix_form_a_group():
 def test_deepest_prefix_with_enough_members_wins():
     """Branches of one prompt (n > 1) share more than the system prompt: they group on the prompt,
     the others on the system prompt."""
-    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0))
+    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0, min_saved_eager=0))
     prompt = SYSTEM + list(range(3000, 3100))
     warm(b, prompt + [1])
     warm(b, SYSTEM + [2])
@@ -117,10 +117,17 @@ def test_deepest_prefix_with_enough_members_wins():
 
 def test_thresholds_and_disabled():
     prompts = [SYSTEM + [10 + i] for i in range(4)]
-    for policy, expect in [(CascadePolicy(min_group=5, min_prefix=1, min_saved=0), False),  # too few members
-                           (CascadePolicy(min_group=2, min_prefix=201, min_saved=0), False),  # prefix too short
-                           (CascadePolicy(min_group=2, min_prefix=1, min_saved=601), False),  # saves 600 tokens
-                           (CascadePolicy(min_group=2, min_prefix=1, min_saved=600), True), (None, False)]:
+    # the step decodes one token each (200 of 201 prompt tokens cached), 4 requests: it would replay a graph
+    # of 8 (min_saved applies) and runs eagerly without graphs (min_saved_eager applies); groups save 600 tokens
+    for policy, expect in [(CascadePolicy(min_group=5, min_prefix=1, min_saved=0, min_saved_eager=0), False),
+                           (CascadePolicy(min_group=2, min_prefix=201, min_saved=0, min_saved_eager=0), False),
+                           (CascadePolicy(min_group=2, min_prefix=1, min_saved=601, min_saved_eager=0, graph_bs=8), False),
+                           (CascadePolicy(min_group=2, min_prefix=1, min_saved=600, min_saved_eager=10**6, graph_bs=8),
+                            True),
+                           (CascadePolicy(min_group=2, min_prefix=1, min_saved=0, min_saved_eager=601, graph_bs=0), False),
+                           (CascadePolicy(min_group=2, min_prefix=1, min_saved=10**6, min_saved_eager=600, graph_bs=3),
+                            True),  # (4 requests: above the largest graph)
+                           (None, False)]:
         b = cascade_batcher(policy) if policy else Batcher(KVManager(8192, 64), POLICIES["fcfs"](),
                                                            Limits(64, 4096, 4096))
         warm(b, SYSTEM + [1])
@@ -133,7 +140,7 @@ def test_thresholds_and_disabled():
 def test_a_duplicate_of_a_cached_prefix_is_not_grouped():
     """Two requests computed the same prompt side by side (no cache yet): the second keeps its own
     slots for it after inserting, so it shares no KV with requests that later match the tree."""
-    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0))
+    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0, min_saved_eager=0))
     running = []
     a, dup = req(SYSTEM + [1], rid="a"), req(SYSTEM + [1], rid="dup")
     b.kv.admit(a), b.kv.admit(dup)
@@ -155,7 +162,7 @@ def test_a_duplicate_of_a_cached_prefix_is_not_grouped():
 
 def test_no_cache_no_groups():
     b = Batcher(KVManager(8192, 64, enable_cache=False), POLICIES["fcfs"](), Limits(64, 4096, 4096),
-                CascadePolicy(min_group=2, min_prefix=1, min_saved=0))
+                CascadePolicy(min_group=2, min_prefix=1, min_saved=0, min_saved_eager=0))
     running, waiting = [], deque(req(SYSTEM + [i]) for i in range(4))
     for _ in range(3):
         s = step(b, running, waiting)
@@ -197,7 +204,7 @@ def test_a_request_reading_a_duplicate_below_its_own_inserted_tail_is_not_groupe
     """``dup`` computed SYSTEM + [1] beside ``a`` and inserted its own tail after ``a`` had cached
     the common part: the tree's path to dup's tail node is a's slots, then dup's. Requests matching
     that path share it; dup (its own duplicate slots below) does not."""
-    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0))
+    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0, min_saved_eager=0))
     tail_a, tail_d = list(range(7000, 7040)), list(range(8000, 8040))
     a, dup = req(SYSTEM + [1] + tail_a + [2], rid="a"), req(SYSTEM + [1] + tail_d + [2], rid="dup")
     running = []

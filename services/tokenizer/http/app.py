@@ -23,6 +23,7 @@ from services.tokenizer import tokens, validation
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.http import convert, errors
+from services.tokenizer.http.docs import install_docs
 from services.tokenizer.http import protocol as api
 from services.tokenizer.http.middleware import Edge
 from services.tokenizer.http.streams import ClientGone, merge, unless_disconnected
@@ -72,7 +73,7 @@ class Frontend:
 
     async def generate(self, request: Request, prepared: list[Prepared], rid: str, object_id: str, fmt: Format,
                        stream: bool, include_usage: bool) -> Response:
-        n = prepared[0].n
+        n = prepared[0].req.n
         trace: Trace = request.state.trace  # one trace for the HTTP request, a span per prompt
         rids = [rid] if len(prepared) == 1 else [f"{rid}-{i}" for i in range(len(prepared))]
         for r, p in zip(rids, prepared):
@@ -151,7 +152,8 @@ def _request_id(request: Request, prefix: str) -> str:
 def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, metrics: TokenizerMetrics,
                tracer: Tracer | None = None) -> FastAPI:
     app = FastAPI(title="Banyan", version="1", summary="OpenAI-compatible API of a Banyan tokenizer replica",
-                  redoc_url=None)
+                  docs_url=None, redoc_url=None)
+    install_docs(app)  # /docs with Swagger UI's assets served here, not from a CDN
     errors.install(app)
     app.add_middleware(Edge, api_key=api_key, metrics=metrics)
     front = Frontend(text, client, metrics, tracer)
@@ -187,12 +189,13 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
     async def models() -> api.ModelList:
         info = front.model()
         return api.ModelList(data=[api.ModelCard(id=info.model, created=front.created,
-                                                 max_model_len=info.context_length)])
+                                                 max_model_len=info.context_length, vocab_size=info.vocab_size)])
 
     @app.get("/v1/models/{model:path}", response_model=api.ModelCard, responses=_ERRORS)
     async def model(model: str) -> api.ModelCard:
         info = front.model(model)
-        return api.ModelCard(id=info.model, created=front.created, max_model_len=info.context_length)
+        return api.ModelCard(id=info.model, created=front.created, max_model_len=info.context_length,
+                             vocab_size=info.vocab_size)
 
     @app.post("/tokenize", response_model=api.TokenizeResponse, responses=_ERRORS)
     async def tokenize(body: api.TokenizeRequest) -> api.TokenizeResponse:

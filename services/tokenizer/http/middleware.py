@@ -14,6 +14,7 @@ from services.tokenizer.http.errors import ApiError
 from services.tokenizer.metrics import TokenizerMetrics
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+OPEN_PREFIX = "/docs/assets/"  # Swagger UI's own files
 MAX_BODY = 64 << 20  # bytes, as the gRPC front's message limit
 KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize"})
 
@@ -29,6 +30,8 @@ def _endpoint(path: str) -> str:
     """A bounded metrics label: the route, or "other"."""
     if path in KNOWN_PATHS or path in OPEN_PATHS:
         return path
+    if path.startswith(OPEN_PREFIX):
+        return OPEN_PREFIX + "*"
     return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
 
 
@@ -77,7 +80,9 @@ class Edge:
             self.metrics.http_requests.labels(endpoint, str(status)).inc()
 
     def _refuse(self, scope: Scope) -> ApiError | None:
-        if scope["path"] not in OPEN_PATHS and not self.api_key.allows(_header(scope, b"authorization")):
+        path = scope["path"]
+        if path not in OPEN_PATHS and not path.startswith(OPEN_PREFIX) and not self.api_key.allows(
+                _header(scope, b"authorization")):
             return ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                             type="authentication_error", code="invalid_api_key")
         length = _header(scope, b"content-length")

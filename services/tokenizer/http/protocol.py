@@ -25,7 +25,7 @@ def _unicode(s: str) -> str:
 
 Text = Annotated[str, AfterValidator(_unicode)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # seeds: validation keeps [0, 2**63)
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # seeds: validation takes [0, 2**64), folds to 2**63
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
@@ -234,6 +234,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "banyan"
     max_model_len: int
+    vocab_size: int = Field(description="Banyan extension: token ids are in [0, vocab_size) (banyan bench asks it)")
 
 
 class ModelList(BaseModel):

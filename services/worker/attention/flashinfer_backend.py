@@ -20,6 +20,13 @@ one of three plans:
 Page indices are gathered on the device from the table rows (``kv_indices``); the indptr arrays
 are built on the host from the lengths the batch already carries there, which is where
 FlashInfer's planner reads them (so planning never waits for the device).
+
+An FP8 pool (``--kv-cache-dtype fp8_e4m3``) is planned with ``kv_data_type`` e4m3 and the model
+dtype for queries (FlashInfer's FP8-KV kernels: decode with or without tensor cores, FA2 paged
+prefill); every ``run`` that reads the pool gets the layer's ``k_scale`` / ``v_scale`` (FlashInfer
+folds k_scale into the softmax scale and multiplies the output by v_scale). Per-head scales, which
+its kernels do not take, scale q before and the output after instead. The ragged plan reads the
+new tokens' own K/V, never the pool, so it takes no scales.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ class FlashInferAttention(AttentionBackend):
         prefill_backend: str = "auto",  # FlashInfer's choice: FA3 on Hopper, else FA2
         decode_tensor_cores: bool | None = None,  # None: when the GQA group is >= 4
         decode_backend: str = "auto",  # tensor-core decode: FA2 (auto) or FA3
+        shared_backend: str = "fa2",  # the shared-prefix level of cascade steps
     ) -> None:
         import flashinfer
 
@@ -92,19 +100,25 @@ class FlashInferAttention(AttentionBackend):
         )
         self.paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
         self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
-        self.shared = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
+        # the shared level: a few groups of (members x GQA group) query rows against a long prefix; FA3
+        # leaves its 128-row tiles mostly empty there, FA2 runs it 3.3x faster (docs/perf.md, H200)
+        self.shared = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=shared_backend)
         self._graph_decode: dict[int, object] = {}  # batch size -> wrapper on fixed buffers
         self._graph_plan_info: dict[int, list] = {}  # batch size -> FlashInfer's plan at capture
         self._fast_replan = self.tensor_cores and self.decode_backend in ("auto", "fa2")
         self._ones = torch.ones(256, dtype=torch.int32)  # host: last_page_len (every page holds 1 token)
         self._heads = (num_q_heads, self.num_kv_heads, self.head_dim)
-        self._dtypes = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype)
+        self._dtypes = dict(q_data_type=pool.compute_dtype, kv_data_type=pool.dtype)
+        self._scales = _kernel_scales(pool, num_q_heads) if pool.quantized else None  # per layer
+        self._scale_kw: dict[str, float] = {}  # the current layer's, for the runs that read the pool
+        self._reads_pool = True
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
         self._run: Run = self._run_ragged
 
     # --- per step ------------------------------------------------------------------------------
     def prepare(self, batch: AttentionBatch) -> None:
         self._out_slots = batch.out_slots
+        self._reads_pool = True
         prefix = np.asarray(batch.prefix_lens_cpu, dtype=np.int64)
         extend = np.asarray(batch.extend_lens_cpu, dtype=np.int64)
         if batch.cascade is not None:
@@ -113,17 +127,20 @@ class FlashInferAttention(AttentionBackend):
             self._plan_decode(batch, self.decode)
         elif not prefix.any():
             qo_indptr = _indptr(extend)
-            self.ragged.plan(qo_indptr, qo_indptr, *self._heads, causal=True, **self._dtypes)
-            self._run = self._run_ragged
+            self.ragged.plan(qo_indptr, qo_indptr, *self._heads, causal=True, q_data_type=self.pool.compute_dtype)
+            self._run, self._reads_pool = self._run_ragged, False
         else:
             own = self._plan_own(batch, prefix, extend, None, lse=False)
             self._run = lambda q, k, v, k_cache, v_cache: own(q, (k_cache, v_cache))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]  # (S, Hkv, D)
-        k_cache.index_copy_(0, self._out_slots, k)
-        v_cache.index_copy_(0, self._out_slots, v)
-        return self._run(q, k, v, k_cache, v_cache)  # (T, Hq, D)
+        if self._scales is None or not self._reads_pool:
+            return self._run(q, k, v, k_cache, v_cache)  # (T, Hq, D)
+        self._scale_kw, q_mul, o_mul = self._scales[layer]
+        out = self._run(q if q_mul is None else q * q_mul, k, v, k_cache, v_cache)
+        return out if o_mul is None else out * o_mul
 
     def _plan_own(self, batch: AttentionBatch, prefix: np.ndarray, extend: np.ndarray, skip: np.ndarray | None,
                   lse: bool) -> Callable:
@@ -175,10 +192,10 @@ class FlashInferAttention(AttentionBackend):
                              starts=starts)
         if decode:
             self.decode.plan(_indptr(own), indices, self._last_page_len(n), *self._heads, 1, **self._dtypes)
-            return lambda q, kv: self.decode.run(q, kv, return_lse=lse)
+            return lambda q, kv: self.decode.run(q, kv, return_lse=lse, **self._scale_kw)
         self.paged.plan(_indptr(extend), _indptr(own), indices, self._last_page_len(n), *self._heads, 1,
                         causal=True, **self._dtypes)
-        return lambda q, kv: self.paged.run(q.contiguous(), kv, return_lse=lse)
+        return lambda q, kv: self.paged.run(q.contiguous(), kv, return_lse=lse, **self._scale_kw)
 
     def _plan_cascade(self, batch: AttentionBatch, prefix: np.ndarray, extend: np.ndarray) -> None:
         c, dev = batch.cascade, self.pool.device
@@ -191,7 +208,7 @@ class FlashInferAttention(AttentionBackend):
 
         def run(q, k, v, k_cache, v_cache) -> torch.Tensor:
             out, lse = level1(q, (k_cache, v_cache))
-            o0, lse0 = self.shared.run(q.index_select(0, idx), (k_cache, v_cache), return_lse=True)
+            o0, lse0 = self.shared.run(q.index_select(0, idx), (k_cache, v_cache), return_lse=True, **self._scale_kw)
             o1, lse1 = out.index_select(0, idx), lse.index_select(0, idx)
             self._fi.merge_state_in_place(o1, lse1, o0, lse0)
             return out.index_copy_(0, idx, o1)
@@ -215,7 +232,7 @@ class FlashInferAttention(AttentionBackend):
 
     def prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
-        self._out_slots = batch.out_slots
+        self._out_slots, self._reads_pool = batch.out_slots, True
         wrapper = self._graph_decode[bs]
         if self._fast_replan and bs in self._graph_plan_info:
             try:
@@ -253,7 +270,7 @@ class FlashInferAttention(AttentionBackend):
         indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, int(seq_lens.sum()))
         wrapper.plan(_indptr(seq_lens), indices, self._last_page_len(batch.num_reqs), *self._heads, 1,
                      **self._dtypes)
-        self._run = lambda q, k, v, k_cache, v_cache: wrapper.run(q, (k_cache, v_cache))  # q: strided view
+        self._run = lambda q, k, v, k_cache, v_cache: wrapper.run(q, (k_cache, v_cache), **self._scale_kw)  # q: strided
 
     def _last_page_len(self, n: int) -> torch.Tensor:
         if n > self._ones.numel():
@@ -262,3 +279,18 @@ class FlashInferAttention(AttentionBackend):
 
     def _run_ragged(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
         return self.ragged.run(q.contiguous(), k.contiguous(), v.contiguous())
+
+
+def _kernel_scales(pool: KVPool, num_q_heads: int) -> list[tuple[dict[str, float], torch.Tensor | None,
+                                                                  torch.Tensor | None]]:
+    """Per layer: the ``run`` keywords of an FP8 pool's scales when they are one per layer, else
+    none and the per-q-head multipliers of q (its KV head's k scale) and of the output (v scale)."""
+    out = []
+    group = num_q_heads // pool.scales.k[0].numel()
+    for k, v in zip(pool.scales.k, pool.scales.v, strict=True):
+        if bool((k == k[0]).all()) and bool((v == v[0]).all()):
+            out.append((dict(k_scale=float(k[0]), v_scale=float(v[0])), None, None))
+        else:
+            per_head = [s.repeat_interleave(group)[:, None].to(pool.compute_dtype).to(pool.device) for s in (k, v)]
+            out.append(({}, *per_head))
+    return out

@@ -1,6 +1,6 @@
 """Reference attention in plain PyTorch (any device): one masked attention per request, and per
 shared-prefix group (cascade) one unmasked attention of the members' new tokens over the shared
-KV, merged with each member's attention over its own positions."""
+KV, merged with each member's attention over its own positions. An FP8 pool is read dequantized."""
 
 from __future__ import annotations
 
@@ -58,20 +58,19 @@ class TorchAttention(AttentionBackend):
                                            slots=batch.req_to_token[row, :n].long()))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]  # (S, Hkv, D)
-        k_cache.index_copy_(0, self._out_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, self._out_slots, v.to(v_cache.dtype))
+        self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
+        read = self.pool.read  # (layer, slots) -> K, V (L, Hkv, D), dequantized when FP8
         if not self._groups:
             out = torch.empty_like(q)  # (T, Hq, D)
             for r in self._requests:
-                out[r.tokens] = _attend(q[r.tokens], k_cache[r.slots], v_cache[r.slots], r.causal, False)[0].to(q.dtype)
+                out[r.tokens] = _attend(q[r.tokens], *read(layer, r.slots), r.causal, False)[0].to(q.dtype)
             return out
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # (T, Hq)
         for r in self._requests:
-            out[r.tokens], lse[r.tokens] = _attend(q[r.tokens], k_cache[r.slots], v_cache[r.slots], r.causal)
+            out[r.tokens], lse[r.tokens] = _attend(q[r.tokens], *read(layer, r.slots), r.causal)
         for g in self._groups:  # the shared prefix, once per group
-            o0, l0 = _attend(q[g.tokens], k_cache[g.slots], v_cache[g.slots], None)
+            o0, l0 = _attend(q[g.tokens], *read(layer, g.slots), None)
             out[g.tokens], lse[g.tokens] = merge_states(out[g.tokens], lse[g.tokens], o0, l0)
         return out.to(q.dtype)
 

@@ -34,8 +34,8 @@ class CausalLM(Protocol):
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """input_ids, positions (T,) int64 -> hidden (T, H)."""
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(N, H) -> (N, V) float32, full vocabulary."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, H) -> (N, V) float32, full vocabulary (written into ``out`` when given)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[tuple[str, ShardId]]: ...
 

@@ -5,6 +5,10 @@ Every parameter carries a ``weight_loader(param, loaded, shard_id=None)`` that c
 part of a checkpoint tensor into it; fused parameters (q/k/v, gate/up) also carry ``shard_ids``,
 the shards that must all be loaded. Parameters are created with ``torch.empty`` under the
 caller's default device and dtype, and are filled only by their loaders.
+
+Linear layers built inside ``quant.fp8_linears(True)`` hold FP8 (e4m3) weights and a per-row
+``weight_scale`` (``derived``: filled by the weight's loader, from the checkpoint's FP8 weight and
+scale or by quantizing its weight) and multiply through ``quant.fp8.fp8_linear``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.ops import current_ops
+from services.worker.quant import fp8_linears_enabled
+from services.worker.quant.fp8 import FP8, QuantizedWeight, fp8_linear, load_fp8_rows
 
 ShardId = str | int | None
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, ShardId], None]
@@ -62,6 +68,8 @@ def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if isinstance(src, QuantizedWeight):  # (the checkpoint reader passes these to FP8 linears only)
+        raise ValueError(f"an FP8 checkpoint weight for a parameter of dtype {dst.dtype}")
     if dst.shape != src.shape:
         raise ValueError(f"checkpoint shard has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
     dst.copy_(src)
@@ -71,10 +79,29 @@ def load_replicated(param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId
     _copy(param.data, loaded)
 
 
-def _param(*shape: int, loader: WeightLoader = load_replicated) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(shape), requires_grad=False)
+def _param(*shape: int, loader: WeightLoader = load_replicated, dtype: torch.dtype | None = None) -> nn.Parameter:
+    param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
     param.weight_loader = loader
     return param
+
+
+class _Linear(nn.Module):
+    """The weight (out, in) of a linear layer, FP8 with ``weight_scale`` when built so."""
+
+    def _init_weight(self, out_features: int, in_features: int) -> None:
+        self.fp8 = fp8_linears_enabled()
+        self.weight = _param(out_features, in_features, loader=self.weight_loader, dtype=FP8 if self.fp8 else None)
+        if self.fp8:
+            self.weight_scale = _param(out_features, loader=self.weight_loader, dtype=torch.float32)
+            self.weight_scale.derived = True
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
+        raise NotImplementedError
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.fp8:
+            return fp8_linear(x, self.weight, self.weight_scale, bias)
+        return F.linear(x, self.weight, bias)
 
 
 @dataclass(frozen=True)
@@ -84,14 +111,14 @@ class _Shard:
     start: int  # first row in the checkpoint tensor
 
 
-class _ColumnSharded(nn.Module):
+class _ColumnSharded(_Linear):
     """y = x W^T + b where W (and b) hold this rank's rows of one or more checkpoint tensors."""
 
     def __init__(self, in_features: int, shards: dict[ShardId, _Shard], bias: bool) -> None:
         super().__init__()
         self._shards = shards
         out_features = sum(s.size for s in shards.values())
-        self.weight = _param(out_features, in_features, loader=self.weight_loader)
+        self._init_weight(out_features, in_features)
         self.bias = _param(out_features, loader=self.weight_loader) if bias else None
         if list(shards) != [None]:
             for p in self.parameters():
@@ -99,10 +126,13 @@ class _ColumnSharded(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
         s = self._shards[shard_id]
-        _copy(param.data.narrow(0, s.offset, s.size), loaded.narrow(0, s.start, s.size))
+        if self.fp8 and param is self.weight:
+            load_fp8_rows(param.data, self.weight_scale.data, loaded, (s.offset, s.size), (s.start, s.size))
+        else:
+            _copy(param.data.narrow(0, s.offset, s.size), loaded.narrow(0, s.start, s.size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in) -> (T, out_local)
-        return F.linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
 
 
 class ColumnParallelLinear(_ColumnSharded):
@@ -145,21 +175,26 @@ class QKVParallelLinear(_ColumnSharded):
         self.num_heads, self.num_kv_heads = num_heads_local, num_kv_local  # this rank's heads
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear):
     """Input features split across ranks; partial outputs are all-reduced, then the bias added."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
         super().__init__()
         self.tp = tp
         self.in_per_rank = divide(in_features, tp.size)
-        self.weight = _param(out_features, self.in_per_rank, loader=self.weight_loader)
+        self._init_weight(out_features, self.in_per_rank)
         self.bias = _param(out_features) if bias else None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
-        _copy(param.data, loaded.narrow(1, self.tp.rank * self.in_per_rank, self.in_per_rank))
+        cols = (self.tp.rank * self.in_per_rank, self.in_per_rank)
+        if self.fp8 and param is self.weight:  # (whole rows' scales: the same on every rank)
+            rows = (0, param.shape[0])
+            load_fp8_rows(param.data, self.weight_scale.data, loaded, rows, rows, cols)
+        else:
+            _copy(param.data, loaded.narrow(1, *cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in_local) -> (T, out)
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(self._matmul(x, None))
         return y if self.bias is None else y + self.bias
 
 
@@ -191,9 +226,10 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection sharded like the embedding (so it can share its weight)."""
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, V) float32
-        logits = self.tp.all_gather(F.linear(hidden, self.weight))  # (N, V padded)
-        return logits[:, : self.vocab_size].float()
+    def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, H) -> (N, V) float32, into ``out`` (N, V) when given (a CUDA graph's shared buffer)."""
+        logits = self.tp.all_gather(F.linear(hidden, self.weight))[:, : self.vocab_size]  # (N, V)
+        return logits.float() if out is None else out.copy_(logits)
 
 
 class RMSNorm(nn.Module):

@@ -169,9 +169,9 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions (T,) int64 -> final-normed hidden states (T, H)."""
         return self.model(input_ids, positions, attn)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(N, H) -> (N, V) float32 over the full vocabulary."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, H) -> (N, V) float32 over the full vocabulary (into ``out`` when given)."""
+        return self.lm_head(hidden, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[WeightKey]:
         """Copy HF-named checkpoint tensors into the parameters; returns what was loaded."""

@@ -1,4 +1,5 @@
-"""Reads an HF model directory: its ``ModelSpec`` and its safetensors weights."""
+"""Reads an HF model directory: its ``ModelSpec`` and its safetensors weights (FP8 checkpoints and
+``--quantization fp8``: services/worker/quant)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from services.worker.models import CausalLM, model_class, supported_architectures
 from services.worker.models.layers import TPGroup, kv_heads_per_rank
 from services.worker.models.llama import DecoderConfig
 from services.worker.models.ops import TORCH_OPS, Ops, use_ops
+from services.worker.quant import fp8_linears
+from services.worker.quant.checkpoint import Checkpoint, read_weights
+from services.worker.quant.config import QuantConfig, resolve_quantization
 
 
 @dataclass(frozen=True)
@@ -47,34 +50,32 @@ def load_model(
     device: torch.device | str,
     tp: TPGroup | None = None,
     ops: Ops = TORCH_OPS,
+    quantization: str = "",
 ) -> tuple[CausalLM, ModelSpec]:
     """Build the model for this rank (uninitialized) on ``ops``'s kernels and fill every parameter
-    from the checkpoint."""
+    from the checkpoint. ``quantization`` is ``--quantization``; with it or an FP8 checkpoint the
+    linear layers hold FP8 weights. The model gets ``quant`` (the ``QuantConfig``, or None) and
+    ``kv_scales`` (the checkpoint's KV-cache scales: layer → "k" / "v" → tensor; maybe empty)."""
     model_dir = Path(model_dir)
     cls, config, spec = _resolve(model_dir)
-    with torch.device(device), _default_dtype(dtype), use_ops(ops):
+    quant = quant_config(model_dir, quantization)
+    with torch.device(device), _default_dtype(dtype), use_ops(ops), fp8_linears(quant is not None):
         model = cls(config, tp or TPGroup())
-    loaded = model.load_weights(iter_safetensors(model_dir))
-    expected = {(name, s) for name, p in model.named_parameters() for s in getattr(p, "shard_ids", (None,))}
+    kv_scales: dict[int, dict[str, torch.Tensor]] = {}
+    loaded = model.load_weights(read_weights(Checkpoint(model_dir), quant, kv_scales))
+    expected = {(name, s) for name, p in model.named_parameters() for s in getattr(p, "shard_ids", (None,))
+                if not getattr(p, "derived", False)}  # (FP8 weight scales: loaded with their weights)
     if missing := expected - loaded:
         names = sorted(name if s is None else f"{name} (shard {s})" for name, s in missing)
         raise ValueError(f"{model_dir}: the checkpoint lacks {len(names)} weights: {', '.join(names)}")
+    model.quant, model.kv_scales = quant, kv_scales
     return model, spec
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) of every tensor; with an index json, only the files it maps."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(_read_json(index)["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    for file in files:
-        with safe_open(model_dir / file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
-                yield name, f.get_tensor(name)
+def quant_config(model_dir: str | Path, quantization: str = "") -> QuantConfig | None:
+    """The weight quantization the model is served with (ValueError: an unsupported one)."""
+    config_path = Path(model_dir) / "config.json"
+    return resolve_quantization(_read_json(config_path), quantization, str(config_path))
 
 
 def _resolve(model_dir: Path) -> tuple[type[CausalLM], DecoderConfig, ModelSpec]:

@@ -1,0 +1,1 @@
+"""Operator tools behind `banyan check-env` and `banyan top`."""

@@ -1,0 +1,140 @@
+"""FP8 (e4m3) numerics shared by the weights and the KV cache, in plain PyTorch (any device); the
+CUDA kernels that fuse some of them are in ``triton_kernels.py``.
+
+Conventions: a quantized tensor ``q`` and its *dequantization* scale ``s`` stand for ``q * s``
+(FP8 checkpoints' ``weight_scale`` and ``k_scale`` / ``v_scale`` mean the same). Values beyond the
+format's range saturate at ±448 (a plain cast would make them NaN).
+
+Linear layers (``fp8_linear``): weights (N, K) e4m3 with one scale per output row; activations
+quantized per token (row) at run time, x ≈ xq * sx (sx = max|x_row| / 448). On CUDA with bf16/fp16
+activations the GEMM is ``torch._scaled_mm`` with row-wise scales on both sides; elsewhere (the
+CPU, odd shapes) the same quantized operands are dequantized and multiplied in fp32, so CPU tests
+see the GPU path's quantization error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+_TINY = 1e-12  # scale floor: an all-zero row quantizes to zeros
+Tensor = torch.Tensor
+
+
+def quantize(x: Tensor, scale: Tensor | float) -> Tensor:
+    """x / scale, saturated, as e4m3 (scale broadcast against x)."""
+    return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-row (per output channel) quantization of a 2-D tensor → (q (N, K) e4m3, scale (N,) fp32)."""
+    scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp_(min=_TINY)
+    return quantize(w, scale[:, None]), scale
+
+
+def quantize_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Dynamic per-token quantization of activations (T, K) → (q (T, K) e4m3, scale (T, 1) fp32)."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp_(min=_TINY)
+    return quantize(x, scale), scale
+
+
+def dequantize_blocks(q: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+    """A block-wise quantized weight (N, K) with scales (ceil(N/b0), ceil(K/b1)) → fp32 (N, K)."""
+    n, k = q.shape
+    expected = (-(-n // block[0]), -(-k // block[1]))
+    if tuple(scale.shape) != expected:
+        raise ValueError(f"block scales of shape {tuple(scale.shape)} for a {n}x{k} weight in {block[0]}x{block[1]} "
+                         f"blocks; expected {expected}")
+    full = scale.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
+    return q.float() * full
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A checkpoint's FP8 weight (N, K) with its scale: per tensor (1,) or per row (N,)."""
+
+    data: Tensor
+    scale: Tensor
+
+    def __post_init__(self) -> None:
+        if self.data.dtype != FP8:
+            raise ValueError(f"an FP8 checkpoint weight of dtype {self.data.dtype}; expected {FP8}")
+        if self.scale.numel() not in (1, self.data.shape[0]):
+            raise ValueError(f"weight scale of shape {tuple(self.scale.shape)} for a weight of shape "
+                             f"{tuple(self.data.shape)}: expected one per tensor or one per output row")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def row_scale(self) -> Tensor:
+        """(N,) float32."""
+        s = self.scale.float().reshape(-1)
+        return s.expand(self.data.shape[0]) if s.numel() == 1 else s
+
+
+def load_fp8_rows(weight: Tensor, scale: Tensor, loaded: Tensor | QuantizedWeight, dst: tuple[int, int],
+                  src: tuple[int, int], cols: tuple[int, int] | None = None) -> None:
+    """Copy rows ``src`` (start, size) of a checkpoint weight into rows ``dst`` (offset, size) of an
+    FP8 parameter and its per-row ``scale``, only columns ``cols`` (start, size) when given (a
+    row-parallel shard). An FP8 checkpoint weight is copied as it is; any other is quantized per row
+    first — over whole rows, so every tensor-parallel rank gets the same scales."""
+    if isinstance(loaded, QuantizedWeight):
+        q, s = loaded.data, loaded.row_scale()
+    else:
+        q, s = quantize_rows(loaded.narrow(0, src[0], src[1]).to(weight.device))
+        src = (0, src[1])
+    q, s = q.narrow(0, *src), s.narrow(0, *src)
+    if cols is not None:
+        q = q.narrow(1, *cols)
+    w_dst = weight.narrow(0, *dst)
+    if w_dst.shape != q.shape:
+        raise ValueError(f"checkpoint shard has shape {tuple(q.shape)}, expected {tuple(w_dst.shape)}")
+    w_dst.copy_(q)
+    scale.narrow(0, *dst).copy_(s)
+
+
+# --- linear layers -------------------------------------------------------------------------------
+
+ActQuant = Callable[[Tensor], tuple[Tensor, Tensor]]
+_act_quant: ActQuant = quantize_per_token  # on CUDA: the Triton kernel once ``enable_cuda_kernels`` checked it
+_scaled_mm = True  # off when torch._scaled_mm failed its check on the device (then: dequantize and multiply)
+
+
+def set_activation_quant(fn: ActQuant) -> None:
+    global _act_quant
+    _act_quant = fn
+
+
+def check_scaled_mm(device: torch.device) -> bool:
+    """``torch._scaled_mm`` with row-wise scales works on ``device`` and agrees with the dequantized
+    product; else FP8 linears there dequantize and multiply (correct, slower)."""
+    global _scaled_mm
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(48, 64, generator=g), torch.randn(5, 64, generator=g).bfloat16()
+    q, s = quantize_rows(w)
+    try:
+        got = fp8_linear(x.to(device), q.to(device), s.to(device), None).float().cpu()
+        want = fp8_linear(x, q, s, None).float()
+        _scaled_mm = bool(((got - want).norm() / want.norm()) < 1e-2)
+    except Exception:  # an arch or a cuBLAS without FP8 GEMMs
+        _scaled_mm = False
+    return _scaled_mm
+
+
+def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
+    """y = x W^T (+ b) with W ≈ weight * scale[:, None] (weight (N, K) e4m3, scale (N,) fp32) and x
+    quantized per token; x (T, K) → y (T, N) in x's dtype."""
+    n, k = weight.shape
+    if x.is_cuda and _scaled_mm and x.dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % 16 == 0:
+        xq, xs = _act_quant(x)
+        y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
+    else:
+        xq, xs = quantize_per_token(x)
+        y = F.linear(xq.float() * xs, weight.float() * scale[:, None]).to(x.dtype)
+    return y if bias is None else y + bias

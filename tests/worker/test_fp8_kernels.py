@@ -1,0 +1,54 @@
+"""The FP8 Triton kernels (per-token activation quantization, the quantized KV write) in Triton's
+interpreter on the CPU, against the PyTorch reference math: indexing, strides, per-head scales,
+saturation, all-zero rows. They write float32 here (the interpreter's emulated fp8 cast does not
+round as the GPU does); the e4m3 cast itself is checked on the GPU at start-up (``check_*``) and by
+benchmarks/gpu/fp8_check.py. Skipped visibly where Triton is not installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = r"""
+import torch
+from services.worker.quant import triton_kernels as tk
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(6, 300, generator=g) * torch.logspace(-2, 3, 6)[:, None]
+x[2] = 0
+x[4, 7] = 1e6  # one outlier: its row's scale follows it
+q, s = tk.per_token_quant(x[:, :280], out_dtype=torch.float32)  # a strided view (rows of 300)
+s_ref = (x[:, :280].abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+assert torch.allclose(s, s_ref, rtol=1e-6, atol=0), (s, s_ref)
+assert torch.allclose(q, (x[:, :280] / s_ref).clamp(-448, 448), rtol=1e-5, atol=1e-6)
+assert (q[2] == 0).all() and q[4, 7] == 448
+
+t, hkv, d = 5, 3, 24  # head_dim not a power of two
+qkv = torch.randn(t, (4 + 2 * hkv) * d, generator=g) * 300
+k = qkv[:, 4 * d:(4 + hkv) * d].unflatten(-1, (hkv, d))
+v = qkv[:, (4 + hkv) * d:].unflatten(-1, (hkv, d))
+slots = torch.tensor([7, 2, 11, 0, 5])
+k_inv, v_inv = torch.tensor([1.0, 0.5, 4.0]), torch.tensor([2.0, 1.0, 0.25])
+kc, vc = torch.full((12, hkv, d), -1.0), torch.full((12, hkv, d), -1.0)
+tk.store_kv(kc, vc, slots, k, v, k_inv, v_inv)
+assert torch.equal(kc[slots], (k * k_inv[:, None]).clamp(-448, 448))
+assert torch.equal(vc[slots], (v * v_inv[:, None]).clamp(-448, 448))
+rest = torch.ones(12, dtype=torch.bool)
+rest[slots] = False
+assert (kc[rest] == -1).all() and (vc[rest] == -1).all()
+assert (kc[slots].abs().amax() == 448) and (vc[slots].abs().amax() == 448)  # saturated somewhere
+print("kernels ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_triton_kernels_in_the_interpreter() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0 and "kernels ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
