@@ -81,7 +81,9 @@ class KvEventPublisher:
         self.pending: list[KvStored | KvRemoved | KvCleared] = []
         self.seq = 0
         self.cache: PrefixCache | None = None
-        self._memo: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()  # (ns, blocks, hash) → digest
+        # (ns, blocks, hash of their tokens) → the digest of the last: where chains were left (Python's
+        # tuple hash is not salted: a collision, 1 in 2^64, would misname a block, never crash)
+        self._memo: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._pub: zmq.Socket | None = None
         self.endpoint = ""
         self._topic = topic.encode()
@@ -160,22 +162,24 @@ class KvEventPublisher:
             self.pending.append(KvRemoved(hashes=[block_id(d) for d in reversed(self._chain(ns, key, first, last))]))
 
     def _chain(self, ns: str, key: Sequence[int], first: int, last: int) -> list[bytes]:
-        """Digests of blocks [first, last) of ``key``, from the memo of where a chain was left."""
+        """Digests of blocks [first, last) of ``key``; the chain up to ``first`` comes from the
+        memo of where earlier chains ended (a prefix is hashed once, then looked up)."""
         bs = self.block_size
-        prior, done = ns_seed(ns), 0
+        prior = ns_seed(ns)
         if first:
-            head = np.asarray(key[:first * bs], dtype="<u4").tobytes()
-            prior = self._memo.get((ns, first, hash(head)))
+            head = (ns, first, hash(tuple(key[:first * bs])))
+            prior = self._memo.get(head)
             if prior is None:
-                digests = chain(key[:first * bs], bs, ns_seed(ns))
-                prior = digests[-1]
-            done = first
-        out = chain(key[:last * bs], bs, prior, done)
-        tail = np.asarray(key[:last * bs], dtype="<u4").tobytes()
-        self._memo[(ns, last, hash(tail))] = out[-1]
-        while len(self._memo) > MEMO:
-            self._memo.popitem(last=False)
+                prior = chain(key[:first * bs], bs, ns_seed(ns))[-1]
+                self._remember(head, prior)
+        out = chain(key[:last * bs], bs, prior, first)
+        self._remember((ns, last, hash(tuple(key[:last * bs]))), out[-1])
         return out
+
+    def _remember(self, at: tuple[str, int, int], digest: bytes) -> None:
+        self._memo[at] = digest
+        if len(self._memo) > MEMO:
+            self._memo.popitem(last=False)
 
     # ---- once per step -------------------------------------------------------------------------
     def flush(self, now: float | None = None) -> None:
