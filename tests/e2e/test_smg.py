@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,8 +46,7 @@ class Gateway:
                "--log-level", "info"]
         # loopback only: the hub lookup of the tokenizer (the model is not on the hub) fails at once and
         # the gateway takes the engines' (GetTokenizer)
-        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "1",
-               "NO_COLOR": "1"}
+        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "1"}
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -75,9 +75,10 @@ class Gateway:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
     def log_text(self) -> str:
+        """The gateway's log, without its terminal colours."""
         if not self._log.closed:
             self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        return re.sub(r"\x1b\[[0-9;]*m", "", self.log_path.read_text(errors="replace"))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -283,6 +284,8 @@ def test_a_prefix_family_lands_on_one_engine(gateway, engines):
             prompt = r.usage.prompt_tokens
     where = {engine_of(engines, rid) for rid in rids}
     assert len(where) == 1, where
+    # the gateway routes on the engines' KV events: it learned their block size from them
+    assert "Learned block_size from KV event model_id=banyan-demo block_size=16" in gateway.log_text()
     assert all(c >= prompt - 24 for c in cached[1:]), (cached, prompt)  # the family's prefix was cached
 
 

@@ -139,8 +139,9 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
 
     # ---- engine state --------------------------------------------------------------------------
     async def HealthCheck(self, request, context) -> pb.HealthCheckResponse:
-        """Healthy when the model is loaded, not shutting down, some group serves and every
-        serving group's scheduler answers a load probe (its loop is alive)."""
+        """Healthy when the model is loaded, the replica is not shutting down, a group serves (a
+        lost worker's group does not) and the schedulers answer a load probe (their loops are
+        alive; with data parallelism a silent group is routed around, as Banyan's health says)."""
         if self.client.closing:
             return pb.HealthCheckResponse(healthy=False, message="shutting down")
         if not self.client.ready.is_set():
@@ -148,7 +149,8 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         try:
             await self.client.loads(timeout=5.0)
         except Unavailable as e:
-            return pb.HealthCheckResponse(healthy=False, message=str(e))
+            if len(self.client.links) == 1:
+                return pb.HealthCheckResponse(healthy=False, message=str(e))
         return pb.HealthCheckResponse(healthy=True, message="serving")
 
     async def GetModelInfo(self, request, context) -> pb.GetModelInfoResponse:
