@@ -82,7 +82,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rows = [run(False, args), run(True, args)]
-    print(f"{'listener':>10} | {'insert µs p50/p99':>18} | {'evict µs p50/p99':>18} | {'flush µs p50/p99':>18} | events")
+    heads = [f"{op} µs p50/p99" for op in ("insert", "evict", "flush")]
+    print(f"{'listener':>10} | " + " | ".join(f"{h:>18}" for h in heads) + " | events")
     for r in rows:
         cells = [f"{r[k]['median_us']:7.1f} / {r[k]['p99_us']:7.1f}" for k in ("insert", "evict", "flush")]
         print(f"{'subscribed' if r['listening'] else 'none':>10} | " + " | ".join(f"{c:>18}" for c in cells)

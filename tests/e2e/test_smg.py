@@ -17,7 +17,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import jsonschema

@@ -107,7 +107,8 @@ def test_chunks_and_completions():
     assert msg.WhichOneof("response") == "chunk" and msg.request_id == "r"
     c = msg.chunk
     assert (list(c.token_ids), c.prompt_tokens, c.completion_tokens, c.index) == ([11, 13], 7, 2, 1)
-    assert list(c.output_logprobs.token_ids) == [11, 13] and list(c.output_logprobs.top_logprobs[1].token_ids) == [13, 2]
+    assert list(c.output_logprobs.token_ids) == [11, 13]
+    assert list(c.output_logprobs.top_logprobs[1].token_ids) == [13, 2]
     last = Chunk(1, [3], "", FinishReason.STOP, Usage(7, 3, 4), matched_stop_token_id=3,
                  logprobs=[TokenLogprob(3, -0.1, [(3, -0.1), (9, -3.0)])])
     b.ids += last.token_ids
@@ -119,7 +120,8 @@ def test_chunks_and_completions():
     assert list(done.output_logprobs.token_ids) == [11, 13, 3] and not done.output_logprobs.top_logprobs
     streamed = convert.complete("r", last, b, streamed=True, top=True).complete
     assert list(streamed.output_ids) == [3] and len(streamed.output_logprobs.top_logprobs) == 1
-    by_string = convert.complete("r", Chunk(0, [], "", FinishReason.STOP, Usage(7, 1, 0), matched_stop="\n"), b, True, False)
+    end = Chunk(0, [], "", FinishReason.STOP, Usage(7, 1, 0), matched_stop="\n")
+    by_string = convert.complete("r", end, b, True, False)
     assert by_string.complete.WhichOneof("matched_stop") == "matched_stop_str"
     assert by_string.complete.matched_stop_str == "\n" and not by_string.complete.HasField("output_logprobs")
 

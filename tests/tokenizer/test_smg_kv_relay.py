@@ -65,7 +65,7 @@ class Mirror:
                     parent = b.block_hash
             elif kind == "removed":
                 for h in ev.removed.block_hashes:
-                    assert not any(p == h for p, _ in self.blocks.values() if p is not None), "a parent before its child"
+                    assert all(p != h for p, _ in self.blocks.values()), "a parent before its child"
                     del self.blocks[h]
 
 

@@ -66,7 +66,7 @@ def scheduler_load(g: int, load: Load, info: ModelInfo, sections: set[str]) -> p
                            num_total_reqs=load.num_running + load.num_waiting, num_used_tokens=used,
                            max_total_num_tokens=load.kv_pool, token_usage=used / load.kv_pool if load.kv_pool else 0.0,
                            cache_hit_rate=load.prefill_cached_tokens / computed if computed else 0.0,
-                           utilization=load.num_running / info.max_running_requests,
+                           utilization=load.num_running / max(info.max_running_requests, 1),
                            max_running_requests=info.max_running_requests)
     if sections & {"memory", "all"}:
         out.memory.CopyFrom(pb.MemoryMetrics(token_capacity=load.kv_pool))
