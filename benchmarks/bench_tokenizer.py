@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from shared.messages.codec import Codec  # noqa: E402
+from shared.messages.common import FinishReason  # noqa: E402
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello  # noqa: E402
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch  # noqa: E402
 
@@ -82,7 +83,7 @@ class FakeScheduler(threading.Thread):
                 st[1] = sent = sent + 1
                 last = sent >= self.tokens
                 batches.setdefault(ident, []).append(TokenOut(
-                    rid=rid, token_ids=[tok], finish="length" if last else "",
+                    rid=rid, token_ids=[tok], finish=FinishReason.LENGTH if last else None,
                     prompt_tokens=prompt if last else 0, completion_tokens=sent if last else 0))
                 if last:
                     del self.active[rid]
@@ -134,9 +135,9 @@ def main() -> int:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from shared.model_path import resolve_model
+    from banyan.cli import resolve  # (empty: the demo model)
 
-    model_dir, _ = resolve_model(args.model)
+    model_dir, _ = resolve(args.model)
     tok = AutoTokenizer.from_pretrained(model_dir)
     text_ids = tok.encode((ROOT / "docs" / "architecture.md").read_text(), add_special_tokens=False)
     with tempfile.TemporaryDirectory() as tmp:

@@ -63,8 +63,8 @@ class Driver:
         self._step += 1
         released, self._released = self._released, []
         extra = dict(cascade_group=i32(cascade[0]), cascade_lens=i32(cascade[1])) if cascade else {}
-        return ForwardBatch(step=self._step, new_reqs=new, released_rows=released, rows=i32(rows),
-                            prefix_lens=i32(prefix), extend_lens=i32(extend), sample=i32(sample),
+        return ForwardBatch(step_id=self._step, new_reqs=new, released_rows=released, rows=i32(rows),
+                            prefix_lens=i32(prefix), extend_lens=i32(extend), emits=i32(sample),
                             input_ids=i32(ids), out_slots=i32(slots), follows=follows, **extra)
 
     def run(self, work: list[tuple[str, list[int], bool]], **kw) -> np.ndarray:

@@ -96,20 +96,20 @@ class FakeWorker:
                 if self.stop_after and self.steps >= self.stop_after:
                     self.s.stopping = True
                 if msg.mask_deferred:
-                    self.waiting[msg.step] = msg
+                    self.waiting[msg.step_id] = msg
                 else:
                     self._answer(msg, msg.bitmask)
             elif isinstance(msg, StepMask):
-                self._answer(self.waiting.pop(msg.step), msg.bitmask)
+                self._answer(self.waiting.pop(msg.step_id), msg.bitmask)
 
     def _answer(self, b: ForwardBatch, bitmask: bytes) -> None:
-        sample = from_i32(b.sample).astype(bool)
+        sample = from_i32(b.emits).astype(bool)
         ids = np.where(sample, self.rng.integers(0, self.vocab, len(sample)), -1).astype(np.int32)
         rows = from_i32(b.mask_rows)
         if len(rows):
             mask = np.frombuffer(bitmask, dtype=np.int32).reshape(len(rows), -1)
             ids[rows] = [self._allowed(m) for m in mask]
-        self.s.engine.answers[b.step] = StepOutput(step=b.step, next_ids=i32(ids))
+        self.s.engine.answers[b.step_id] = StepOutput(step_id=b.step_id, next_ids=i32(ids))
 
     def _allowed(self, row: np.ndarray) -> int:
         """A uniformly random token among those ``row`` allows (rejection, then the exact set)."""

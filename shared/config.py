@@ -29,7 +29,13 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class CommonConfig:
-    model: str = field(default="", metadata={"help": "HF model directory (empty: the embedded demo model)"})
+    model: str = field(default="", metadata={
+        "help": "HF model directory, or a hub id already in the local Hugging Face cache (never downloaded); "
+                "empty: the embedded demo model"})
+    served_model_name: str = field(default="", metadata={
+        "append": True, "help": "the model's name in the APIs; repeat the flag (or comma-separate) for aliases: "
+                                "the first is reported, requests may name any (empty: the hub id or the "
+                                "directory's name; banyan-demo for the demo)"})
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
     log_format: str = field(default="auto", metadata={
         "help": "text (one readable line per event and request stage) | json (one JSON object a line) | auto "
@@ -39,8 +45,15 @@ class CommonConfig:
                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL; needs the otel extra; empty: no export)"})
 
     def __post_init__(self) -> None:
-        _check(self.log_level in ("debug", "info", "warning", "error"), f"bad log level {self.log_level!r}")
-        _check(self.log_format in ("auto", "text", "json"), f"bad log format {self.log_format!r} (auto | text | json)")
+        _check(self.log_level in ("debug", "info", "warning", "error"),
+               f"log_level {self.log_level!r} is not one of debug | info | warning | error")
+        _check(self.log_format in ("auto", "text", "json"),
+               f"log_format {self.log_format!r} is not one of auto | text | json")
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """The served names (aliases), first the one reported; [] when not set."""
+        return [n.strip() for n in self.served_model_name.split(",") if n.strip()]
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,12 @@ class TokenizerConfig(CommonConfig):
     disable_kv_events: bool = field(default=False, metadata={
         "help": "SMG's SubscribeKvEvents answers UNIMPLEMENTED (the gateway then routes on its own "
                 "approximate prefix tree)"})
+    scheduler_gone_grace: float = field(default=30.0, metadata={
+        "help": "exit (code 1) once the connection to every scheduler has been closed this many seconds "
+                "(0: never): a replica without schedulers cannot serve"})
+    restart_wait: float = field(default=60.0, metadata={
+        "help": "new requests wait up to this many seconds for a scheduler group that is restarting (its "
+                "connection closed and it has not served since) when no group serves (0: refuse them at once)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,6 +109,8 @@ class TokenizerConfig(CommonConfig):
         _check(self.router_balance_abs >= 0, "router_balance_abs must be >= 0")
         _check(self.router_balance_rel >= 1.0, "router_balance_rel must be >= 1")
         _check(self.router_probe_interval >= 0, "router_probe_interval must be >= 0")
+        _check(self.scheduler_gone_grace >= 0, "scheduler_gone_grace must be >= 0")
+        _check(self.restart_wait >= 0, "restart_wait must be >= 0")
         _check(-1 <= self.http_port < 65536, f"http_port out of range: {self.http_port}")
         _check(self.api_key == self.api_key.strip(), "api_key must not start or end with whitespace")
 
@@ -222,6 +243,17 @@ def _parse(tp: typing.Any, raw: str) -> typing.Any:
     return tp(raw)
 
 
+class _Repeat(argparse.Action):
+    """A repeatable flag of a comma-separated field: the first use on the command line replaces the
+    default (or the env var), later ones are appended."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        mark = f"_{self.dest}_given"
+        now = getattr(namespace, self.dest) if getattr(namespace, mark, False) else ""
+        setattr(namespace, self.dest, f"{now},{values}" if now else values)
+        setattr(namespace, mark, True)
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """Add one ``--flag`` per field of ``cls``; defaults come from ``BANYAN_*`` env vars. A field whose
     flag the parser has already (a ``CommonConfig`` field when several services' flags are combined,
@@ -239,6 +271,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         help_ = f"{f.metadata.get('help', '')} [env {env}, default {shown}]"
         if tp is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
+        elif f.metadata.get("append"):
+            parser.add_argument(flag, action=_Repeat, default=default, help=help_)
         else:
             parser.add_argument(flag, type=tp, default=default, help=help_)
 

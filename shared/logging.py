@@ -56,9 +56,19 @@ def setup_logging(service: str, level: str = "info", fmt: str = "auto") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         # one write per line (print() writes the text and its newline apart: with several processes
         # on one log file, lines would interleave)
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=False,
     )
+
+
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written (a test harness may swap and close it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _add_service(_logger, _name, event_dict):

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
-
 from shared.config import SchedulerConfig, add_arguments, from_namespace
+from shared.entry import Parser, configured, tie_to_launcher
 from shared.logging import setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="banyan scheduler", description="Banyan scheduler service")
+    tie_to_launcher()  # first: started by `banyan serve`, it dies with it
+    ap = Parser(prog="banyan scheduler", description="Banyan scheduler service")
     add_arguments(ap, SchedulerConfig)
-    cfg = from_namespace(SchedulerConfig, ap.parse_args(argv))
+    ns = ap.parse_args(argv)
+    cfg = configured(ap.prog, ns.debug, lambda: from_namespace(SchedulerConfig, ns), SchedulerConfig)
     setup_logging("scheduler", cfg.log_level, cfg.log_format)
+    from shared.model_path import resolve_model
+
+    configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # a bad model: one line, before the heavy imports
     from services.scheduler.scheduler import Scheduler
 
     Scheduler(cfg).run()

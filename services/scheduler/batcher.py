@@ -39,10 +39,10 @@ INIT_RATIO, MIN_RATIO, RATIO_DECAY = 0.7, 0.1, 0.001
 class Scheduled:
     """A batch in flight: the requests in batch order and which of them sample."""
 
-    step: int
+    step_id: int
     reqs: list[Req]
     extend: list[int]
-    sample: list[bool]
+    emits: list[bool]  # the step emits this request's next token (its last token is computed now)
     num_tokens: int
     prefill_tokens: int
     msg: ForwardBatch
@@ -165,16 +165,16 @@ class Batcher:
         c.steps += 1
         self._prefilled = plan.prefilled
         msg = ForwardBatch(
-            step=c.steps, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
+            step_id=c.steps, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
-            sample=i32(plan.sample), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
+            emits=i32(plan.emits), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
         groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache, max(plan.extend) == 1) \
             if self.cascade else None
         if groups is not None:
             c.cascade_steps += 1
             c.cascade_saved += groups.saved
             msg = msgspec.structs.replace(msg, cascade_group=i32(groups.group), cascade_lens=i32(groups.lens))
-        return Scheduled(c.steps, plan.reqs, plan.extend, plan.sample, len(plan.ids), plan.prefill_tokens, msg,
+        return Scheduled(c.steps, plan.reqs, plan.extend, plan.emits, len(plan.ids), plan.prefill_tokens, msg,
                          plan.queue_s, groups.saved if groups else 0)
 
 
@@ -185,7 +185,7 @@ class _Plan:
         self.reqs: list[Req] = []
         self.prefix: list[int] = []
         self.extend: list[int] = []
-        self.sample: list[bool] = []
+        self.emits: list[bool] = []
         self.ids: list[int] = []
         self.slots: list[int] = []
         self.prefill_tokens = 0
@@ -210,9 +210,9 @@ class _Plan:
         self.ids.extend(r.tokens(start, start + n))
         self.slots.extend(new)
         prefill = n > 1 or not (r.output or r.in_flight)  # (not the first decode, built before its token came)
-        sample = r.num_computed == r.seq_len
-        self.sample.append(sample)
-        r.pending += sample  # its next token is unknown until this step's results arrive
+        emits = r.num_computed == r.seq_len
+        self.emits.append(emits)
+        r.pending += emits  # its next token is unknown until this step's results arrive
         if prefill:
             self.prefill_tokens += n
             if start < len(r.prompt):  # prompt tokens others may want (in-batch dedup next step)

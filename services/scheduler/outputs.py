@@ -44,8 +44,8 @@ class StepApplier:
 
     def fail(self, sched: Scheduled, err: WorkerError, mask_for: Scheduled | None = None) -> None:
         """The worker could not run ``sched``: its requests fail (the process lives on)."""
-        log.error("worker_step_failed", step=sched.step, error=err.message)
-        for r, sample in zip(sched.reqs, sched.sample):
+        log.error("worker_step_failed", step=sched.step_id, error=err.message)
+        for r, sample in zip(sched.reqs, sched.emits):
             if sample:  # (a retracted request waits for this token: it resumes without it)
                 r.pending -= 1
                 r.discard = min(r.discard, r.pending)
@@ -62,7 +62,7 @@ class StepApplier:
         take_prompt_logprobs(sched, out)
         starts = from_i32(sched.msg.prefix_lens).tolist()
         report: list[tuple[Req, FinishReason | None, float]] = []  # (request, finish reason, ttft ms or -1)
-        for i, (r, sample, tok) in enumerate(zip(sched.reqs, sched.sample, from_i32(out.next_ids).tolist())):
+        for i, (r, sample, tok) in enumerate(zip(sched.reqs, sched.emits, from_i32(out.next_ids).tolist())):
             if not sample:
                 if r.status is Status.RUNNING:
                     kv.cache_prefix(r)  # a prefill chunk: share it with requests arriving meanwhile

@@ -139,11 +139,11 @@ class Scheduler:
         mask of ``mask_for`` (the step after it) on the way; False: the worker was lost meanwhile
         (every request failed, the engine dropped)."""
         since = time.monotonic()
-        while sched.step not in e.answers:
+        while sched.step_id not in e.answers:
             self._poll(1000)
-            if self.engine is not e or (sched.step not in e.answers and self._check_worker(sched.step, since)):
+            if self.engine is not e or (sched.step_id not in e.answers and self._check_worker(sched.step_id, since)):
                 return False  # (lost, or replaced by a restarted worker: its answers will never come)
-        out = e.answers.pop(sched.step)
+        out = e.answers.pop(sched.step_id)
         if isinstance(out, StepOutput):
             self.applier.apply(sched, out, mask_for)
         else:
@@ -224,7 +224,7 @@ class Scheduler:
     def _on_worker(self, msg) -> None:
         if isinstance(msg, (StepOutput, WorkerError)):  # (overlap: it may come while the loop polls)
             if self.engine is not None and self.worker.attached:
-                self.engine.answers[msg.step] = msg
+                self.engine.answers[msg.step_id] = msg
         elif isinstance(msg, WorkerReady):
             self._attach(msg)
         else:

@@ -35,7 +35,7 @@ class StepLogprobs:
 
 
 def _mask_rows(sched: Scheduled) -> list[int]:
-    return [i for i, (r, s) in enumerate(zip(sched.reqs, sched.sample)) if s and r.matcher is not None]
+    return [i for i, (r, s) in enumerate(zip(sched.reqs, sched.emits)) if s and r.matcher is not None]
 
 
 def with_extras(sched: Scheduled, grammar: GrammarBackend | None, defer_mask: bool = False,
@@ -74,7 +74,7 @@ def deferred_mask(sched: Scheduled, grammar: GrammarBackend) -> StepMask:
     reqs = [sched.reqs[i] for i in _mask_rows(sched)]
     live = [k for k, r in enumerate(reqs) if r.status is Status.RUNNING and not r.discard]
     mask = grammar.bitmask([reqs[k].matcher for k in live], live, len(reqs))
-    return StepMask(step=sched.step, bitmask=mask.tobytes(), fill_ms=(time.perf_counter() - t0) * 1e3)
+    return StepMask(step_id=sched.step_id, bitmask=mask.tobytes(), fill_ms=(time.perf_counter() - t0) * 1e3)
 
 
 def take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
-
 from shared.config import TokenizerConfig, add_arguments, from_namespace
+from shared.entry import Parser, configured, tie_to_launcher
 from shared.logging import setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="banyan tokenizer",
-                                 description="Banyan tokenizer service (gRPC and OpenAI-compatible HTTP APIs)")
+    tie_to_launcher()  # first: started by `banyan serve`, it dies with it
+    ap = Parser(prog="banyan tokenizer", description="Banyan tokenizer service (gRPC and OpenAI-compatible HTTP APIs)")
     add_arguments(ap, TokenizerConfig)
-    cfg = from_namespace(TokenizerConfig, ap.parse_args(argv))
+    ns = ap.parse_args(argv)
+    cfg = configured(ap.prog, ns.debug, lambda: from_namespace(TokenizerConfig, ns), TokenizerConfig)
     setup_logging("tokenizer", cfg.log_level, cfg.log_format)
+    from shared.model_path import resolve_model
+
+    configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # a bad model: one line, before the heavy imports
     from services.tokenizer.server import main_async
 
     main_async(cfg)

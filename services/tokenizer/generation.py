@@ -95,6 +95,11 @@ class Generator:
         live = req.n
         first = 0.0
         try:
+            await self.client.watch.wait_serving()  # a scheduler restarting: wait for it (bounded)
+        except BaseException:  # (the caller went away while it waited)
+            self._ended(trace, span, p, branches, first, FinishReason.ABORT)
+            raise
+        try:
             queue = self.client.submit(req, Route(group, 0, "pinned") if group is not None else None)
         except Exception:
             self._ended(trace, span, p, branches, first, FinishReason.ERROR)

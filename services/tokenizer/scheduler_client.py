@@ -9,34 +9,35 @@ load and notices a group that stops answering (``DOWN_AFTER_S``): that group's r
 end with UNAVAILABLE, new ones go to the other groups, and it is used again once it answers.
 A group whose worker was lost says so (``EngineStatus``; its scheduler has failed its requests):
 it is routed around the same way until its restarted worker is ready (``ModelInfo`` again).
+A scheduler process that exits is noticed by ``SchedulerWatch`` (``scheduler_watch.py``), which
+calls ``scheduler_lost`` / ``scheduler_back`` here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import zmq.asyncio
 
 from shared.config import ConfigError
 from shared.errors import AlreadyExists, Unavailable
 from shared.logging import get_logger, stage
-from shared.messages.codec import Codec
 from shared.messages.common import ErrorCode, FinishReason
-from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello
-from shared.messages.to_tokenizer import EngineStatus, Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
+from shared.messages.to_scheduler import AbortReq, GenerateReq, TokenizerHello
+from shared.messages.to_tokenizer import EngineStatus, Load, ModelInfo, TokenOut, TokenOutBatch
 from shared.tracing import trace_id
-from shared.transport import AsyncDealerQueue
+from services.tokenizer.groups import GroupLink, merge_info
+from services.tokenizer.loads import DOWN_AFTER_S, LoadProbe, total_load
+from services.tokenizer.merging import merged
 from services.tokenizer.router import Route, Router
+from services.tokenizer.scheduler_watch import SchedulerWatch
 
 log = get_logger("tokenizer")
-DOWN_AFTER_S = 10.0  # a group that answers no load probe for this long is routed around
-AGREE = ("model", "architecture", "vocab_size", "context_length", "max_running_requests", "eos_token_ids", "dtype")
+__all__ = ["SchedulerClient", "total_load"]
 
 
 @dataclass
@@ -46,60 +47,14 @@ class _Flight:
     n: int
 
 
-class _Link:
-    """One scheduler group."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, identity: str) -> None:
-        self.endpoint = endpoint
-        self.q: AsyncDealerQueue = AsyncDealerQueue(ctx, endpoint, Codec(ToTokenizer), Codec(ToScheduler),
-                                                    identity=identity)
-        self.info: ModelInfo | None = None
-        self.answered = time.monotonic()  # when it last answered a load probe
-        self.up = True
-        self.down = ""  # why its engine is not serving (its worker was lost); "": serving
-
-    @property
-    def usable(self) -> bool:
-        return self.up and not self.down
-
-
-def merge_outputs(a: TokenOut, b: TokenOut) -> TokenOut:
-    """Two consecutive outputs of one branch as one (``b`` after ``a``; ``b`` may be the last)."""
-    return TokenOut(rid=a.rid, index=a.index, token_ids=a.token_ids + b.token_ids, finish=b.finish, error=b.error,
-                    error_code=b.error_code, prompt_tokens=b.prompt_tokens or a.prompt_tokens,
-                    cached_tokens=max(a.cached_tokens, b.cached_tokens),
-                    completion_tokens=b.completion_tokens or a.completion_tokens, logprobs=a.logprobs + b.logprobs,
-                    top_ids=a.top_ids + b.top_ids, top_logprobs=a.top_logprobs + b.top_logprobs,
-                    prompt_logprobs=a.prompt_logprobs + b.prompt_logprobs)
-
-
-def merge_info(infos: list[ModelInfo]) -> ModelInfo:
-    """One ``ModelInfo`` for all groups: they must agree on the model and the per-request limits;
-    the pool is the smallest (a request runs in one group); devices are listed once each."""
-    first = infos[0]
-    for g, i in enumerate(infos[1:], 1):
-        diff = [f for f in AGREE if getattr(i, f) != getattr(first, f)]
-        if diff:
-            raise ConfigError(f"data-parallel group {g} differs from group 0 in {', '.join(diff)}: "
-                              f"{[getattr(i, f) for f in diff]} != {[getattr(first, f) for f in diff]}")
-    return msgspec.structs.replace(first, pool_size=min(i.pool_size for i in infos),
-                                   device=",".join(dict.fromkeys(i.device for i in infos)))
-
-
-def total_load(loads: list[Load]) -> Load:
-    """The sum of the groups' loads (counters and KV slots)."""
-    fields = [f for f in Load.__struct_fields__ if f != "token"]
-    return Load(token=loads[0].token, **{f: sum(getattr(x, f) for x in loads) for f in fields})
-
-
 class SchedulerClient:
     def __init__(self, endpoints: list[str] | str, identity: str, router: Router | None = None,
-                 probe_interval: float = 1.0) -> None:
+                 probe_interval: float = 1.0, gone_grace: float = 30.0, restart_wait: float = 60.0) -> None:
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         self.identity = identity
         self.ctx = zmq.asyncio.Context()
-        self.links = [_Link(self.ctx, e, identity) for e in endpoints]
+        self.links = [GroupLink(self.ctx, e, identity) for e in endpoints]
         self.router = router or Router(len(self.links))
         assert len(self.router.groups) == len(self.links)
         self.probe_interval = probe_interval if len(self.links) > 1 else 0.0
@@ -111,14 +66,15 @@ class SchedulerClient:
         self._failed: ConfigError | None = None
         self._changed = asyncio.Event()
         self._streams: dict[str, _Flight] = {}
-        self._loads: dict[str, asyncio.Future[Load]] = {}
+        self.probe = LoadProbe(self.links, self.router, self._set_up)
         self._tasks: list[asyncio.Task] = []
         self.closing = False
+        self.watch = SchedulerWatch(self, gone_grace, restart_wait)  # scheduler processes gone / back
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._read(g)) for g in range(len(self.links))]
+        self._tasks = [asyncio.create_task(self._read(g)) for g in range(len(self.links))] + self.watch.start()
         if self.probe_interval > 0:
-            self._tasks.append(asyncio.create_task(self._probe()))
+            self._tasks.append(asyncio.create_task(self.probe.run(self.probe_interval)))
         for link in self.links:
             link.q.send(TokenizerHello(replica=self.identity))
 
@@ -140,9 +96,7 @@ class SchedulerClient:
                     if flight is not None and flight.group == g:
                         flight.queue.put_nowait(out)
             elif isinstance(msg, Load):
-                fut = self._loads.pop(msg.token, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
+                self.probe.answered(msg)
             elif isinstance(msg, ModelInfo):
                 link.info, link.answered = msg, time.monotonic()
                 self.router.set_pool(g, msg.pool_size)
@@ -217,63 +171,21 @@ class SchedulerClient:
             self.router.ended(flight.group, flight.n)
 
     @staticmethod
-    async def stream(queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:
-        """Outputs of all branches as they come; the caller stops when every branch is done.
-        Outputs of one branch that queued up behind each other while the caller was busy (a slow
-        client, a busy process) come as one: one message to write instead of one per step, so a
-        replica that falls behind catches up instead of falling further behind."""
-        held: TokenOut | None = None
-        while True:
-            out = held if held is not None else await queue.get()
-            held = None
-            while not out.finish and not queue.empty():
-                nxt = queue.get_nowait()
-                if nxt.index != out.index or nxt.finish is FinishReason.ERROR:
-                    held = nxt
-                    break
-                out = merge_outputs(out, nxt)
-            yield out
+    def stream(queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:
+        """Outputs of all branches as they come (a branch's queued-up outputs merged into one:
+        ``merging.py``); the caller stops when every branch is done."""
+        return merged(queue)
 
     # ---- load ----------------------------------------------------------------------------------
-    async def _load_of(self, g: int, timeout: float) -> Load:
-        token = uuid.uuid4().hex
-        fut: asyncio.Future[Load] = asyncio.get_running_loop().create_future()
-        self._loads[token] = fut
-        self.links[g].q.send(LoadReq(token=token))
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError as e:
-            which = "the scheduler" if len(self.links) == 1 else f"data-parallel group {g}"
-            raise Unavailable(f"{which} did not answer") from e
-        finally:
-            self._loads.pop(token, None)
-
     async def loads(self, timeout: float = 5.0) -> list[Load]:
         """Each group's load, in group order."""
-        return list(await asyncio.gather(*(self._load_of(g, timeout) for g in range(len(self.links)))))
+        return await self.probe.all(timeout)
 
     async def load(self, timeout: float = 5.0) -> Load:
         """The load of all groups together."""
-        return total_load(await self.loads(timeout))
+        return total_load(await self.probe.all(timeout))
 
-    async def _probe(self) -> None:
-        while True:
-            await asyncio.sleep(self.probe_interval)
-            await asyncio.gather(*(self._probe_one(g) for g, link in enumerate(self.links) if link.info is not None))
-
-    async def _probe_one(self, g: int) -> None:
-        link, mine = self.links[g], self.router.groups[g].in_flight
-        try:
-            load = await self._load_of(g, max(self.probe_interval, 1.0))
-        except Unavailable:
-            if link.up and time.monotonic() - link.answered > DOWN_AFTER_S:
-                self._set_up(g, False)
-            return
-        link.answered = time.monotonic()
-        self.router.observed(g, load.num_running + load.num_waiting, mine)
-        if not link.up:
-            self._set_up(g, True)
-
+    # ---- groups up / down ----------------------------------------------------------------------
     def _engine(self, g: int, down: str) -> None:
         """Group ``g``'s engine stopped serving (``down``: why) or serves again ("")."""
         link = self.links[g]
@@ -293,14 +205,29 @@ class SchedulerClient:
             log.warning("group_up", group=g, endpoint=link.endpoint)
         else:
             log.error("group_down", group=g, endpoint=link.endpoint, seconds=DOWN_AFTER_S)
-            for rid, flight in list(self._streams.items()):
-                if flight.group == g:  # end them: the client may retry, and another group will take it
-                    link.q.send(AbortReq(rid=rid))
-                    for i in range(flight.n):
-                        flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish=FinishReason.ERROR,
-                                                         error_code=ErrorCode.UNAVAILABLE,
-                                                         error=f"data-parallel group {g} stopped answering"))
+            self._end_streams(g, f"data-parallel group {g} stopped answering")
         self._health()
+
+    def _end_streams(self, g: int, error: str) -> None:
+        """End group ``g``'s requests in flight with UNAVAILABLE: the client may retry, and another
+        group (or the group, back) will take it."""
+        for rid, flight in list(self._streams.items()):
+            if flight.group == g:
+                self.links[g].q.send(AbortReq(rid=rid))
+                for i in range(flight.n):
+                    flight.queue.put_nowait(TokenOut(rid=rid, index=i, finish=FinishReason.ERROR,
+                                                     error_code=ErrorCode.UNAVAILABLE, error=error))
+
+    def scheduler_lost(self, g: int, reason: str) -> None:
+        """Group ``g``'s scheduler process is gone: its requests in flight end now, and it is routed
+        around until it serves again (``ModelInfo`` from a restarted one)."""
+        self._end_streams(g, f"{reason}: the request was lost, retry it")
+        self._engine(g, reason)
+
+    def scheduler_back(self, g: int) -> None:
+        """Group ``g``'s connection is open again (a restarted scheduler): say hello, so it answers
+        with ``ModelInfo`` once its worker is ready."""
+        self.links[g].q.send(TokenizerHello(replica=self.identity))
 
     def _health(self) -> None:
         serving = any(link.usable for link in self.links)
@@ -312,6 +239,7 @@ class SchedulerClient:
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        self.watch.close()
         for link in self.links:
             link.q.close()
         self.ctx.term()

@@ -79,6 +79,7 @@ class Scorer:
 
     async def score(self, rid: str, seqs: list[tuple[list[int], int]], cache_ns: str = "",
                     traceparent: str = "") -> list[Scored]:
+        await self.client.watch.wait_serving()  # a scheduler restarting: wait for it (bounded)
         route = self.client.route(seqs[0][0], cache_ns)  # one group for all: they share the prompt's KV
 
         async def one(i: int, ids: list[int], start: int) -> Scored:

@@ -36,7 +36,8 @@ async def run(cfg: TokenizerConfig) -> None:
     text = TextProcessor(model_dir)
     router = Router(len(cfg.scheduler_endpoints), cfg.router_block_tokens, cfg.router_max_blocks,
                     cfg.router_balance_abs, cfg.router_balance_rel)
-    client = SchedulerClient(cfg.scheduler_endpoints, cfg.identity, router, cfg.router_probe_interval)
+    client = SchedulerClient(cfg.scheduler_endpoints, cfg.identity, router, cfg.router_probe_interval,
+                             cfg.scheduler_gone_grace, cfg.restart_wait)
     api_key = ApiKey(cfg.api_key)
     interceptors = [AuthInterceptor(api_key)] if api_key.required else []
 
@@ -64,6 +65,7 @@ async def run(cfg: TokenizerConfig) -> None:
         from services.tokenizer.http.server import HttpServer
 
         app = create_app(text, client, api_key, metrics, tracer)
+        app.state.frontend.aliases = frozenset(cfg.served_model_names)  # requests may name any
         http = HttpServer(app, cfg.host, cfg.http_port, cfg.grace_seconds, app.state.frontend.abort_all)
     http_port = http.port if http else -1
     await server.start()
@@ -88,6 +90,13 @@ async def run(cfg: TokenizerConfig) -> None:
 
     if http is not None:
         http.start().add_done_callback(http_ended)
+
+    def schedulers_gone() -> None:  # every scheduler connection closed for scheduler_gone_grace (logged)
+        nonlocal failed
+        failed = True
+        stop.set()
+
+    client.watch.on_gone = schedulers_gone
 
     async def set_health(serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

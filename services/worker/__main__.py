@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
-
 from shared.config import WorkerConfig, add_arguments, from_namespace
+from shared.entry import Parser, configured, tie_to_launcher
 from shared.logging import setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="banyan worker", description="Banyan worker service")
+    tie_to_launcher()  # first: started by `banyan serve`, it dies with it
+    ap = Parser(prog="banyan worker", description="Banyan worker service")
     add_arguments(ap, WorkerConfig)
-    cfg = from_namespace(WorkerConfig, ap.parse_args(argv))
+    ns = ap.parse_args(argv)
+    cfg = configured(ap.prog, ns.debug, lambda: from_namespace(WorkerConfig, ns), WorkerConfig)
     setup_logging("worker", cfg.log_level, cfg.log_format)
     from shared.model_path import resolve_model
+
+    model_dir, name = configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # before the heavy imports
     from services.worker.server import serve
 
-    model_dir, name = resolve_model(cfg.model)
-    serve(cfg, model_dir, name)
+    serve(cfg, model_dir, (cfg.served_model_names or [name])[0])
 
 
 if __name__ == "__main__":

@@ -26,14 +26,14 @@ from services.worker.attention import make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
-from services.worker.models.layers import TPGroup
+from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
-from services.worker.postprocess import Sampled, StepSampler, prompt_logprobs, score_positions
+from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
-from services.worker.sampling import Sampler, flashinfer_draw
+from services.worker.sampling.draw import TokenSampler, flashinfer_draw
 
 log = get_logger("worker")
 
@@ -64,7 +64,7 @@ class Launched:
     """A step queued on the device (``ModelRunner.launch``), not yet finished."""
 
     batch: ForwardBatch
-    sample: np.ndarray  # (B,) bool
+    emits: np.ndarray  # (B,) bool: the step emits this row's next token
     start: Any  # DeviceTimer marks
     logits: torch.Tensor | None  # until sampled
     scores: dict  # prompt-logprob tensors of scoring requests
@@ -75,7 +75,7 @@ class Launched:
 
     def __post_init__(self) -> None:
         b = self.batch
-        self.awaits_mask = bool(b.mask_deferred and b.mask_rows and self.sample.any())
+        self.awaits_mask = bool(b.mask_deferred and b.mask_rows and self.emits.any())
 
     def ready(self) -> bool:
         """Its results reached the host (``finish`` will not wait)."""
@@ -111,7 +111,7 @@ class ModelRunner:
         self.kv = KVPool(self.spec.num_layers, self.pool_size + 1, kv_heads, self.spec.head_dim,
                          self.dtype, self.device, kv_dtype=self.kv_dtype, scales=scales)
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size)
-        self.sampler = Sampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
+        self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         self.req_to_token = torch.zeros((1, self.context_length), dtype=torch.int32, device=self.device)
         self.pad_row = 0  # the table's last row: all zeros (slot 0), never a request's
         self.graphs: DecodeGraphs | None = None
@@ -119,7 +119,7 @@ class ModelRunner:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device, self.spec.vocab_size)
-        self.post = StepSampler(self.sampler, self.spec.vocab_size, self.device)
+        self.batch_sampler = BatchSampler(self.sampler, self.spec.vocab_size, self.device)
         self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token
         self.timer = DeviceTimer(self.device)
         self.busy_s = self.idle_s = 0.0  # device time of the last finished step, and the idle gap before it
@@ -175,13 +175,13 @@ class ModelRunner:
 
     @property
     def params(self) -> dict[int, SamplingParams]:
-        return self.post.params
+        return self.batch_sampler.params
 
     def execute(self, b: ForwardBatch) -> np.ndarray:
         """Run one step; returns the sampled id per request in batch order (-1 where not sampled)."""
-        return self.step(b)[0]
+        return self.run_batch(b)[0]
 
-    def step(self, b: ForwardBatch, bitmask: bytes = b"") -> tuple[np.ndarray, dict]:
+    def run_batch(self, b: ForwardBatch, bitmask: bytes = b"") -> tuple[np.ndarray, dict]:
         """Run one step to the end → (sampled id per request in batch order, -1 where not
         sampled; the optional StepOutput fields: logprobs, prompt logprobs). On TP ranks other
         than 0 nothing is sampled: rank 0 answers the scheduler."""
@@ -195,7 +195,7 @@ class ModelRunner:
         """Queue the step's work on the device and return without waiting for it: the forward,
         then (unless its grammar bitmask is deferred: ``sample`` later) the sampling and the copy
         of the results to the host. ``finish`` waits for them."""
-        sample = from_i32(b.sample).astype(bool)
+        sample = from_i32(b.emits).astype(bool)
         start = self.timer.start()
         logits = self._logits(b, all_logits=False, copy=False)
         launched = Launched(b, sample, start, logits, self._scores)
@@ -207,11 +207,11 @@ class ModelRunner:
     def sample(self, launched: Launched, bitmask: bytes) -> None:
         """Sample the launched step (rank 0), make its tokens the next inputs of their rows (every
         rank), and start copying the results back."""
-        b, sample = launched.batch, launched.sample
+        b, sample = launched.batch, launched.emits
         if sample.any():
             ids = None
             if self.tp.rank == 0:
-                launched.sampled = self.post.sample(b, launched.logits, sample, bitmask)
+                launched.sampled = self.batch_sampler.sample(b, launched.logits, sample, bitmask)
                 ids = launched.sampled.ids
             if self.tp.size > 1:  # followers feed the sampled tokens to the next step too
                 if ids is None:
@@ -221,17 +221,17 @@ class ModelRunner:
         launched.logits = None
         launched.awaits_mask = False
         if self.tp.rank == 0:
-            launched.host = StepSampler.copy_back(launched.sampled, launched.scores)
+            launched.host = BatchSampler.copy_back(launched.sampled, launched.scores)
         launched.end = self.timer.end()
 
     def finish(self, launched: Launched) -> tuple[np.ndarray, dict]:
         """Wait for a launched (and sampled) step's results → ``step``'s return value."""
-        n = len(launched.sample)
+        n = len(launched.emits)
         host = launched.host.get() if launched.host is not None else {}
         self.busy_s, self.idle_s = self.timer.measure(launched.start, launched.end, launched.batch.follows)
         if self.tp.rank != 0:
             return np.full(n, -1, dtype=np.int32), {}
-        return StepSampler.finish(launched.sampled, n, host)
+        return BatchSampler.finish(launched.sampled, n, host)
 
     @torch.inference_mode()
     def forward(self, b: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
@@ -245,7 +245,7 @@ class ModelRunner:
         self._admit(b)
         rows, prefix, extend = from_i32(b.rows), from_i32(b.prefix_lens), from_i32(b.extend_lens)
         ids, slots = from_i32(b.input_ids), from_i32(b.out_slots)
-        sample = from_i32(b.sample).astype(bool)
+        sample = from_i32(b.emits).astype(bool)
         n, t = len(rows), len(ids)
         positions = np.arange(t) - np.repeat(np.cumsum(extend) - extend - prefix, extend)  # (T,)
         self._scores = {}
@@ -307,7 +307,7 @@ class ModelRunner:
 
     def _admit(self, b: ForwardBatch) -> None:
         for row in b.released_rows:
-            self.post.release(row)
+            self.batch_sampler.release(row)
             rid, trace_id, span = self.rids.pop(row, ("", "", Span("")))
             stage("worker_released", rid, trace_id=trace_id, row=row)
             span.end()
@@ -315,8 +315,8 @@ class ModelRunner:
             trace_id = nr.traceparent[3:35]
             self.rids[nr.row] = (nr.rid, trace_id, self.tracer.start("forward", nr.traceparent, request_id=nr.rid,
                                                                       row=nr.row))
-            stage("worker_admitted", nr.rid, trace_id=trace_id, row=nr.row, step=b.step)
-            self.post.admit(nr)
+            stage("worker_admitted", nr.rid, trace_id=trace_id, row=nr.row, step=b.step_id)
+            self.batch_sampler.admit(nr)
             prefix = from_i32(nr.prefix_slots)
             if len(prefix):
                 self.req_to_token[nr.row, : len(prefix)] = to_device(prefix.copy(), torch.int32, self.device)

@@ -130,13 +130,13 @@ class _Steps:
         try:
             launched = self.runner.launch(b)
         except Exception as e:  # one bad batch fails its requests, never the process
-            self._failed(b.step, e)
+            self._failed(b.step_id, e)
             return
         if launched.awaits_mask:
             if self.inflight is not None:
                 self.answer()
             t_wait = time.perf_counter()
-            mask = self._wait_mask(b.step)
+            mask = self._wait_mask(b.step_id)
             if mask is None:
                 return
             self.metrics.mask_wait.observe(time.perf_counter() - t_wait)
@@ -144,7 +144,7 @@ class _Steps:
             try:
                 self.runner.sample(launched, mask.bitmask)
             except Exception as e:
-                self._failed(b.step, e)
+                self._failed(b.step_id, e)
                 return
         elif self.inflight is not None:
             self.answer()
@@ -159,17 +159,17 @@ class _Steps:
         try:
             next_ids, extra = self.runner.finish(launched)
         except Exception as e:
-            self._failed(b.step, e)
+            self._failed(b.step_id, e)
             return
         seconds = time.perf_counter() - self._t0
-        self.q.send(StepOutput(step=b.step, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
+        self.q.send(StepOutput(step_id=b.step_id, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
         self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s,
                           cascade=bool(b.cascade_group))
 
     def _wait_mask(self, step: int) -> StepMask | None:
         while True:
             msg = self.q.recv(timeout_ms=1000)
-            if isinstance(msg, StepMask) and msg.step == step:
+            if isinstance(msg, StepMask) and msg.step_id == step:
                 return msg
             if isinstance(msg, Shutdown):
                 log.warning("shutdown_while_waiting_for_mask", step=step)
@@ -183,7 +183,7 @@ class _Steps:
         log.exception("batch_failed", step=step)
         if self.inflight is not None:  # answers go out in step order
             self.answer()
-        self.q.send(WorkerError(step=step, message=f"{type(e).__name__}: {e}"))
+        self.q.send(WorkerError(step_id=step, message=f"{type(e).__name__}: {e}"))
         self.metrics.failures.inc()
 
 
@@ -193,9 +193,9 @@ def _follow(runner: ModelRunner, relay: Relay) -> None:
         msg = relay.recv()
         if isinstance(msg, ForwardBatch):
             try:
-                runner.step(msg)  # (followers never wait for a mask: rank 0 alone samples)
+                runner.run_batch(msg)  # (followers never wait for a mask: rank 0 alone samples)
             except Exception:  # the same batch fails on rank 0, which reports it
-                log.exception("batch_failed", step=msg.step)
+                log.exception("batch_failed", step=msg.step_id)
         elif isinstance(msg, WorkerSetup):
             runner.setup(msg.max_running_requests)
         elif isinstance(msg, Shutdown):

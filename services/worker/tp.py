@@ -9,6 +9,7 @@ the scheduler and samples. The relay sends each message as the worker channel's 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -17,10 +18,31 @@ import torch.distributed as dist
 from shared.config import WorkerConfig
 from shared.messages.codec import Codec
 from shared.messages.to_worker import ToWorker
-from services.worker.models.layers import TPGroup
 
 HEARTBEAT_S = 60.0  # an idle rank 0 still broadcasts this often, well inside the group timeout
 TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """This process's place in its tensor-parallel group (``group`` None: the default group)."""
+
+    rank: int = 0
+    size: int = 1
+    group: dist.ProcessGroup | None = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``x`` along the last dim, in rank order."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
 
 
 class Relay:

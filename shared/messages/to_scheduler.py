@@ -75,7 +75,7 @@ class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
 class StepOutput(msgspec.Struct, tag="out", frozen=True):
     """Sampled ids for one ``ForwardBatch``, in batch order; -1 where no token was sampled."""
 
-    step: int
+    step_id: int
     next_ids: bytes  # int32 (B,)
     forward_ms: float = 0.0
     # Only when a request in the batch asked for logprobs (rows of the others are 0):
@@ -90,7 +90,7 @@ class StepOutput(msgspec.Struct, tag="out", frozen=True):
 class WorkerError(msgspec.Struct, tag="werr", frozen=True):
     """The worker failed to execute a batch; the scheduler fails the requests in it."""
 
-    step: int
+    step_id: int
     message: str
 
 

@@ -30,13 +30,13 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
     their freshly allocated KV slots are concatenated in batch order. O(new tokens), never
     O(context)."""
 
-    step: int
+    step_id: int
     new_reqs: list[NewReq]
     released_rows: list[int]  # rows of requests that left since the last batch
     rows: bytes  # int32 (B,)
     prefix_lens: bytes  # int32 (B,)
     extend_lens: bytes  # int32 (B,)
-    sample: bytes  # int32 (B,) 1 = sample a next token for this request
+    emits: bytes  # int32 (B,) 1 = the step emits this request's next token (its last position is computed now)
     input_ids: bytes  # int32 (sum extend,); -1: the token the worker sampled last for this row (overlap)
     out_slots: bytes  # int32 (sum extend,)
     # Scoring requests (prompt logprobs) in this batch, when any: batch position, first position whose
@@ -60,7 +60,7 @@ class ForwardBatch(msgspec.Struct, tag="batch", frozen=True):
 class StepMask(msgspec.Struct, tag="mask", frozen=True):
     """The deferred bitmask of step ``step`` (rows as in its ``ForwardBatch.mask_rows``)."""
 
-    step: int
+    step_id: int
     bitmask: bytes  # int32 (M, ceil(V/32))
     fill_ms: float = 0.0  # scheduler time filling it (metrics)
 

@@ -371,7 +371,7 @@ def test_scoring_request_retracted_mid_prefill_reports_each_position_once():
     from services.scheduler.policy import POLICIES
     from services.scheduler.request import Req
     from services.scheduler.step_io import take_prompt_logprobs, with_extras
-    from services.worker.postprocess import score_positions
+    from services.worker.sampling.batch import score_positions
     from shared.messages.common import SamplingParams, f32, i32
     from shared.messages.to_scheduler import StepOutput
 
@@ -389,13 +389,13 @@ def test_scoring_request_retracted_mid_prefill_reports_each_position_once():
         if s is None:
             return False
         s.msg = with_extras(s, None)  # the grammar backend is needed only for constrained requests
-        out = StepOutput(step=s.step, next_ids=i32([5] * len(s.reqs)))
+        out = StepOutput(step_id=s.step_id, next_ids=i32([5] * len(s.reqs)))
         if s.msg.score_rows:  # what the worker returns: one value per scored position
             _, targets, counts = score_positions(s.msg)
-            out = StepOutput(step=s.step, next_ids=out.next_ids, prompt_logprob_counts=i32(counts),
+            out = StepOutput(step_id=s.step_id, next_ids=out.next_ids, prompt_logprob_counts=i32(counts),
                              prompt_logprobs=f32(np.arange(len(targets), dtype=np.float32)))
         take_prompt_logprobs(s, out)
-        for r, n, sample in zip(s.reqs, s.extend, s.sample):
+        for r, n, sample in zip(s.reqs, s.extend, s.emits):
             if n > 1 or not r.output:
                 b.kv.cache_prefix(r)
             if not sample:

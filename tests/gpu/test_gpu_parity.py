@@ -143,10 +143,10 @@ def test_fused_ops_match_torch() -> None:
 
 
 def test_fused_sampling_respects_filters() -> None:
-    from services.worker.sampling import Sampler, flashinfer_draw
+    from services.worker.sampling.draw import TokenSampler, flashinfer_draw
     from shared.messages.common import SamplingParams
 
-    sampler = Sampler(fused=flashinfer_draw())
+    sampler = TokenSampler(fused=flashinfer_draw())
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05], device="cuda").log().expand(2000, -1).contiguous()
 
     def support(p: SamplingParams) -> set[int]:

@@ -108,10 +108,10 @@ def test_deferred_mask_allows_everything_where_the_sample_is_dropped(backend):
     reqs[1].status = Status.FINISHED
     reqs[3].discard = 1
     sample = [True, True, True, True, True, False]  # reqs[4]: no grammar; reqs[5]: does not sample
-    msg = ForwardBatch(step=7, new_reqs=[], released_rows=[], rows=i32(range(6)), prefix_lens=i32([1] * 6),
-                       extend_lens=i32([1] * 6), sample=i32(sample), input_ids=i32([-1] * 6), out_slots=i32(range(6)))
+    msg = ForwardBatch(step_id=7, new_reqs=[], released_rows=[], rows=i32(range(6)), prefix_lens=i32([1] * 6),
+                       extend_lens=i32([1] * 6), emits=i32(sample), input_ids=i32([-1] * 6), out_slots=i32(range(6)))
     out = deferred_mask(Scheduled(7, reqs, [1] * 6, sample, 6, 0, msg), backend)
     mask = np.frombuffer(out.bitmask, dtype=np.int32).reshape(4, -1)  # rows 0-3 have a grammar and sample
-    assert out.step == 7
+    assert out.step_id == 7
     assert (mask[0] == one_mask(backend, ms[0])).all() and (mask[2] == one_mask(backend, ms[2])).all()
     assert (mask[1] == -1).all() and (mask[3] == -1).all()

@@ -29,7 +29,7 @@ def step(b: Batcher, running, waiting, next_token=5):
 
 
 def apply(b: Batcher, s, running, next_token=5):
-    for r, n, sample in zip(s.reqs, s.extend, s.sample):
+    for r, n, sample in zip(s.reqs, s.extend, s.emits):
         if n > 1 or not r.output:
             b.kv.cache_prefix(r)
         if sample:
@@ -50,11 +50,11 @@ def test_chunked_prefill_spans_steps_and_then_decodes():
     b = batcher(max_prefill=100, chunk=64)
     running, waiting = [], deque([req(range(10, 160))])
     s = step(b, running, waiting)
-    assert from_i32(s.msg.extend_lens).tolist() == [64] and s.sample == [False]
+    assert from_i32(s.msg.extend_lens).tolist() == [64] and s.emits == [False]
     s = step(b, running, waiting)
     assert from_i32(s.msg.prefix_lens).tolist() == [64] and from_i32(s.msg.extend_lens).tolist() == [64]
     s = step(b, running, waiting)
-    assert from_i32(s.msg.extend_lens).tolist() == [22] and s.sample == [True]
+    assert from_i32(s.msg.extend_lens).tolist() == [22] and s.emits == [True]
     s = step(b, running, waiting)
     assert from_i32(s.msg.extend_lens).tolist() == [1] and from_i32(s.msg.input_ids).tolist() == [5]
     finish_all(b, running)
@@ -122,7 +122,7 @@ def test_overlap_builds_the_next_step_before_the_last_one_is_known():
     r = req(range(10, 30), max_new=3)
     running, waiting = [], deque([r])
     s1 = b.build(running, waiting)  # prefill, samples token 0
-    assert s1.sample == [True] and r.pending == 1
+    assert s1.emits == [True] and r.pending == 1
     s2 = b.build(running, waiting)  # built before s1's token is known
     assert from_i32(s2.msg.input_ids).tolist() == [-1] and from_i32(s2.msg.prefix_lens).tolist() == [20]
     assert r.pending == 2 and r.remaining_new_tokens == 1
@@ -167,10 +167,10 @@ def test_overlap_jump_forward_drops_the_token_sampled_in_flight():
     r.discard = r.pending  # what the scheduler does on jump-forward
     s3 = b.build(running, waiting)
     assert from_i32(s3.msg.input_ids).tolist() == [40, 41] and from_i32(s3.msg.prefix_lens).tolist() == [21]
-    assert s3.sample == [True]
+    assert s3.emits == [True]
     # s2's token is dropped, s3's is the next one
     for s, tok in ((s2, 99), (s3, 8)):
-        for q, sample in zip(s.reqs, s.sample):
+        for q, sample in zip(s.reqs, s.emits):
             if sample:
                 q.pending -= 1
                 if q.discard:

@@ -128,7 +128,7 @@ class Fakes:
     def answer(self, w: DealerQueue, token: int = 9) -> ForwardBatch:
         b = self.recv(w)
         assert isinstance(b, ForwardBatch)
-        w.send(StepOutput(step=b.step, next_ids=i32([token] * (len(b.rows) // 4))))
+        w.send(StepOutput(step_id=b.step_id, next_ids=i32([token] * (len(b.rows) // 4))))
         return b
 
     def stop(self) -> None:
@@ -149,7 +149,7 @@ def test_scheduler_fails_everything_on_worker_loss_and_serves_a_new_worker(tmp_p
         assert isinstance(info, ModelInfo) and info.pool_size == 1000
         f.tok.send(gen("running"))
         f.tok.send(gen("waiting"))  # max_running_requests=1: it waits
-        last = max(f.answer(old).step for _ in range(3))
+        last = max(f.answer(old).step_id for _ in range(3))
         assert f.outs(lambda o: getattr(o, "token_ids", None))[-1].rid == "running"
         f.recv(old)  # a step the worker never answers: it dies
         old.sock.close(linger=0)
@@ -169,7 +169,7 @@ def test_scheduler_fails_everything_on_worker_loss_and_serves_a_new_worker(tmp_p
         assert isinstance(info, ModelInfo) and info.pool_size == 500
         f.tok.send(gen("after", max_new=2))
         b = f.answer(new, token=11)
-        assert b.step > last and [r.rid for r in b.new_reqs] == ["after"] and from_i32(b.prefix_lens).tolist() == [0]
+        assert b.step_id > last and [r.rid for r in b.new_reqs] == ["after"] and from_i32(b.prefix_lens).tolist() == [0]
         f.answer(new, token=12)
         got = f.outs(lambda o: getattr(o, "finish", None))
         assert [t for o in got for t in o.token_ids] == [11, 12] and got[-1].finish == "length"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import os
 import pickle
-import shutil
 import signal
 import stat
 from pathlib import Path
@@ -123,15 +122,17 @@ def test_serve_keeps_zmq_endpoints_private(demo_dir, monkeypatch):
     from shared.config import SchedulerConfig, TokenizerConfig, WorkerConfig
 
     spawned: list[tuple[str, object]] = []
+    modes: list[os.stat_result] = []
 
     def spawn(self, name, module, cfg, extra_env=None):
         spawned.append((name, cfg))
         if name.startswith("tokenizer"):
-            self.stopping = True  # everything is spawned: leave the supervision loop at once
+            modes.append(os.stat(os.path.dirname(cfg.port_file)))  # (the launcher removes it when it returns)
+            self.signals = 1  # everything is spawned: leave the supervision loop at once
 
     monkeypatch.setattr(launcher.Launcher, "_spawn", spawn)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    cfg = launcher.ServeConfig(tokenizer=TokenizerConfig(grpc_port=1, http_port=-1), scheduler=SchedulerConfig(),
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    cfg = launcher.ServeConfig(tokenizer=TokenizerConfig(grpc_port=0, http_port=-1), scheduler=SchedulerConfig(),
                                worker=WorkerConfig(device="cpu"), dp=2)
     try:
         assert launcher.Launcher(cfg).run() == 0
@@ -150,12 +151,9 @@ def test_serve_keeps_zmq_endpoints_private(demo_dir, monkeypatch):
         assert ep.startswith("ipc://"), ep
         dirs.add(os.path.dirname(ep[len("ipc://"):]))
     assert len(dirs) == 1
-    run_dir = dirs.pop()
-    try:
-        mode = os.stat(run_dir)
-        assert mode.st_uid == os.getuid() and stat.S_IMODE(mode.st_mode) == 0o700, oct(mode.st_mode)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    mode = modes[0]
+    assert mode.st_uid == os.getuid() and stat.S_IMODE(mode.st_mode) == 0o700, oct(mode.st_mode)
+    assert not os.path.exists(dirs.pop())  # removed on the way out
 
 
 def test_api_key_is_compared_in_constant_time(monkeypatch):
@@ -195,6 +193,6 @@ def test_message_size_limits_are_set(demo_dir, monkeypatch):
 
     monkeypatch.setattr(server, "SchedulerClient", lambda *a, **k: None)
     with pytest.raises(RuntimeError, match="stop here"):
-        asyncio.run(server.run(TokenizerConfig(grpc_port=0, http_port=-1)))
+        asyncio.run(server.run(TokenizerConfig(model=demo_dir, grpc_port=0, http_port=-1)))
     assert seen["grpc.max_receive_message_length"] == server.MAX_MESSAGE
     assert seen["grpc.max_send_message_length"] == server.MAX_MESSAGE

@@ -17,10 +17,10 @@ import zmq.asyncio
 
 from shared.config import ConfigError, TokenizerConfig
 from shared.messages.codec import Codec
-from shared.messages.common import SamplingParams
+from shared.messages.common import FinishReason, SamplingParams
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello
 from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut, TokenOutBatch
-from services.tokenizer import scheduler_client
+from services.tokenizer import loads as load_probe, scheduler_client
 from services.tokenizer.router import Router, block_hashes, rendezvous
 from services.tokenizer.scheduler_client import SchedulerClient
 from tests.support import ROOT
@@ -229,12 +229,12 @@ class FakeScheduler:
                 if self.hold:
                     self.running[msg.rid] = ident
                     continue
-                out = TokenOutBatch([TokenOut(rid=msg.rid, token_ids=[5], finish="length")])
+                out = TokenOutBatch([TokenOut(rid=msg.rid, token_ids=[5], finish=FinishReason.LENGTH)])
             elif isinstance(msg, AbortReq):
                 self.aborts.append(msg)
                 if self.running.pop(msg.rid, None) is None:
                     continue
-                out = TokenOutBatch([TokenOut(rid=msg.rid, finish="abort")])
+                out = TokenOutBatch([TokenOut(rid=msg.rid, finish=FinishReason.ABORT)])
             elif isinstance(msg, LoadReq):
                 out = Load(token=msg.token, num_running=len(self.running), num_waiting=0, kv_free=10, kv_used=5,
                            kv_pool=15, kv_evictable=0, steps=3, prefill_computed_tokens=7, prefill_cached_tokens=2,
@@ -322,7 +322,7 @@ def test_groups_that_disagree_fail_readiness(tmp_path):
 
 
 def test_a_silent_group_is_routed_around_and_comes_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(scheduler_client, "DOWN_AFTER_S", 0.3)
+    monkeypatch.setattr(load_probe, "DOWN_AFTER_S", 0.3)
     health: list[bool] = []
 
     async def body(client: SchedulerClient, fakes: list[FakeScheduler]) -> None:

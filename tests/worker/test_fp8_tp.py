@@ -19,7 +19,7 @@ from tests.worker.test_fp8_weights import REL_ERR, TOP1, logits_agreement
 from tests.worker.test_models import random_seqs, run_schedule, save_tiny_model, tiny_config
 from tests.worker.test_tp_layers import _free_port
 
-from services.worker.models.layers import TPGroup
+from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.quant.fp8 import FP8
 

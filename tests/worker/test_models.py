@@ -14,10 +14,10 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from services.worker.attention.base import AttentionBatch
 from services.worker.attention.torch_backend import TorchAttention
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
-from services.worker.models.layers import TPGroup
+from services.worker.tp import TPGroup
 from services.worker.models.loader import ModelSpec, load_model
 from services.worker.models.rotary import RopeConfig
-from services.worker.sampling import Sampler
+from services.worker.sampling.draw import TokenSampler
 from shared.messages.common import SamplingParams
 
 TINY = dict(
@@ -183,13 +183,13 @@ def test_pool_slots_for_memory() -> None:
 # --- sampler ---------------------------------------------------------------------------------
 
 
-def sample_n(sampler: Sampler, logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
+def sample_n(sampler: TokenSampler, logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
     return sampler.sample(logits.expand(n, -1).contiguous(), [params] * n, [None] * n)
 
 
 def test_greedy_is_argmax() -> None:
     logits = torch.randn(5, 100, generator=torch.Generator().manual_seed(0))
-    sampler = Sampler()
+    sampler = TokenSampler()
     for params in (SamplingParams(temperature=0.0), SamplingParams(top_k=1), SamplingParams(top_p=1e-6)):
         assert torch.equal(sampler.sample(logits, [params] * 5, [None] * 5), logits.argmax(-1))
 
@@ -198,7 +198,7 @@ def test_seeded_sampling_is_reproducible_across_batches() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 50, generator=g)
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=7)
-    sampler = Sampler(seed=3)
+    sampler = TokenSampler(seed=3)
 
     def draws(seed: int, batch_size: int) -> list[int]:
         gen = torch.Generator().manual_seed(seed)
@@ -212,7 +212,7 @@ def test_seeded_sampling_is_reproducible_across_batches() -> None:
 
 def test_filters_restrict_the_support() -> None:
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    sampler = Sampler()
+    sampler = TokenSampler()
     assert set(sample_n(sampler, logits, SamplingParams(min_p=0.5), 2000).tolist()) == {0, 1}
     assert set(sample_n(sampler, logits, SamplingParams(top_k=3), 2000).tolist()) == {0, 1, 2}
     assert set(sample_n(sampler, logits, SamplingParams(top_p=0.7), 2000).tolist()) == {0, 1}

@@ -16,7 +16,7 @@ from services.worker.attention import resolve_backend
 from services.worker.attention.flashinfer_backend import kv_indices
 from services.worker.cuda_graph import graph_batch_sizes
 from services.worker.runner import ModelRunner
-from services.worker.sampling import Sampler
+from services.worker.sampling.draw import TokenSampler
 from shared.config import ConfigError, WorkerConfig
 from shared.messages.common import SamplingParams, i32
 
@@ -120,8 +120,8 @@ def test_fused_draw_takes_unseeded_rows_only() -> None:
     seeded = SamplingParams(temperature=1.0, seed=5)
     params = [SamplingParams(temperature=0.0), SamplingParams(), seeded, SamplingParams(top_k=3)]
     gens = [None, None, torch.Generator().manual_seed(5), None]
-    tokens = Sampler(fused=fused).sample(logits, params, gens)
-    reference = Sampler().sample(logits[2:3], [seeded], [torch.Generator().manual_seed(5)])
+    tokens = TokenSampler(fused=fused).sample(logits, params, gens)
+    reference = TokenSampler().sample(logits[2:3], [seeded], [torch.Generator().manual_seed(5)])
     assert calls == [2] and tokens[1] == tokens[3] == 49
     assert tokens[0] == logits[0].argmax() and tokens[2] == reference[0]
 

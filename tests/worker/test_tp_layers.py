@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.worker.test_models import random_seqs, run_schedule, save_tiny_model, tiny_config
 
-from services.worker.models.layers import TPGroup
+from services.worker.tp import TPGroup
 
 TP = 2
 # a mixed step schedule: chunked prefill of request 0 next to decode steps of request 1

@@ -54,6 +54,7 @@ class Frontend:
         self.token_texts = convert.TokenTexts(text)
         self.created = int(time.time())
         self.in_flight: set[str] = set()  # request ids of the generations being answered
+        self.aliases: frozenset[str] = frozenset()  # other names requests may give the model (--served-model-name)
 
     def abort_all(self) -> None:
         """End every generation in flight with finish_reason "abort" (the shutdown grace ran out):
@@ -62,11 +63,11 @@ class Frontend:
             self.client.abort(rid)
 
     def model(self, name: str = "") -> ModelInfo:
-        """The served model's info; ``name`` must be empty or that model's name."""
+        """The served model's info; ``name`` must be empty, that model's name or an alias."""
         info = self.client.info
         if info is None:
             raise Unavailable("the model is not loaded yet")
-        if name and name != info.model:
+        if name and name != info.model and name not in self.aliases:
             raise errors.ApiError(404, f"the model {name!r} does not exist: this server serves {info.model!r}",
                                   code="model_not_found", param="model")
         return info

@@ -11,8 +11,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from services.worker.attention.base import AttentionBackend
-    from services.worker.models.layers import ShardId, TPGroup
-    from services.worker.models.llama import DecoderConfig
+    from services.worker.models.layers import ShardId
+    from services.worker.tp import TPGroup
+    from services.worker.models.config import DecoderConfig
 
 # architecture -> (module under services.worker.models, class name)
 _ARCHITECTURES: dict[str, tuple[str, str]] = {

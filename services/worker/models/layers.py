@@ -18,38 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.ops import current_ops
+from services.worker.tp import TPGroup
 from services.worker.quant import fp8_linears_enabled
 from services.worker.quant.fp8 import FP8, QuantizedWeight, fp8_linear, load_fp8_rows
 
 ShardId = str | int | None
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, ShardId], None]
-
-
-@dataclass(frozen=True)
-class TPGroup:
-    """This process's place in its tensor-parallel group (``group`` None: the default group)."""
-
-    rank: int = 0
-    size: int = 1
-    group: dist.ProcessGroup | None = None
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
-            dist.all_reduce(x, group=self.group)
-        return x
-
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's ``x`` along the last dim, in rank order."""
-        if self.size == 1:
-            return x
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
 
 
 def divide(n: int, d: int) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ from services.worker.models.layers import (
     TPGroup,
     VocabParallelEmbedding,
 )
+from services.worker.models.config import DecoderConfig
 from services.worker.models.ops import RopeStep
 from services.worker.models.rotary import RopeConfig, RotaryEmbedding
 
@@ -34,27 +34,6 @@ _FUSED: tuple[tuple[str, str, ShardId], ...] = (
     ("gate_up_proj", "gate_proj", 0),
     ("gate_up_proj", "up_proj", 1),
 )
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    """Hyperparameters of a Llama-style decoder, parsed from an HF ``config.json`` dict."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_positions: int
-    rms_norm_eps: float
-    rope: RopeConfig
-    tie_word_embeddings: bool
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False  # RMSNorm over each q/k head before RoPE
 
 
 class LlamaAttention(nn.Module):

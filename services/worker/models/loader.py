@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from services.worker.models import CausalLM, model_class, supported_architectures
-from services.worker.models.layers import TPGroup, kv_heads_per_rank
-from services.worker.models.llama import DecoderConfig
+from services.worker.models.layers import kv_heads_per_rank
+from services.worker.tp import TPGroup
+from services.worker.models.config import DecoderConfig
 from services.worker.models.ops import TORCH_OPS, Ops, use_ops
 from services.worker.quant import fp8_linears
 from services.worker.quant.checkpoint import Checkpoint, read_weights

@@ -6,7 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from services.worker.models.llama import DecoderConfig, LlamaForCausalLM
+from services.worker.models.config import DecoderConfig
+from services.worker.models.llama import LlamaForCausalLM
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

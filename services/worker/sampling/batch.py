@@ -11,15 +11,15 @@ import torch
 from shared.messages.common import SamplingParams, f32, from_i32, i32
 from shared.messages.to_worker import ForwardBatch, NewReq
 from services.worker.hostio import HostCopy, to_device
-from services.worker.logits import PenaltyState, apply_bitmask, logprobs, step_seed
-from services.worker.sampling import Sampler
+from services.worker.sampling.logits import PenaltyState, apply_bitmask, logprobs, step_seed
+from services.worker.sampling.draw import TokenSampler
 
 
-class StepSampler:
+class BatchSampler:
     """Owns what the worker keeps per request row (its params, penalty counts) and turns the logits
     of one step into sampled ids plus the optional logprob fields of ``StepOutput``."""
 
-    def __init__(self, sampler: Sampler, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, sampler: TokenSampler, vocab_size: int, device: torch.device) -> None:
         self.sampler, self.device = sampler, device
         self.params: dict[int, SamplingParams] = {}  # by row
         self.penalties = PenaltyState(vocab_size, device)

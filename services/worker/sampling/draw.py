@@ -14,7 +14,7 @@ FusedDraw = Callable[[torch.Tensor, list[SamplingParams], torch.Generator], torc
 TOP_K_ALL = 1 << 30  # FlashInfer's "no top-k"
 
 
-class Sampler:
+class TokenSampler:
     """Samples one token per row. Rows draw from their request's generator (seeded requests: their
     tokens do not depend on what else is in the batch) or, given None, from one generator seeded
     with ``seed``; rows sharing a generator draw together.
