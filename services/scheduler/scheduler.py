@@ -19,8 +19,8 @@ from shared.config import SchedulerConfig
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
 from shared.messages.common import ErrorCode, FinishReason
-from shared.messages.to_scheduler import (AbortReq, GenerateReq, LoadReq, StepOutput, ToScheduler,
-                                          TokenizerHello, WorkerError, WorkerReady)
+from shared.messages.to_scheduler import (AbortReq, FlushCacheReq, GenerateReq, KvSubscribe, LoadReq, StepOutput,
+                                          ToScheduler, TokenizerHello, WorkerError, WorkerReady)
 from shared.messages.to_tokenizer import EngineStatus, Load, ToTokenizer
 from shared.messages.to_worker import Shutdown, WorkerSetup
 from shared.transport import RouterQueue
@@ -29,6 +29,7 @@ from services.scheduler.batcher import Scheduled
 from services.scheduler.counters import Counters
 from services.scheduler.engine import EngineSession
 from services.scheduler.grammar import GrammarBackend
+from services.scheduler.kv_events import KvEventPublisher, flush_cache
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outputs import StepApplier
 from services.scheduler.request import Req, Status
@@ -61,6 +62,8 @@ class Scheduler:
         self.grammar: GrammarBackend | None = None  # outlives engines (rebuilt for another vocabulary)
         self.down = ""  # why not serving, once a worker was lost
         self.stopping = False
+        self.kv_events = KvEventPublisher(cfg.page_size, self.tok.send, cfg.kv_events_block_size,
+                                          cfg.kv_events_endpoint, cfg.kv_events_topic, self.ctx)
 
     # ---- main loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -78,6 +81,7 @@ class Scheduler:
             busy = bool(table.waiting or table.running or (e is not None and e.busy))
             compiling = e is not None and bool(e.grammar.pending)
             self._poll(0 if busy else 5 if compiling else 100)
+            self.kv_events.flush()  # the last step's cache changes, to whoever subscribed
             e = self.engine
             if e is None:
                 continue
@@ -159,6 +163,11 @@ class Scheduler:
                 self.tok.send(ident, self.engine.info)
         elif isinstance(msg, LoadReq):
             self.tok.send(ident, load_of(msg.token, self.counters, self.table, self.engine))
+        elif isinstance(msg, KvSubscribe):
+            self.kv_events.subscribe(ident, msg.on)
+        elif isinstance(msg, FlushCacheReq):
+            busy = sum(1 for _ in self.table.live())
+            self.tok.send(ident, flush_cache(msg.token, busy, self.engine.kv.cache if self.engine else None))
 
     def _on_generate(self, ident: bytes, msg: GenerateReq) -> None:
         traceparent = ensure(msg.traceparent)
@@ -232,6 +241,7 @@ class Scheduler:
         self.grammar = e.grammar
         self.applier = StepApplier(self.table, e, self.counters, self.worker.send, not self.cfg.disable_jump_forward)
         self.worker.attach()
+        self.kv_events.attach(e.kv.cache)
         self.worker.send(WorkerSetup(max_running_requests=e.info.max_running_requests))
         log.info("worker_ready", restarted=restarted, **{k: getattr(w, k) for k in w.__struct_fields__})
         self.down = ""
@@ -250,6 +260,7 @@ class Scheduler:
         if e is not None:
             e.grammar.pending.clear()  # (their requests failed; a compile still running finishes unseen)
         self.engine, self.applier, self.down = None, None, reason
+        self.kv_events.detach()
         table.flush()
         for ident in self.replicas:
             self.tok.send(ident, EngineStatus(serving=False, reason=reason))
@@ -270,6 +281,7 @@ class Scheduler:
         if self.grammar is not None:
             self.grammar.close()
         self.worker.send(Shutdown())
+        self.kv_events.close()
         self.metrics.close()
         self.tracer.shutdown()
         time.sleep(0.1)
