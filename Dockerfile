@@ -24,12 +24,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
     PIP_DEFAULT_TIMEOUT=120
 
-# The dependency list (+ the otel extra, so BANYAN_OTLP_ENDPOINT works) out of pyproject.toml: the
+# The dependency list (+ the otel extra, so BANYAN_OTLP_ENDPOINT works, and the gateway extra: the
+# Shepherd Model Gateway's `smg` binary, for compose's `gateway` profile) out of pyproject.toml: the
 # layer below that installs it is rebuilt only when this file's content changes.
 FROM python AS requirements
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['otel']))" > /requirements.txt
+e = p['optional-dependencies']; print('\n'.join(p['dependencies'] + e['otel'] + e['gateway']))" > /requirements.txt
 
 FROM python
 LABEL org.opencontainers.image.title="banyan" org.opencontainers.image.vendor="banyan" \
@@ -71,5 +72,5 @@ RUN chmod 755 /usr/local/bin/banyan-healthcheck \
 
 ENV BANYAN_CACHE_DIR=/opt/banyan-cache
 USER banyan
-EXPOSE 50051 8000 5557 5558 9100
+EXPOSE 50051 8000 5557 5558 9100 30000
 CMD ["banyan", "--help"]

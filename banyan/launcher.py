@@ -91,6 +91,16 @@ def _group_gpus(worker: WorkerConfig, dp: int) -> list[dict[str, str]]:
     return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[g * tp:(g + 1) * tp])} for g in range(dp)]
 
 
+def group_endpoint(endpoint: str, g: int) -> str:
+    """Group ``g``'s copy of a ZMQ endpoint every group binds: tcp port + g, an ipc path + "-g"."""
+    if not endpoint or g == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, port = endpoint.rsplit(":", 1)
+        return f"{host}:{int(port) + g}"
+    return f"{endpoint}-{g}"
+
+
 def _secrets_to_env(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """Move ``--api-key`` from a child's argv (visible to every local user in ``ps``) into its
     environment (``BANYAN_API_KEY``)."""
@@ -163,6 +173,7 @@ class Launcher:
         cfg, run_dir, reserve = self.cfg, self.run_dir, self.ports  # (held for the launcher's life: restarts rebind)
         port = cfg.tokenizer.grpc_port or reserve.take()
         http_port = cfg.tokenizer.http_port or reserve.take()  # -1 (no HTTP) stays
+        self.smg_port = cfg.tokenizer.smg_grpc_port or reserve.take()  # -1 (SMG's service on the gRPC port) stays
         sched_metrics = [_metrics_port(cfg.scheduler_metrics_port, reserve, g) for g in range(cfg.dp)]
         worker_metrics = [_metrics_port(cfg.worker_metrics_port, reserve, g) for g in range(cfg.dp)]
         # tokenizer replicas write their metrics here; a scrape of any of them sums all (multiprocess mode)
@@ -175,7 +186,8 @@ class Launcher:
             tok_eps.append(tok_ep)
             self._spawn(f"scheduler{sfx}", "services.scheduler",
                         replace(cfg.scheduler, tokenizer_endpoint=tok_ep, worker_endpoint=wrk_ep,
-                                metrics_port=sched_metrics[g]))
+                                metrics_port=sched_metrics[g],
+                                kv_events_endpoint=group_endpoint(cfg.scheduler.kv_events_endpoint, g)))
             wcfg = replace(cfg.worker, scheduler_endpoint=wrk_ep)
             if sfx and wcfg.hicache_storage_dir:  # each group's KV files apart (the groups' trees differ)
                 wcfg = replace(wcfg, hicache_storage_dir=os.path.join(wcfg.hicache_storage_dir, f"group{sfx}"))
@@ -187,7 +199,8 @@ class Launcher:
         for i in range(cfg.num_tokenizers):
             pf = self.port_files[f"tokenizer-{i}"] = run_dir.join(f"tokenizer-{i}.port")
             tcfg = replace(cfg.tokenizer, scheduler_endpoint=",".join(tok_eps), grpc_port=port, http_port=http_port,
-                           port_file=pf, replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
+                           smg_grpc_port=self.smg_port, port_file=pf,
+                           replica_id=cfg.tokenizer.replica_id or f"tokenizer-{i}-{os.getpid()}")
             self._spawn(f"tokenizer-{i}", "services.tokenizer", tcfg, {MULTIPROC_ENV: metrics_dir})
         self.counter = RestartCounter(metrics_dir, list(self.children))
         deadline = time.monotonic() + cfg.startup_timeout
@@ -211,7 +224,8 @@ class Launcher:
 
     def _announce(self, port: int, http_port: int, sched_metrics: list[int], worker_metrics: list[int]) -> None:
         cfg, one = self.cfg, self.cfg.dp == 1  # a port, or a list of one per group
-        log.info("serving", grpc_port=port, http_port=http_port, tokenizers=cfg.num_tokenizers, dp=cfg.dp)
+        log.info("serving", grpc_port=port, http_port=http_port, tokenizers=cfg.num_tokenizers, dp=cfg.dp,
+                 smg_grpc_port=-1 if cfg.tokenizer.disable_smg_grpc else self.smg_port if self.smg_port > 0 else port)
         log.info("metrics_ports", tokenizer=http_port, scheduler=sched_metrics[0] if one else sched_metrics,
                  worker=worker_metrics[0] if one else worker_metrics)
         http = f", OpenAI-compatible HTTP on port {http_port}" if http_port > 0 else ""

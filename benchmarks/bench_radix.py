@@ -142,7 +142,7 @@ def main() -> None:
     gc.disable()  # time the cache, not the cyclic collector (as timeit does)
     try:
         for name, ks in keys.items():
-            hits = [cache.peek("", k)[0] for k in ks]
+            hits = [cache.peek("", k).length for k in ks]
             results.append(summarize(f"peek {name}", timed(cache.peek, [("", k) for k in ks]),
                                      statistics.fmean(hits)))
         for name, ks in keys.items():
@@ -154,15 +154,16 @@ def main() -> None:
         # that are already cached (a walk, nothing stored)
         new_keys = [shallow_key() if i % 2 else deep_key() for i in range(N)]
         done: list[int] = []
-        ns = timed(lambda k, s: done.append(cache.insert("", k, s)), [(k, slots.take(len(k))) for k in new_keys])
+        ns = timed(lambda k, s: done.append(cache.insert("", k, s).cached),
+                   [(k, slots.take(len(k))) for k in new_keys])
         results.append(summarize("insert new tail", ns, statistics.fmean(done)))
         seqs.extend(new_keys)
         dup = [rng.choice(seqs)[:KEY_LEN] for _ in range(N)]
         done = []
-        ns = timed(lambda k, s: done.append(cache.insert("", k, s)), [(k, slots.take(len(k))) for k in dup])
+        ns = timed(lambda k, s: done.append(cache.insert("", k, s).cached), [(k, slots.take(len(k))) for k in dup])
         results.append(summarize("insert cached key", ns, statistics.fmean(done)))
         # lock/unlock of a 2k-token path (what admit/release do besides match/insert)
-        nodes = [cache.match("", rng.choice(seqs)[:KEY_LEN]).node for _ in range(N)]
+        nodes = [cache.match("", rng.choice(seqs)[:KEY_LEN]).handle for _ in range(N)]
         results.append(summarize("lock", timed(cache.lock, [(n,) for n in nodes]), None))
         results.append(summarize("unlock", timed(cache.unlock, [(n,) for n in nodes]), None))
         # eviction: one ~2k-token request's worth at a time, LRU leaves first

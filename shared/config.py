@@ -82,6 +82,15 @@ class TokenizerConfig(CommonConfig):
     router_balance_rel: float = field(default=1.5, metadata={"help": "… and this many times as many"})
     router_probe_interval: float = field(default=1.0, metadata={
         "help": "DP routing: seconds between load probes of each group (others' load, dead groups; 0: none)"})
+    # the Shepherd Model Gateway's engine API (sglang.grpc.scheduler.SglangScheduler): services/tokenizer/smg
+    disable_smg_grpc: bool = field(default=False, metadata={
+        "help": "do not serve SMG's gRPC engine service (sglang.grpc.scheduler.SglangScheduler)"})
+    smg_grpc_port: int = field(default=-1, metadata={
+        "help": "serve SMG's gRPC engine service on this port (-1: on the gRPC port, beside banyan.v1; "
+                "0: pick a free port)"})
+    disable_kv_events: bool = field(default=False, metadata={
+        "help": "SMG's SubscribeKvEvents answers UNIMPLEMENTED (the gateway then routes on its own "
+                "approximate prefix tree)"})
     scheduler_gone_grace: float = field(default=30.0, metadata={
         "help": "exit (code 1) once the connection to every scheduler has been closed this many seconds "
                 "(0: never): a replica without schedulers cannot serve"})
@@ -92,6 +101,7 @@ class TokenizerConfig(CommonConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(0 <= self.grpc_port < 65536, f"grpc_port out of range: {self.grpc_port}")
+        _check(-1 <= self.smg_grpc_port < 65536, f"smg_grpc_port out of range: {self.smg_grpc_port}")
         eps = self.scheduler_endpoints
         _check(len(eps) >= 1 and len(set(eps)) == len(eps),
                f"scheduler_endpoint needs distinct, non-empty endpoints: {self.scheduler_endpoint!r}")
@@ -147,6 +157,13 @@ class SchedulerConfig(CommonConfig):
         "help": "cascade attention: KV tokens a step that runs eagerly anyway (prefill chunks in it, or a batch "
                 "above the largest CUDA graph) must save to use it"})
     metrics_port: int = field(default=0, metadata={"help": "serve Prometheus /metrics on this HTTP port (0: off)"})
+    kv_events_endpoint: str = field(default="", metadata={
+        "help": "also publish KV-cache block events on a ZMQ PUB socket bound here (e.g. tcp://*:5557; vLLM's / "
+                "SGLang's msgpack KVEventBatch; with --dp N group g binds port + g); empty: only to subscribed "
+                "tokenizers (SMG's SubscribeKvEvents)"})
+    kv_events_topic: str = field(default="", metadata={"help": "the ZMQ topic of --kv-events-endpoint's messages"})
+    kv_events_block_size: int = field(default=0, metadata={
+        "help": "tokens per KV-event block, a multiple of --page-size (0: the smallest multiple >= 16)"})
     log_interval: float = field(default=10.0, metadata={
         "help": "seconds between summary log lines (running, queued, tokens/s in and out, cache hit rate, KV "
                 "usage; none while idle; 0: off)"})
@@ -173,6 +190,8 @@ class SchedulerConfig(CommonConfig):
         _check(self.cascade_min_saved >= 0 and self.cascade_min_saved_eager >= 0,
                "cascade_min_saved and cascade_min_saved_eager must be >= 0")
         _check(0 <= self.metrics_port < 65536, f"metrics_port out of range: {self.metrics_port}")
+        _check(self.kv_events_block_size >= 0 and self.kv_events_block_size % self.page_size == 0,
+               f"kv_events_block_size must be a multiple of page_size ({self.page_size}): {self.kv_events_block_size}")
         _check(self.log_interval >= 0, "log_interval must be >= 0 (0: no summary lines)")
         _check(self.hicache_write_policy in WRITE_POLICIES,
                f"hicache_write_policy {self.hicache_write_policy!r} is not one of {' | '.join(WRITE_POLICIES)}")

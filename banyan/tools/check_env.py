@@ -154,10 +154,10 @@ def check_grpc() -> Row:
 def check_model(model: str) -> list[Row]:
     """The model directory (the demo model: built into the cache when missing), its architecture,
     weights and tokenizer (loaded the way a tokenizer replica loads it)."""
-    from shared.model_path import resolve_model
+    from banyan.cli import resolve
 
     try:
-        model_dir, name = resolve_model(model)
+        model_dir, name = resolve(model)
     except Exception as e:  # noqa: BLE001 — a ConfigError's one line, or whatever the resolution raised
         return [Row("model", "fail", str(e) or type(e).__name__)]
     try:

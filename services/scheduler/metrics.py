@@ -13,6 +13,13 @@
   over every request prefilled since start (for a windowed rate, divide the ``rate()`` of the
   tokenizer's ``banyan:cached_tokens_total`` by that of ``banyan:prompt_tokens_total``).
 - ``banyan:retractions_total``, ``banyan:grammar_compile_seconds``.
+- Fleet gauges with the Kubernetes Gateway API Inference Extension's model-server protocol
+  semantics (its endpoint picker scrapes them: ``--total-queued-requests-metric
+  banyan:num_requests_waiting --kv-cache-usage-percentage-metric banyan:kv_cache_usage_perc``):
+  ``banyan:num_requests_waiting`` — TotalQueuedRequests, the requests in the queue, not yet
+  running (request branches, as vLLM counts its ``n`` samples; including those whose grammar
+  compiles); ``banyan:kv_cache_usage_perc`` — KVCacheUtilization, the KV-cache utilization as a
+  fraction 0–1 (1 = full), counted as ``banyan:kv_cache_usage`` (reclaimable cache excluded).
 - ``banyan:cascade_steps_total``: steps with shared-prefix (cascade) attention groups;
   ``banyan:cascade_saved_tokens_total``: KV tokens those steps did not read (a shared prefix read
   once per group instead of once per member).
@@ -50,6 +57,10 @@ class SchedulerMetrics:
                                     buckets=QUEUE_BUCKETS, registry=r)
         self.running = Gauge("banyan:num_running_requests", "Request branches running (in the batch)", registry=r)
         self.waiting = Gauge("banyan:num_waiting_requests", "Request branches waiting to be scheduled", registry=r)
+        self.queued = Gauge("banyan:num_requests_waiting", "Requests in the queue, not running yet (Gateway API "
+                            "Inference Extension: TotalQueuedRequests)", registry=r)
+        self.kv_usage_perc = Gauge("banyan:kv_cache_usage_perc", "KV-cache utilization, 0-1 (Gateway API Inference "
+                                   "Extension: KVCacheUtilization; reclaimable cache excluded)", registry=r)
         self.kv_usage = Gauge("banyan:kv_cache_usage",
                               "Fraction of the KV pool held by running requests (evictable cache excluded)",
                               registry=r)
@@ -82,7 +93,10 @@ class SchedulerMetrics:
         """One update per scheduler step (or idle pass), from the scheduler's own totals."""
         self.running.set(running)
         self.waiting.set(waiting)
-        self.kv_usage.set((kv_pool - kv_free - kv_evictable) / kv_pool if kv_pool else 0.0)
+        self.queued.set(waiting)
+        usage = (kv_pool - kv_free - kv_evictable) / kv_pool if kv_pool else 0.0
+        self.kv_usage.set(usage)
+        self.kv_usage_perc.set(usage)
         self.kv_evictable.set(kv_evictable)
         if c.prompt:
             self.hit_rate.value = c.prefill_cached / c.prompt

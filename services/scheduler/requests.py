@@ -97,7 +97,7 @@ class RequestTable:
                        cached_tokens=r.cached_tokens, retractions=r.retractions)
 
     def fail_all(self, message: str, code: ErrorCode, kv: KVManager | None) -> int:
-        """End every branch with an error (the worker was lost, or shutting down with ``ABORT``)."""
+        """End every branch with an error (the worker was lost); → how many there were."""
         live = list(self.live())
         for r in live:
             self.finish(r, FinishReason.ERROR, kv, error=message, code=code)

@@ -19,8 +19,8 @@ from shared.config import SchedulerConfig
 from shared.logging import get_logger, stage
 from shared.messages.codec import Codec
 from shared.messages.common import ErrorCode, FinishReason
-from shared.messages.to_scheduler import (AbortReq, CacheAck, GenerateReq, LoadReq, StepOutput, ToScheduler,
-                                          TokenizerHello, WorkerError, WorkerReady)
+from shared.messages.to_scheduler import (AbortReq, CacheAck, FlushCacheReq, GenerateReq, KvSubscribe, LoadReq,
+                                          StepOutput, ToScheduler, TokenizerHello, WorkerError, WorkerReady)
 from shared.messages.to_tokenizer import EngineStatus, ToTokenizer
 from shared.messages.to_worker import Shutdown, WorkerSetup
 from shared.transport import RouterQueue
@@ -29,6 +29,7 @@ from services.scheduler.batcher import Scheduled
 from services.scheduler.counters import Counters
 from services.scheduler.engine import EngineSession
 from services.scheduler.grammar import GrammarBackend
+from services.scheduler.kv_events import KvEventPublisher, flush_cache
 from services.scheduler.load import load_of, num_waiting
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outputs import StepApplier
@@ -62,6 +63,8 @@ class Scheduler:
         self.grammar: GrammarBackend | None = None  # outlives engines (rebuilt for another vocabulary)
         self.down = ""  # why not serving, once a worker was lost
         self.stopping = False
+        self.kv_events = KvEventPublisher(cfg.page_size, self.tok.send, cfg.kv_events_block_size,
+                                          cfg.kv_events_endpoint, cfg.kv_events_topic, self.ctx)
 
     # ---- main loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -80,6 +83,7 @@ class Scheduler:
                         len(table.waiting) > (e.blocked if e is not None else 0))
             compiling = e is not None and bool(e.grammar.pending)
             self._poll(0 if busy else 5 if compiling else 100)
+            self.kv_events.flush()  # the last step's cache changes, to whoever subscribed
             e = self.engine
             if e is None:
                 continue
@@ -165,6 +169,11 @@ class Scheduler:
                 self.tok.send(ident, self.engine.info)
         elif isinstance(msg, LoadReq):
             self.tok.send(ident, load_of(msg.token, self.counters, self.table, self.engine))
+        elif isinstance(msg, KvSubscribe):
+            self.kv_events.subscribe(ident, msg.on)
+        elif isinstance(msg, FlushCacheReq):
+            busy = sum(1 for _ in self.table.live())
+            self.tok.send(ident, flush_cache(msg.token, busy, self.engine.kv.cache if self.engine else None))
 
     def _on_generate(self, ident: bytes, msg: GenerateReq) -> None:
         traceparent = ensure(msg.traceparent)
@@ -241,6 +250,7 @@ class Scheduler:
         self.grammar = e.grammar
         self.applier = StepApplier(self.table, e, self.counters, self.worker.send, not self.cfg.disable_jump_forward)
         self.worker.attach()
+        self.kv_events.attach(e.kv.cache)
         self.worker.send(WorkerSetup(max_running_requests=e.info.max_running_requests))
         log.info("worker_ready", restarted=restarted, **{k: getattr(w, k) for k in w.__struct_fields__
                                                          if k != "disk_files"})
@@ -254,11 +264,13 @@ class Scheduler:
         requests are refused with ``reason`` until the next ``WorkerReady``."""
         self.worker.detach()
         e, table = self.engine, self.table
-        log.error("worker_lost", reason=reason, running=len(table.running), waiting=len(table.waiting))
+        log.error("worker_lost", reason=reason, requests=sum(1 for _ in table.live()), running=len(table.running),
+                  waiting=len(table.waiting))
         table.fail_all(f"{reason}: the request was lost, retry it", ErrorCode.UNAVAILABLE, e.kv if e else None)
         if e is not None:
             e.grammar.pending.clear()  # (their requests failed; a compile still running finishes unseen)
         self.engine, self.applier, self.down = None, None, reason
+        self.kv_events.detach()
         table.flush()
         for ident in self.replicas:
             self.tok.send(ident, EngineStatus(serving=False, reason=reason))
@@ -281,6 +293,7 @@ class Scheduler:
         if self.engine is not None and self.engine.hicache is not None:  # every host copy due on disk: written
             self.engine.hicache.flush(self.worker.send, None, all_writes=True)  # before the worker stops
         self.worker.send(Shutdown())
+        self.kv_events.close()
         self.metrics.close()
         self.tracer.shutdown()
         time.sleep(0.1)

@@ -16,6 +16,7 @@ from shared.messages.common import FinishReason
 from shared.tracing import Trace, Tracer
 from services.tokenizer.detokenizer import IncrementalDetokenizer
 from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.router import Route
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.text import TextProcessor
 from services.tokenizer.validation import Prepared
@@ -79,10 +80,12 @@ class Generator:
         self.metrics = metrics
         self.tracer = tracer or Tracer()
 
-    async def stream(self, p: Prepared, rid: str, trace: Trace | None = None) -> AsyncIterator[Chunk]:
+    async def stream(self, p: Prepared, rid: str, trace: Trace | None = None,
+                     group: int | None = None) -> AsyncIterator[Chunk]:
         """Chunks of every branch as they come; ends when all branches are done. Closing the
         iterator early (client cancel, disconnect, deadline) aborts the request downstream.
-        ``trace``: the request's trace context and when it was received (default: now, a new trace)."""
+        ``trace``: the request's trace context and when it was received (default: now, a new trace);
+        ``group``: the data-parallel group to run it in (default: the router's choice)."""
         trace = trace or Trace.incoming(None)
         span = self.tracer.start("generate", trace.traceparent, trace.start_ns, request_id=rid,
                                  prompt_tokens=len(p.req.input_ids), n=p.req.n)
@@ -97,7 +100,7 @@ class Generator:
             self._ended(trace, span, p, branches, first, FinishReason.ABORT)
             raise
         try:
-            queue = self.client.submit(req)
+            queue = self.client.submit(req, Route(group, 0, "pinned") if group is not None else None)
         except Exception:
             self._ended(trace, span, p, branches, first, FinishReason.ERROR)
             raise
@@ -157,7 +160,8 @@ class Generator:
             self.client.release(rid)
             self._ended(trace, span, p, branches, first, FinishReason.ABORT)
 
-    def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float, unfinished: FinishReason) -> None:
+    def _ended(self, trace: Trace, span, p: Prepared, branches: list[_Branch], first: float,
+               unfinished: FinishReason) -> None:
         """Metrics and span of a request that ended; branches without a finish reason get ``unfinished``."""
         reasons = [b.finish or unfinished for b in branches]
         started = [b for b in branches if b.started]

@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq.asyncio
 
@@ -60,6 +61,8 @@ class SchedulerClient:
         self.info: ModelInfo | None = None
         self.ready = asyncio.Event()  # serving: every group said hello once, and one is up now
         self.on_health: Callable[[bool], None] | None = None  # called when ``ready`` changes later
+        # other message types (KV events, flush answers) → handler(group, message); see services/tokenizer/smg
+        self.listeners: dict[type, Callable[[int, Any], None]] = {}
         self._failed: ConfigError | None = None
         self._changed = asyncio.Event()
         self._streams: dict[str, _Flight] = {}
@@ -104,6 +107,8 @@ class SchedulerClient:
                     self._engine(g, "")
             elif isinstance(msg, EngineStatus) and not msg.serving:
                 self._engine(g, msg.reason or "the engine stopped serving")
+            elif type(msg) in self.listeners:
+                self.listeners[type(msg)](g, msg)
 
     def _all_ready(self) -> None:
         infos = [link.info for link in self.links]

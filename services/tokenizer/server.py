@@ -23,6 +23,7 @@ from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.router import Router
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.servicer import GenerationServicer
+from services.tokenizer.smg import SmgFront
 from services.tokenizer.text import TextProcessor
 
 log = get_logger("tokenizer")
@@ -39,17 +40,25 @@ async def run(cfg: TokenizerConfig) -> None:
                              cfg.scheduler_gone_grace, cfg.restart_wait)
     api_key = ApiKey(cfg.api_key)
     interceptors = [AuthInterceptor(api_key)] if api_key.required else []
-    server = grpc.aio.server(interceptors=[*interceptors, ErrorInterceptor()],
-                             options=[("grpc.max_receive_message_length", MAX_MESSAGE),
-                                      ("grpc.max_send_message_length", MAX_MESSAGE)])
+
+    def grpc_server() -> grpc.aio.Server:
+        return grpc.aio.server(interceptors=[*interceptors, ErrorInterceptor()],
+                               options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                                        ("grpc.max_send_message_length", MAX_MESSAGE)])
+
+    server = grpc_server()
     metrics, tracer = TokenizerMetrics(), make_tracer("tokenizer", cfg.otlp_endpoint)
     pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(text, client, metrics, tracer), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    for name in ("", SERVICE):
+    # SMG's engine service, on this server or (--smg-grpc-port) its own
+    smg = None if cfg.disable_smg_grpc else SmgFront(cfg, text, client, model_dir, metrics, tracer)
+    names = (SERVICE, *((smg.SERVICE,) if smg else ()))
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     port = server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+    smg_port = smg.attach(server, grpc_server, health_servicer) if smg else -1
     http = None
     if cfg.http_port >= 0:  # (FastAPI and uvicorn are imported only when the HTTP API is served)
         from services.tokenizer.http.app import create_app
@@ -60,9 +69,11 @@ async def run(cfg: TokenizerConfig) -> None:
         http = HttpServer(app, cfg.host, cfg.http_port, cfg.grace_seconds, app.state.frontend.abort_all)
     http_port = http.port if http else -1
     await server.start()
+    if smg is not None:
+        await smg.start()
     await client.start()
-    log.info("tokenizer_listening", grpc_port=port, http_port=http_port, replica=cfg.identity,
-             api_key=api_key.required)
+    log.info("tokenizer_listening", grpc_port=port, http_port=http_port, smg_grpc_port=smg_port,
+             replica=cfg.identity, api_key=api_key.required)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -89,7 +100,7 @@ async def run(cfg: TokenizerConfig) -> None:
 
     async def set_health(serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE):
+        for name in ("", *names):
             await health_servicer.set(name, status)
 
     async def mark_ready() -> None:
@@ -118,9 +129,10 @@ async def run(cfg: TokenizerConfig) -> None:
     log.info("tokenizer_stopping")
     ready_task.cancel()
     client.closing = True
-    for name in ("", SERVICE):
+    for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await asyncio.gather(server.stop(cfg.grace_seconds), *([http.stop()] if http is not None else []))
+    await asyncio.gather(server.stop(cfg.grace_seconds), *([http.stop()] if http is not None else []),
+                         *([smg.stop(cfg.grace_seconds)] if smg is not None else []))
     await client.close()
     tracer.shutdown()
     log.info("tokenizer_stopped")

@@ -39,6 +39,23 @@ class LoadReq(msgspec.Struct, tag="load", frozen=True):
     token: str
 
 
+class KvSubscribe(msgspec.Struct, tag="kvsub", frozen=True):
+    """A tokenizer replica wants the scheduler's KV-cache events (``on``; it repeats this every few
+    seconds while it does, and a subscription not renewed for ``KV_LEASE_S`` ends) or no longer
+    wants them. A replica that was not subscribed first gets a snapshot (every cached block)."""
+
+    on: bool = True
+
+
+class FlushCacheReq(msgspec.Struct, tag="flush", frozen=True):
+    """Drop every cached prefix now, if no request is in flight; answered with ``FlushCacheDone``."""
+
+    token: str
+
+
+KV_LEASE_S = 10.0  # a KvSubscribe not renewed for this long ends the subscription (the replica is gone)
+
+
 class DiskFile(msgspec.Struct, frozen=True):
     """One file of the disk tier, as its header says: ``path[start:]``'s KV in namespace ``ns``."""
 
@@ -102,4 +119,5 @@ class WorkerError(msgspec.Struct, tag="werr", frozen=True):
     message: str
 
 
-ToScheduler = TokenizerHello | GenerateReq | AbortReq | LoadReq | WorkerReady | StepOutput | CacheAck | WorkerError
+ToScheduler = (TokenizerHello | GenerateReq | AbortReq | LoadReq | KvSubscribe | FlushCacheReq | WorkerReady | StepOutput
+               | CacheAck | WorkerError)

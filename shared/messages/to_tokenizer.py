@@ -86,4 +86,46 @@ class EngineStatus(msgspec.Struct, tag="status", frozen=True):
     reason: str = ""
 
 
-ToTokenizer = ModelInfo | TokenOutBatch | Load | EngineStatus
+class KvStored(msgspec.Struct, tag="stored", frozen=True):
+    """Blocks that entered the prefix cache: a chain (each block the next one's parent) hanging
+    below ``parent`` (None: the start of a sequence). A block is ``block_size`` page-aligned tokens
+    of a cached path; its hash chains the namespace, every earlier block and its own tokens
+    (``services/scheduler/kv_events.py``)."""
+
+    hashes: list[int]  # signed 64-bit, one per block
+    parent: int | None
+    tokens: list[int]  # block_size token ids per block, in order
+    block_size: int
+    ns: str = ""  # cache namespace (cache_salt)
+
+
+class KvRemoved(msgspec.Struct, tag="removed", frozen=True):
+    """Blocks that left the prefix cache (evicted, flushed), children before parents."""
+
+    hashes: list[int]
+
+
+class KvCleared(msgspec.Struct, tag="cleared", frozen=True):
+    """Every block left the cache (the worker was lost, or a snapshot follows)."""
+
+
+class KvEvents(msgspec.Struct, tag="kv", frozen=True):
+    """A scheduler step's KV-cache events, in order, to a subscribed replica (``KvSubscribe``).
+    ``snapshot``: the whole cache (a ``KvCleared``, then every block, parents first), the first
+    batch a replica gets after subscribing."""
+
+    seq: int  # the scheduler's batch number (diagnostics; replicas number their own streams)
+    ts: float  # wall clock, seconds
+    events: list[KvStored | KvRemoved | KvCleared]
+    snapshot: bool = False
+
+
+class FlushCacheDone(msgspec.Struct, tag="flushed", frozen=True):
+    """Answer to ``FlushCacheReq``: ``ok`` when the cache was flushed, else why not."""
+
+    token: str
+    ok: bool
+    message: str = ""
+
+
+ToTokenizer = ModelInfo | TokenOutBatch | Load | EngineStatus | KvEvents | FlushCacheDone

@@ -41,6 +41,9 @@ ELSEWHERE = {
     "python3 -m pytest -q": "the test suite itself: CI runs this very command (.ci/run; checked below)",
     "scripts/install_client_toolchains.sh": "installs Debian's Go/Java toolchains (root, apt): "
                                             "tests/deploy/test_clients.py runs these scripts and both clients",
+    "smg launch --host 0.0.0.0 --port 30000": "the real gateway in front of two engines (fixed public ports here): "
+                                              "tests/e2e/test_smg.py runs `smg launch` with these flags on free "
+                                              "ports and checks chat, completions, streaming, n, JSON schema",
 }
 DOCKER = ("docker compose", "docker-compose")  # tests/deploy/test_readme_docker.py: Docker tier
 

@@ -21,6 +21,9 @@ Semantics every implementation keeps:
 - Walks for cache-aware scheduling stay behind the interface: ``path(handle)`` (the nodes from
   the root down to a handle, for shared-prefix groups) and ``subtree_order(handles)`` (a
   depth-first order of requests by their place in the tree, heavier subtrees first).
+- ``listener`` (None: nobody listens, nothing is reported): told of every token range that enters
+  (``stored``) or leaves (``removed``, children before parents) the cache, for KV-cache events
+  (``services/scheduler/kv_events.py``); ``walk()`` lists what is cached, for a snapshot.
 
 A handle is opaque except for ``depth`` (tokens from the root to its end) and ``last_slot`` (the
 KV slot of its last token). Where a node's KV lives is the implementation's business, so a
@@ -30,7 +33,7 @@ second tier (host memory) can hang off the same nodes later.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -44,6 +47,15 @@ class CacheHandle(Protocol):
     @property
     def last_slot(self) -> int:
         """The KV slot of the node's last token (-1 for a root)."""
+
+
+class CacheListener(Protocol):
+    """Told of what enters and leaves a cache: ``key[start:end]`` of namespace ``ns``, where
+    ``key`` is the whole path from the namespace's root (``len(key) >= end``)."""
+
+    def stored(self, ns: str, key: Sequence[int], start: int, end: int) -> None: ...
+
+    def removed(self, ns: str, key: Sequence[int], start: int, end: int) -> None: ...
 
 
 class MatchResult(NamedTuple):
@@ -64,6 +76,11 @@ class InsertResult(NamedTuple):
 
 class PrefixCache(ABC):
     page_size: int
+    listener: CacheListener | None = None
+
+    def walk(self) -> Iterator[tuple[str, int, list[int]]]:
+        """Every node, depth-first, parents first: (namespace, tokens above it, its edge's tokens)."""
+        return iter(())
 
     @abstractmethod
     def match(self, ns: str, key: Sequence[int]) -> MatchResult: ...

@@ -154,6 +154,8 @@ class RadixCache(PrefixCache):
             self._leaves.add(leaf)
             self._evictable += end - pos
             node = leaf
+            if self.listener is not None:
+                self.listener.stored(ns, key, pos, end)
         return InsertResult(pos, end, node)
 
     def lock(self, node: Node) -> None:
@@ -224,6 +226,8 @@ class RadixCache(PrefixCache):
                 continue
             parent = leaf.parent
             assert parent is not None
+            if self.listener is not None:
+                self.listener.removed(*self._path_key(leaf), leaf.depth - len(leaf.key), leaf.depth)
             self._leaves.discard(leaf)
             del parent.children[self._edge(leaf.key, 0)]
             self._free_slots(leaf.value)
@@ -235,6 +239,22 @@ class RadixCache(PrefixCache):
             elif parent.parent is None and not parent.children:
                 self._drop_empty_root(parent)
         return freed
+
+    def _path_key(self, node: Node) -> tuple[str, list[int]]:
+        """(namespace, tokens from the root to the end of ``node``)."""
+        edges = []
+        while node.parent is not None:
+            edges.append(node.key)
+            node = node.parent
+        return self._root_ns[id(node)], [t for e in reversed(edges) for t in e]
+
+    def walk(self):
+        for ns, root in list(self._roots.items()):
+            stack = list(root.children.values())
+            while stack:
+                n = stack.pop()
+                yield ns, n.depth - len(n.key), n.key
+                stack.extend(n.children.values())
 
     def _drop_empty_root(self, root: Node) -> None:
         """Namespaces come and go (one per cache_salt): an empty one leaves nothing behind."""

@@ -74,7 +74,7 @@ class Frontend:
 
     async def generate(self, request: Request, prepared: list[Prepared], rid: str, object_id: str, fmt: Format,
                        stream: bool, include_usage: bool) -> Response:
-        n = prepared[0].n
+        n = prepared[0].req.n
         trace: Trace = request.state.trace  # one trace for the HTTP request, a span per prompt
         rids = [rid] if len(prepared) == 1 else [f"{rid}-{i}" for i in range(len(prepared))]
         for r, p in zip(rids, prepared):

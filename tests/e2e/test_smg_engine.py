@@ -1,0 +1,321 @@
+"""SMG's engine API of one ``banyan serve`` (demo model), called directly over gRPC as the gateway
+calls it — on its own port (``--smg-grpc-port 0``) — and its KV-cache events: a subscriber of
+``SubscribeKvEvents`` and one of the ZMQ socket (``--kv-events-endpoint``) rebuild, from events
+alone, exactly the scheduler's radix tree after a soak with evictions (stored minus removed blocks
+= the tree's pages; a fresh subscriber's snapshot, walked from the tree, agrees); FlushCache;
+Generate (streaming, n, stop strings ending the request on the engine, Abort) and its refusals;
+GetTokenizer's files; the fleet gauges of the Inference Extension's model-server protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import msgspec
+import pytest
+import requests
+import zmq
+from smg_grpc_proto.generated import common_pb2 as common
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+from shared.proto.banyan.v1 import generation_pb2 as bpb
+from shared.proto.banyan.v1 import generation_pb2_grpc as bpb_grpc
+from tests.support import Server
+
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, tmp_path_factory):
+    s = Server(None, tmp_path_factory.mktemp("smg-engine") / "server.log", "--page-size", str(PAGE),
+               "--max-total-tokens", "2048", "--max-running-requests", "4", "--smg-grpc-port", "0",
+               "--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-topic", "kv@banyan")
+    yield s
+    assert s.stop() == 0, s.log_text()[-3000:]
+
+
+def _logged(server: Server, event: str) -> dict:
+    return next(r for r in server.log_records() if r.get("event") == event)
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    port = _logged(server, "serving")["smg_grpc_port"]
+    assert port not in (-1, server.port)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        yield pb_grpc.SglangSchedulerStub(ch)
+
+
+def sampling(**kw) -> pb.SamplingParams:
+    return pb.SamplingParams(**{"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0,
+                                "skip_special_tokens": True, "n": 1, **kw})
+
+
+def generate(stub, ids, rid="", stream=False, **kw) -> list[pb.GenerateResponse]:
+    req = pb.GenerateRequest(request_id=rid, tokenized=pb.TokenizedInput(input_ids=ids), stream=stream,
+                             logprob_start_len=-1, sampling_params=sampling(**kw))
+    return list(stub.Generate(req, timeout=120))
+
+
+def ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 1900) for _ in range(n)]
+
+
+def test_the_service_on_its_own_port(server, stub):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert (info.served_model_name, info.max_context_length, info.vocab_size, info.is_generation) == \
+        ("banyan-demo", 4096, 2000, True)
+    assert list(info.eos_token_ids) and info.architectures == ["LlamaForCausalLM"] and info.model_type == "llama"
+    si = stub.GetServerInfo(pb.GetServerInfoRequest())
+    with grpc.insecure_channel(server.target) as ch:
+        pool = bpb_grpc.GenerationServiceStub(ch).GetModelInfo(bpb.GetModelInfoRequest()).kv_pool_tokens
+    assert si.server_type == "grpc" and si.max_total_num_tokens == pool
+    assert si.scheduler_info["max_running_requests"] == 4
+    assert stub.HealthCheck(pb.HealthCheckRequest()).healthy
+    loads = stub.GetLoads(pb.GetLoadsRequest(include=["core", "memory"]))
+    (load,) = loads.loads
+    assert loads.dp_rank_count == 1 and load.max_total_num_tokens == load.memory.token_capacity == pool
+    assert not load.HasField("queues") and 0 <= load.token_usage <= 1
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GetLoads(pb.GetLoadsRequest(include=["gpu"]))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "include" in e.value.details()
+    with grpc.insecure_channel(server.target) as ch:  # not beside banyan.v1 on the main port
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.SglangSchedulerStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_generate_streams_and_stops_on_the_engine(server, stub):
+    prompt = ids(1, 20)
+    whole = generate(stub, prompt, max_new_tokens=24, ignore_eos=True)
+    (done,) = [r.complete for r in whole]
+    assert done.finish_reason == "length" and len(done.output_ids) == 24 and done.prompt_tokens == 20
+    streamed = generate(stub, prompt, stream=True, max_new_tokens=24, ignore_eos=True, n=2)
+    for i in (0, 1):
+        chunks = [r.chunk for r in streamed if r.HasField("chunk") and r.chunk.index == i]
+        (end,) = [r.complete for r in streamed if r.HasField("complete") and r.complete.index == i]
+        assert [t for c in chunks for t in c.token_ids] == list(done.output_ids)  # greedy: the same ids
+        assert chunks[-1].completion_tokens == 24 and end.completion_tokens == 24 and end.cached_tokens >= 16
+    out = list(done.output_ids)
+    stop_id = out[10]
+    cut = generate(stub, prompt, max_new_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]).pop().complete
+    assert cut.finish_reason == "stop" and cut.matched_token_id == stop_id
+    assert list(cut.output_ids) == out[:out.index(stop_id) + 1]
+    # a stop string: Banyan matches it in its own detokenized text and stops generating there
+    text = requests.post(server.http_url + "/detokenize", json={"tokens": out}, timeout=30).json()["prompt"]
+    head = requests.post(server.http_url + "/detokenize", json={"tokens": out[:12]}, timeout=30).json()["prompt"]
+    stop = next(text[i:i + 3] for i in range(len(head) - 3, 0, -1)
+                if "\ufffd" not in text[i:i + 3] and text.index(text[i:i + 3]) == i)
+    cut = generate(stub, prompt, max_new_tokens=24, ignore_eos=True, stop=[stop]).pop().complete
+    assert cut.finish_reason == "stop" and cut.matched_stop_str == stop
+    # (the stop string ends within the first 12 tokens' text; the detokenizer may hold a character back)
+    assert cut.completion_tokens < 24 and list(cut.output_ids) == out[:len(cut.output_ids)]
+
+
+def test_refusals_name_the_field(stub):
+    cases = [(dict(max_new_tokens=4, repetition_penalty=1.3), "sampling_params.repetition_penalty"),
+             (dict(max_new_tokens=4, top_p=0.0), "sampling_params.top_p"),
+             (dict(max_new_tokens=0), "sampling_params.max_new_tokens"),
+             (dict(max_new_tokens=4, structural_tag="{}"), "sampling_params.structural_tag"),
+             (dict(max_new_tokens=4, regex="("), "regex")]
+    for kw, field in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            generate(stub, ids(2, 8), **kw)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details(), (field, e.value)
+    with pytest.raises(grpc.RpcError) as e:
+        generate(stub, [5, 2000])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "2000" in e.value.details()
+    req = pb.GenerateRequest(tokenized=pb.TokenizedInput(input_ids=[5, 6]), sampling_params=sampling(),
+                             logprob_start_len=-1, data_parallel_rank=1)
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(req, timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "data_parallel_rank" in e.value.details()
+    for call, msg in ((stub.Embed, pb.EmbedRequest()), (stub.StartProfile, common.StartProfileRequest()),
+                      (stub.LoadLoRAAdapter, pb.LoadLoRAAdapterRequest())):
+        with pytest.raises(grpc.RpcError) as e:
+            call(msg, timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "Banyan" in e.value.details()
+
+
+def test_abort_ends_a_running_request(stub):
+    req = pb.GenerateRequest(request_id="to-abort", tokenized=pb.TokenizedInput(input_ids=ids(3, 10)), stream=True,
+                             logprob_start_len=-1, sampling_params=sampling(max_new_tokens=2000, ignore_eos=True))
+    call = stub.Generate(req, timeout=120)
+    first = next(call)
+    assert first.chunk.token_ids
+    assert stub.Abort(pb.AbortRequest(request_id="to-abort")).success
+    rest = list(call)
+    assert rest[-1].complete.finish_reason == "abort" and rest[-1].complete.completion_tokens < 2000
+    assert not stub.Abort(pb.AbortRequest(request_id="to-abort")).success
+
+
+def test_get_tokenizer_streams_the_model_files(stub, demo_dir):
+    parts = list(stub.GetTokenizer(common.GetTokenizerRequest(), timeout=30))
+    data = b"".join(p.data for p in parts)
+    assert parts[-1].sha256 == hashlib.sha256(data).hexdigest() and not any(p.sha256 for p in parts[:-1])
+    z = zipfile.ZipFile(io.BytesIO(data))
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json"} <= set(z.namelist())
+    for name in z.namelist():
+        assert z.read(name) == (Path(demo_dir) / name).read_bytes()
+
+
+class Collector:
+    """A SubscribeKvEvents subscriber in a thread: the blocks the events say are cached."""
+
+    def __init__(self, stub, start: int = 0) -> None:
+        self.blocks: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        self.batches = 0
+        self.seqs: list[int] = []
+        self.call = stub.SubscribeKvEvents(common.SubscribeKvEventsRequest(start_sequence_number=start))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for batch in self.call:
+                self.seqs.append(batch.sequence_number)
+                for ev in batch.events:
+                    kind = ev.WhichOneof("data")
+                    if kind == "cleared":
+                        self.blocks.clear()
+                    elif kind == "stored":
+                        parent = ev.stored.parent_block_hash if ev.stored.HasField("parent_block_hash") else None
+                        for b in ev.stored.blocks:
+                            assert parent is None or parent in self.blocks and b.block_size == PAGE
+                            self.blocks[b.block_hash] = (parent, tuple(b.token_ids))
+                            parent = b.block_hash
+                    else:
+                        for h in ev.removed.block_hashes:
+                            del self.blocks[h]
+                self.batches += 1
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.CANCELLED, e
+
+    def settle(self, timeout: float = 30) -> None:
+        """Until no batch arrived for a second."""
+        deadline, seen = time.monotonic() + timeout, -1
+        while seen != self.batches:
+            assert time.monotonic() < deadline
+            seen = self.batches
+            time.sleep(1.0)
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.thread.join(10)
+
+
+class ZmqCollector:
+    """A consumer of the PUB socket (vLLM's layout), as llm-d's indexer reads it."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"kv@banyan")
+        self.sock.connect(endpoint)
+        self.blocks: dict[int, tuple[int, ...]] = {}
+        self.seqs: list[int] = []
+
+    def drain(self) -> None:
+        while self.sock.poll(500):
+            topic, seq, payload = self.sock.recv_multipart()
+            self.seqs.append(int.from_bytes(seq, "big"))
+            for ev in msgspec.msgpack.decode(payload)[1]:
+                if ev[0] == "BlockStored":
+                    bs = ev[4]
+                    for i, h in enumerate(ev[1]):
+                        self.blocks[h] = tuple(ev[3][i * bs:(i + 1) * bs])
+                elif ev[0] == "BlockRemoved":
+                    for h in ev[1]:  # (a block cached before it subscribed: no replay on this socket)
+                        self.blocks.pop(h, None)
+                else:
+                    self.blocks.clear()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def gauge(server: Server, name: str) -> float:
+    return next(float(line.split()[-1]) for line in server.metrics("scheduler").splitlines()
+                if line.startswith(name + " "))
+
+
+def test_fleet_gauges(server, stub):
+    """The Inference Extension's TotalQueuedRequests and KVCacheUtilization: 8 long requests on 4
+    running slots (fewer when their KV does not fit) leave at least 4 in the queue."""
+    calls = [stub.Generate(pb.GenerateRequest(
+        request_id=f"gauge-{i}", tokenized=pb.TokenizedInput(input_ids=ids(50 + i, 40)), stream=True,
+        logprob_start_len=-1, sampling_params=sampling(max_new_tokens=400, ignore_eos=True))) for i in range(8)]
+    try:
+        deadline = time.monotonic() + 60
+        while stub.GetLoads(pb.GetLoadsRequest()).loads[0].num_waiting_reqs < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        while gauge(server, "banyan:num_requests_waiting") < 1:  # (the gauges follow a step later)
+            assert time.monotonic() < deadline
+        assert gauge(server, "banyan:num_requests_waiting") <= 8
+        assert 0 < gauge(server, "banyan:kv_cache_usage_perc") <= 1
+    finally:
+        for c in calls:
+            c.cancel()
+    idle(stub)
+    deadline = time.monotonic() + 30
+    while gauge(server, "banyan:num_requests_waiting") or gauge(server, "banyan:kv_cache_usage_perc"):
+        assert time.monotonic() < deadline, "the gauges never went back to 0"
+        time.sleep(0.1)
+
+
+def idle(stub) -> pb.SchedulerLoad:
+    for _ in range(300):
+        (load,) = stub.GetLoads(pb.GetLoadsRequest()).loads
+        if load.num_running_reqs == load.num_waiting_reqs == 0:
+            return load
+        time.sleep(0.1)
+    raise AssertionError(f"never idle: {load}")
+
+
+def test_kv_events_rebuild_the_tree_after_a_soak_with_evictions(server, stub):
+    zmq_sub = ZmqCollector(_logged(server, "kv_events_publishing")["endpoint"])
+    first = Collector(stub, start=100)
+    time.sleep(1.0)  # (both subscriptions take hold)
+    idle(stub)
+    assert stub.FlushCache(common.FlushCacheRequest()).success  # what the socket's subscriber missed goes
+    families = [ids(10 + f, 96) for f in range(8)]  # 8 × 96 prefix tokens against a 2048-token pool
+
+    def one(i: int) -> None:
+        prompt = families[i % len(families)] + ids(1000 + i, 5 + i % 40)
+        generate(stub, prompt, rid=f"soak-{i}", max_new_tokens=8 + i % 9, ignore_eos=True)
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(one, range(72)))
+    idle(stub)
+    first.settle()
+    zmq_sub.drain()
+    with grpc.insecure_channel(server.target) as ch:
+        load = bpb_grpc.GenerationServiceStub(ch).GetLoad(bpb.GetLoadRequest())
+    assert load.evicted_tokens > 0, "the soak must evict"
+    assert first.seqs[0] == 101 and first.seqs == list(range(101, 101 + len(first.seqs)))
+    # stored minus removed = the tree's pages (idle: every cached page is evictable, one block each)
+    assert len(first.blocks) * PAGE == load.kv_evictable_tokens > 0, (len(first.blocks), load)
+    assert set(zmq_sub.blocks) == {h & (2**64 - 1) for h in first.blocks}
+    assert zmq_sub.seqs == list(range(zmq_sub.seqs[0], zmq_sub.seqs[0] + len(zmq_sub.seqs)))
+    first.close()
+    time.sleep(0.5)
+    fresh = Collector(stub)  # the replica resubscribes: the scheduler walks its tree for the snapshot
+    fresh.settle()
+    assert fresh.blocks == first.blocks and fresh.seqs[0] == 1
+    assert stub.FlushCache(common.FlushCacheRequest()).success
+    fresh.settle()
+    zmq_sub.drain()
+    assert fresh.blocks == {} and zmq_sub.blocks == {}
+    fresh.close()
+    zmq_sub.close()

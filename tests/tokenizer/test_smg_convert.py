@@ -1,0 +1,142 @@
+"""SMG's engine API at the edge, without servers: request fields → Banyan's request (and the
+refusals, each naming its field), chunks → SMG's chunk / complete messages, the tokenizer bundle."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from importlib.metadata import version
+
+import pytest
+from google.protobuf.struct_pb2 import Struct
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+
+from shared.errors import InvalidArgument
+from shared.messages.common import FinishReason
+from services.tokenizer.generation import Chunk, TokenLogprob, Usage
+from services.tokenizer.smg import bundle, convert
+from services.tokenizer.smg.servicer import SmgServicer
+
+
+def request(**kw) -> pb.GenerateRequest:
+    sp = dict(temperature=0.7, top_p=0.9, top_k=-1, min_p=0.0, repetition_penalty=1.0, n=1,
+              skip_special_tokens=True, spaces_between_special_tokens=True)
+    sp.update(kw.pop("sp", {}))
+    kw.setdefault("logprob_start_len", -1)
+    return pb.GenerateRequest(request_id="r1", tokenized=pb.TokenizedInput(input_ids=[5, 6, 7]),
+                              sampling_params=pb.SamplingParams(**sp), **kw)
+
+
+def test_the_pinned_proto_and_every_rpc_served():
+    assert version("smg-grpc-proto") == "0.4.28"
+    rpcs = {m.name for m in pb.DESCRIPTOR.services_by_name["SglangScheduler"].methods}
+    assert rpcs == {"Generate", "Embed", "HealthCheck", "Abort", "GetModelInfo", "GetServerInfo", "GetLoads",
+                    "FlushCache", "StartProfile", "StopProfile", "GetTokenizer", "SubscribeKvEvents",
+                    "LoadLoRAAdapter", "UnloadLoRAAdapter", "ListLoadedLoRAAdapters"}
+    assert all(name in vars(SmgServicer) for name in rpcs), "an RPC falls back to the stub's generic UNIMPLEMENTED"
+
+
+def test_sampling_fields_map_onto_banyans():
+    r = request(sp=dict(max_new_tokens=9, stop=["\n"], stop_token_ids=[3], ignore_eos=True, n=3,
+                        presence_penalty=0.5, frequency_penalty=-0.5, json_schema='{"type":"object"}'),
+                return_logprob=True, top_logprobs_num=2)
+    convert.check_supported(r)
+    s = convert.sampling(r)
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.n, s.stop, s.stop_token_ids, s.ignore_eos) == \
+        (9, pytest.approx(0.7), pytest.approx(0.9), -1, 3, ["\n"], [3], True)
+    assert (s.presence_penalty, s.frequency_penalty, s.logprobs, s.top_logprobs) == (0.5, -0.5, True, 2)
+    assert convert.constraint(r).kind == "json_schema"
+    assert convert.prompt(r).token_ids == [5, 6, 7]
+    unset = convert.sampling(request(sp=dict(n=0)))
+    assert unset.max_tokens is None and unset.n == 1 and unset.top_logprobs is None
+    assert convert.constraint(request(sp=dict(ebnf_grammar='root ::= "a"'))).kind == "ebnf"
+    assert convert.constraint(request(sp=dict(regex="[0-9]+"))).value == "[0-9]+"
+    assert convert.constraint(request()) is None
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(mm_inputs=pb.MultimodalInputs(image_urls=["http://x/a.png"])), "mm_inputs"),
+    (dict(input_embeds=[0.1]), "input_embeds"),
+    (dict(lora_id="adapter"), "lora_id"),
+    (dict(disaggregated_params=pb.DisaggregatedParams(bootstrap_host="h")), "disaggregated_params"),
+    (dict(return_hidden_states=True), "return_hidden_states"),
+    (dict(custom_logit_processor="x"), "custom_logit_processor"),
+    (dict(token_ids_logprob=[1]), "token_ids_logprob"),
+    (dict(return_logprob=True, logprob_start_len=0), "logprob_start_len"),
+    (dict(sp=dict(structural_tag="{}")), "sampling_params.structural_tag"),
+    (dict(sp=dict(repetition_penalty=1.2)), "sampling_params.repetition_penalty"),
+    (dict(sp=dict(min_new_tokens=2)), "sampling_params.min_new_tokens"),
+    (dict(sp=dict(logit_bias={"5": 1.0})), "sampling_params.logit_bias"),
+    (dict(sp=dict(stream_interval=4)), "sampling_params.stream_interval"),
+])
+def test_what_banyan_cannot_do_is_refused_naming_the_field(kw, field):
+    with pytest.raises(InvalidArgument, match=field.replace(".", r"\.")):
+        convert.check_supported(request(**kw))
+
+
+def test_custom_params_are_refused():
+    params = Struct()
+    params.update({"x": 1})
+    with pytest.raises(InvalidArgument, match=r"sampling_params\.custom_params"):
+        convert.check_supported(request(sp=dict(custom_params=params)))
+
+
+def test_defaults_are_not_refused():
+    convert.check_supported(request(sp=dict(repetition_penalty=0.0, stream_interval=1),
+                                    return_logprob=False, logprob_start_len=0))
+
+
+def test_bad_values_name_smg_fields():
+    with pytest.raises(InvalidArgument, match=r"sampling_params\.max_new_tokens"):
+        convert.sampling(request(sp=dict(max_new_tokens=0)))
+    with pytest.raises(InvalidArgument, match="tokenized.input_ids"):
+        convert.prompt(pb.GenerateRequest(request_id="x"))
+    e = convert.smg_names(InvalidArgument("sampling_params.max_tokens=9 … and sampling_params.top_logprobs must"))
+    assert str(e) == "sampling_params.max_new_tokens=9 … and top_logprobs_num must"
+
+
+def test_chunks_and_completions():
+    lps = [TokenLogprob(11, -0.5, [(11, -0.5), (12, -1.5)]), TokenLogprob(13, -0.25, [(13, -0.25), (2, -2.0)])]
+    b = convert.Branch()
+    first = Chunk(1, [11, 13], "ab", logprobs=lps)
+    b.ids += first.token_ids
+    b.lps += lps
+    msg = convert.stream_chunk("r", first, b, 7, top=True)
+    assert msg.WhichOneof("response") == "chunk" and msg.request_id == "r"
+    c = msg.chunk
+    assert (list(c.token_ids), c.prompt_tokens, c.completion_tokens, c.index) == ([11, 13], 7, 2, 1)
+    assert list(c.output_logprobs.token_ids) == [11, 13]
+    assert list(c.output_logprobs.top_logprobs[1].token_ids) == [13, 2]
+    last = Chunk(1, [3], "", FinishReason.STOP, Usage(7, 3, 4), matched_stop_token_id=3,
+                 logprobs=[TokenLogprob(3, -0.1, [(3, -0.1), (9, -3.0)])])
+    b.ids += last.token_ids
+    b.lps += last.logprobs
+    done = convert.complete("r", last, b, streamed=False, top=False).complete
+    assert (list(done.output_ids), done.finish_reason, done.prompt_tokens, done.completion_tokens) == \
+        ([11, 13, 3], "stop", 7, 3)
+    assert (done.cached_tokens, done.matched_token_id, done.index) == (4, 3, 1)
+    assert list(done.output_logprobs.token_ids) == [11, 13, 3] and not done.output_logprobs.top_logprobs
+    streamed = convert.complete("r", last, b, streamed=True, top=True).complete
+    assert list(streamed.output_ids) == [3] and len(streamed.output_logprobs.top_logprobs) == 1
+    end = Chunk(0, [], "", FinishReason.STOP, Usage(7, 1, 0), matched_stop="\n")
+    by_string = convert.complete("r", end, b, True, False)
+    assert by_string.complete.WhichOneof("matched_stop") == "matched_stop_str"
+    assert by_string.complete.matched_stop_str == "\n" and not by_string.complete.HasField("output_logprobs")
+
+
+def test_tokenizer_bundle(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"model": {}}')
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)  # never shipped
+    data, digest = bundle.tokenizer_zip(tmp_path)
+    assert hashlib.sha256(data).hexdigest() == digest
+    assert sorted(zipfile.ZipFile(io.BytesIO(data)).namelist()) == ["config.json", "tokenizer.json",
+                                                                     "tokenizer_config.json"]
+    assert bundle.tokenizer_zip(tmp_path) == (data, digest), "the same files give the same bytes"
+    parts = bundle.chunks(b"x" * (bundle.CHUNK_BYTES * 2 + 1))
+    assert [len(p) for p in parts] == [bundle.CHUNK_BYTES, bundle.CHUNK_BYTES, 1]
+    with pytest.raises(FileNotFoundError):
+        bundle.tokenizer_zip(tmp_path / "nothing")
