@@ -99,7 +99,7 @@ class HiCache:
         if f is not None:
             return f.done
         key = r.prefix_key()
-        nodes = self.tree.walk(r.ns, key)
+        nodes = self.tree.path_nodes(r.ns, key)
         i = next((k for k, n in enumerate(nodes) if not n.value), len(nodes))
         if i == len(nodes):
             return True

@@ -215,7 +215,7 @@ def flush_cache(token: str, busy: int, cache: PrefixCache | None) -> FlushCacheD
         return FlushCacheDone(token=token, ok=False, message="not serving (no worker attached)")
     if busy:
         return FlushCacheDone(token=token, ok=False, message=f"{busy} request branches in flight")
-    freed = cache.evict(cache.evictable_size)
+    freed = cache.flush()
     return FlushCacheDone(token=token, ok=True, message=f"flushed {freed} cached tokens")
 
 

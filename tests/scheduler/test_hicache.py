@@ -148,7 +148,7 @@ def test_restart_restores_the_disk_index() -> None:
     tree: TieredRadixCache = kv.cache
     deleted = sorted(o.file for o in flush(h, sent) if o.kind is CopyKind.DISK_DELETE)
     assert deleted == [3, 4] and sorted(tree.files) == [0, 1, 2, 5] and tree.disk_used == 4 * 600
-    assert [len(n) for n in (tree.walk("", list(range(16))), tree.walk("", [0, 1, 2, 99, 98]))] == [3, 2]
+    assert [len(n) for n in (tree.path_nodes("", list(range(16))), tree.path_nodes("", [0, 1, 2, 99, 98]))] == [3, 2]
     b = req("b", list(range(16)) + [1])
     assert not kv.ready(b)
     reads = flush(h, sent)
@@ -176,3 +176,29 @@ def test_tier_off_runs_nothing_of_it() -> None:
     assert type(kv.cache) is RadixCache and kv.hicache is None and kv.ready(req("x", [1, 2, 3]))
     host = SlotAllocator(64, 1)
     assert host.pool_size == 64
+
+
+class Events(list):
+    """A cache listener recording (what, namespace, tokens)."""
+
+    def stored(self, ns, key, start, end) -> None:
+        self.append(("stored", ns, list(key[start:end])))
+
+    def removed(self, ns, key, start, end) -> None:
+        self.append(("removed", ns, list(key[start:end])))
+
+
+def test_kv_events_see_a_prefix_while_any_tier_holds_it() -> None:
+    kv, h, sent = tiered(disk=10**6)
+    tree: TieredRadixCache = kv.cache
+    tree.listener = ev = Events()
+    serve_once(kv, req("a", list(range(1, 41))))
+    assert ev == [("stored", "", list(range(1, 41)))]
+    ack(h, flush(h, sent))  # backup
+    ack(h, flush(h, sent))  # disk write
+    kv.cache.evict(10**6)  # out of the pool: still cached (host, disk)
+    tree.evict_host(10**6)  # off the host: still on disk
+    assert len(ev) == 1 and sorted(tree.walk())[0][2] == list(range(1, 41))
+    assert tree.flush() == 0 and ev[-1] == ("removed", "", list(range(1, 41)))  # (FlushCache: every tier)
+    assert [o.kind for o in flush(h, sent)] == [CopyKind.DISK_DELETE] and not list(tree.nodes())
+    kv.check_integrity([])

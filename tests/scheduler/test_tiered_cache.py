@@ -262,7 +262,7 @@ class TierMachine(RuleBasedStateMachine):
         self.kv.check_integrity(self.running)
         w = self.worker
         for n in self.tree.nodes():
-            ns, path = self.tree.path_tokens(n)
+            ns, path = self.tree._path_key(n)
             start = n.depth - len(n.key)
             want = [kv_of(ns, path, start + i) for i in range(len(n.key))]
             assert not n.value or [w.dev.get(s) for s in n.value] == want, "pool copy"

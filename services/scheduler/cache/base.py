@@ -23,11 +23,15 @@ Semantics every implementation keeps:
   depth-first order of requests by their place in the tree, heavier subtrees first).
 - ``listener`` (None: nobody listens, nothing is reported): told of every token range that enters
   (``stored``) or leaves (``removed``, children before parents) the cache, for KV-cache events
-  (``services/scheduler/kv_events.py``); ``walk()`` lists what is cached, for a snapshot.
+  (``services/scheduler/kv_events.py``); ``walk()`` lists what is cached, for a snapshot. With
+  tiers below the device (``tiers.py``) a range is in the cache while any tier holds it.
+- ``flush()`` drops every prefix no request holds (FlushCache), from every tier.
 
 A handle is opaque except for ``depth`` (tokens from the root to its end) and ``last_slot`` (the
-KV slot of its last token). Where a node's KV lives is the implementation's business, so a
-second tier (host memory) can hang off the same nodes later.
+KV slot of its last token). Where a node's KV lives is the implementation's business: the tiered
+cache (``tiers.py``) keeps nodes whose KV left the device in host memory or on disk, and ``match``
+/ ``peek`` see only the device prefix (a waiting request gets the rest back through
+``hicache.py`` before it is admitted).
 """
 
 from __future__ import annotations
@@ -81,6 +85,11 @@ class PrefixCache(ABC):
     def walk(self) -> Iterator[tuple[str, int, list[int]]]:
         """Every node, depth-first, parents first: (namespace, tokens above it, its edge's tokens)."""
         return iter(())
+
+    def flush(self) -> int:
+        """Drop every cached prefix no request holds (with tiers below the device: from every tier);
+        → the device tokens freed."""
+        return self.evict(self.evictable_size)
 
     @abstractmethod
     def match(self, ns: str, key: Sequence[int]) -> MatchResult: ...

@@ -98,4 +98,6 @@ class DiskTier:
         leaf = self.node_type(tokens[pos:end], [], node, 0)
         node.children[self._edge(leaf.key, 0)] = leaf
         self.add_file(leaf, file, pos - start, nbytes, True)
+        if self.listener is not None:
+            self.listener.stored(ns, tokens, pos, end)
         return True

@@ -80,7 +80,7 @@ class TierOps:
         return self._start(CopyKind.LOAD, nodes[-1], top, len(slots), device=i32(slots), host=i32(host), after=after)
 
     def disk_write(self, node: TierNode) -> bool:
-        ns, path = self.path_tokens(node)
+        ns, path = self._path_key(node)
         nbytes = self.file_bytes(len(node.key), len(path))
         if not self.make_room_on_disk(nbytes) or node.host is None:  # (making room may drop its host copy)
             return False

@@ -102,15 +102,7 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         p = node.parent
         return p is not None and p.children.get(self._edge(node.key, 0)) is node
 
-    def path_tokens(self, node: Node) -> tuple[str, list[int]]:
-        """(namespace, token ids from its root to the end of ``node``)."""
-        parts = []
-        while node.parent is not None:
-            parts.append(node.key)
-            node = node.parent
-        return self._root_ns[id(node)], [t for k in reversed(parts) for t in k]
-
-    def walk(self, ns: str, key: Sequence[int]) -> list[TierNode]:
+    def path_nodes(self, ns: str, key: Sequence[int]) -> list[TierNode]:
         """The nodes ``key`` enters (by at least a page), whatever tier holds them, down to the first
         hole; refreshes their LRU age. Never splits."""
         key = key if isinstance(key, list) else list(key)
@@ -165,6 +157,8 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
             self._evictable += end - pos
             self.fresh.append(leaf)
             node = leaf
+            if self.listener is not None:  # (KV events: a prefix enters the cache once, whatever tier it moves to)
+                self.listener.stored(ns, key, pos, end)
         return InsertResult(cached, end, node)
 
     def enter_pool(self, node: TierNode, slots: list[int]) -> None:
@@ -263,6 +257,8 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
     def _remove(self, node: TierNode) -> None:
         """Take an unlocked, idle leaf out of the tree, with whatever copies it still has."""
         assert not node.children and not node.lock_ref and not node.host_busy and not node.disk_busy
+        if self.listener is not None:  # (it leaves the cache: no tier holds it any more)
+            self.listener.removed(*self._path_key(node), node.depth - len(node.key), node.depth)
         if node.value:
             self._leaves.discard(node)
             self._evictable -= len(node.value)
@@ -281,6 +277,13 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
             self._leaves.add(parent)
         elif parent.hole and not parent.children and not parent.lock_ref:
             self._remove(parent)
+
+    def flush(self) -> int:
+        """Every idle, unlocked prefix out of every tier (pool, then host, then disk)."""
+        freed = self.evict(self._evictable)
+        self.evict_host(self.host_used)
+        self.evict_disk(self.disk_used)
+        return freed
 
     # ---- checks ----------------------------------------------------------------------------
     def nodes(self) -> Iterator[TierNode]:
