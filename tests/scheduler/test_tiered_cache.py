@@ -294,5 +294,5 @@ class TierMachine(RuleBasedStateMachine):
 
 
 TestTierMachine = TierMachine.TestCase
-TestTierMachine.settings = settings(max_examples=120, stateful_step_count=50, deadline=None,
+TestTierMachine.settings = settings(max_examples=150, stateful_step_count=100, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

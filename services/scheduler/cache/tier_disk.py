@@ -20,8 +20,8 @@ class DiskTier:
         return tokens * self.bytes_per_token + 4 * depth + 512
 
     def make_room_on_disk(self, nbytes: int) -> bool:
-        if self.disk_used + nbytes > self.disk_capacity:
-            self.evict_disk(self.disk_used + nbytes - self.disk_capacity)
+        if self.disk_used + nbytes > self.disk_capacity:  # (a 64th of the budget at least, as on the host)
+            self.evict_disk(max(self.disk_used + nbytes - self.disk_capacity, self.disk_capacity // 64))
         return self.disk_used + nbytes <= self.disk_capacity
 
     def add_file(self, node: TierNode, file: int, offset: int, nbytes: int, ready: bool) -> None:

@@ -211,8 +211,8 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
     def alloc_host(self, n: int) -> list[int] | None:
         """``n`` host slots (whole pages), evicting host copies if needed; None if they cannot be had."""
         need = self.host.tokens_needed(None, n)
-        if need > self.host.num_free:
-            self.evict_host(need - self.host.num_free)
+        if need > self.host.num_free:  # (a 64th of the tier at least: one LRU pass serves many allocations)
+            self.evict_host(max(need - self.host.num_free, self.host.pool_size // 64))
         return self.host.alloc(None, n) if need <= self.host.num_free else None
 
     def set_host(self, node: TierNode, host: list[int]) -> None:
