@@ -101,18 +101,20 @@ def test_host_tier_serves_evicted_history_with_identical_outputs(model_dir, refe
 
 
 def test_write_back_with_failing_copies_recomputes_and_loses_nothing(model_dir, reference, tmp_path):
-    """Write-back (KV copied to the host only when the pool evicts it); the 2nd and 4th loads and the
-    3rd demote fail: those tokens are recomputed, outputs unchanged, the failures counted."""
+    """Write-back (KV copied to the host only when the pool evicts it) over a disk tier; the 2nd and
+    4th loads and the 3rd demote fail, and the disk is full at the 2nd file: those tokens are
+    recomputed (or stay on the host), outputs unchanged, the failures counted."""
     s = serve(model_dir, tmp_path / "server.log", "--hicache-ratio", "4", "--hicache-write-policy", "write_back",
-              env={"BANYAN_HICACHE_FAULTS": "load:2,load:4,demote:3"})
+              "--hicache-storage-dir", str(tmp_path / "kv"),
+              env={"BANYAN_HICACHE_FAULTS": "load:2,load:4,demote:3,disk_write:2"})
     try:
         outs, load = run(s)
         log = s.log_text()
     finally:
         assert s.stop() == 0, s.log_text()[-3000:]
     assert outs == reference[0]
-    assert load.tier_failures == 3 and log.count('"hicache_copy_failed"') == 3
-    assert load.tier_stored_tokens > 0 and load.host_cached_tokens > 0
+    assert load.tier_failures == 4 and log.count('"hicache_copy_failed"') == 4 and '"disk_full: ' in log
+    assert load.tier_stored_tokens > 0 and load.host_cached_tokens > 0 and load.disk_written_tokens > 0
 
 
 def corrupt(path: Path) -> None:
