@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -48,14 +48,15 @@ DIRECTIONS = {CopyKind.BACKUP: "device_to_host", CopyKind.DEMOTE: "device_to_hos
 
 @dataclass(eq=False)
 class Fetch:
-    """A waiting request whose prefix is being brought back into the pool."""
+    """A waiting request whose prefix is being brought back into the pool. Until it starts (budget
+    permitting) it holds nothing; then its path is locked until it is admitted or leaves the queue."""
 
     req: Req
-    handle: TierNode  # the deepest node of its prefix: locked until it is admitted or leaves the queue
-    pooled: int  # tokens of its prefix in the pool when it was planned
-    tiers: list[tuple[str, int]]  # then: the rest of its prefix, top-down, by tier ("host" / "disk", tokens)
     since: float
-    loading: int = 0  # tokens of its loads (the budget)
+    handle: TierNode | None = None  # the deepest node of its prefix, once started
+    pooled: int = 0  # then: tokens of its prefix in the pool …
+    tiers: list[tuple[str, int]] = field(default_factory=list)  # … and the rest, top-down, by tier
+    claimed: int = 0  # tokens of the budget it holds (its nodes out of the pool)
     done: bool = False
 
 
@@ -67,7 +68,7 @@ class HiCache:
         self.budget = budget
         self.min_load = min_load
         self.fetches: dict[Req, Fetch] = {}
-        self.loading = 0  # tokens loaded or loading for requests not admitted yet
+        self.loading = 0  # tokens being read, loaded or loaded for requests not admitted yet (the budget)
         self.deferred = 0  # requests kept aside this step without a fetch (too many fetches)
         self.acked_loads: list[int] = []  # load ops acknowledged since the last batch (``cache_ready``)
         self.fetch_waits: list[float] = []  # seconds requests were kept aside (metrics drain it)
@@ -98,23 +99,27 @@ class HiCache:
         f = self.fetches.get(r)
         if f is not None:
             return f.done
-        key = r.prefix_key()
-        nodes = self.tree.path_nodes(r.ns, key)
-        i = next((k for k, n in enumerate(nodes) if not n.value), len(nodes))
-        if i == len(nodes):
-            return True
-        end = len(key) - len(key) % self.kv.page_size
-        tiers = [("host" if n.host is not None or n.incoming is not None else "disk",
-                  min(len(n.key), end - (n.depth - len(n.key)))) for n in nodes[i:]]
-        if sum(t for _, t in tiers) < self.min_load:
+        if self._plan(r) is None:
             return True
         if len(self.fetches) >= MAX_FETCHES:
             self.deferred += 1
             return False
-        self.tree.lock(nodes[-1])
-        f = self.fetches[r] = Fetch(r, nodes[-1], nodes[i].depth - len(nodes[i].key), tiers, time.monotonic())
+        f = self.fetches[r] = Fetch(r, time.monotonic())
         self._advance(f)
         return f.done
+
+    def _plan(self, r: Req) -> tuple[list[TierNode], int, list[tuple[str, int]]] | None:
+        """(the nodes of ``r``'s prefix out of the pool, the tokens in it, the rest by tier), or None
+        when fewer than ``min_load`` tokens lie beyond the pool."""
+        key = r.prefix_key()
+        nodes = self.tree.path_nodes(r.ns, key)
+        i = next((k for k, n in enumerate(nodes) if not n.value), len(nodes))
+        end = len(key) - len(key) % self.kv.page_size
+        tiers = [("host" if n.host is not None or n.incoming is not None else "disk",
+                  min(len(n.key), end - (n.depth - len(n.key)))) for n in nodes[i:]]
+        if sum(t for _, t in tiers) < self.min_load:
+            return None
+        return nodes[i:], nodes[i].depth - len(nodes[i].key), tiers
 
     def admitted(self, r: Req) -> None:
         """``r`` was admitted (its match taken and locked): its fetch ends; the tokens its match got
@@ -136,8 +141,9 @@ class HiCache:
         self._end(f)
 
     def _end(self, f: Fetch) -> None:
-        self.loading -= f.loading
-        self.tree.unlock(f.handle)
+        self.loading -= f.claimed
+        if f.handle is not None:
+            self.tree.unlock(f.handle)
 
     def step(self) -> None:
         """Once per loop: advance the fetches, drop those of requests that left the queue."""
@@ -150,6 +156,8 @@ class HiCache:
                 self._advance(f)
 
     def _advance(self, f: Fetch) -> None:
+        if f.handle is None and not self._start(f):
+            return
         nodes: list[TierNode] = []  # its path's nodes out of the pool, top-down
         n = f.handle
         while n.parent is not None and not n.value:
@@ -166,15 +174,25 @@ class HiCache:
                 return  # the host tier is full of copies in use: next time
         if any(not n.host_ready for n in nodes):
             return
-        total = sum(len(n.key) for n in nodes)
-        if self.loading and self.loading + total > self.budget:
-            return
-        slots = self._alloc_pool(total)
-        if slots is None:
-            return
-        self.tree.load(nodes, slots)
-        self.loading += total
-        f.loading += total
+        slots = self._alloc_pool(sum(len(n.key) for n in nodes))
+        if slots is not None:
+            self.tree.load(nodes, slots)
+
+    def _start(self, f: Fetch) -> bool:
+        """Plan ``f`` again (what is where may have changed while it waited), claim the budget for
+        its nodes out of the pool and lock its path; False: not now (over budget), or done."""
+        plan = self._plan(f.req)
+        if plan is None:
+            f.done = True
+            return False
+        nodes, pooled, tiers = plan
+        claim = sum(len(n.key) for n in nodes)
+        if self.loading and self.loading + claim > self.budget:
+            return False
+        self.tree.lock(nodes[-1])
+        f.handle, f.pooled, f.tiers, f.claimed = nodes[-1], pooled, tiers, claim
+        self.loading += claim
+        return True
 
     def _alloc_pool(self, n: int) -> list[int] | None:
         need = self.slots.tokens_needed(None, n)
