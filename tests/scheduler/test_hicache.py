@@ -154,6 +154,16 @@ def test_restart_restores_the_disk_index() -> None:
     reads = flush(h, sent)
     assert sorted((o.file, o.offset, len(from_i32(o.host))) for o in reads) == [(0, 0, 3), (0, 3, 7), (1, 0, 6)]
     kv.check_integrity([])
+    ack(h, reads)
+    h.step()  # the host copies are ready: one load for the three nodes, after the reads on every rank
+    (load,) = flush(h, sent)
+    assert load.kind is CopyKind.LOAD and sorted(load.after) == sorted(o.op_id for o in reads)
+    ack(h, [load])
+    h.step()
+    assert kv.ready(b)
+    kv.admit(b)
+    assert b.cached_tokens == 16 and kv.counters.disk_hit_tokens == 16 and kv.counters.host_hit_tokens == 0
+    kv.check_integrity([b])
     assert tree.next_file == 6
 
 

@@ -153,6 +153,17 @@ class TierMachine(RuleBasedStateMachine):
     def consider(self, data) -> None:
         self._consider(data.draw(st.sampled_from(self.waiting)), data)
 
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def loop_until_admitted(self, data) -> None:
+        """Loop iterations with every copy ending well, until a waiting request is admitted."""
+        r = data.draw(st.sampled_from(self.waiting))
+        for _ in range(4):
+            self._consider(r, data)
+            if r not in self.waiting:
+                return
+            self.settle()
+
     def _consider(self, r: Req, data) -> None:
         """A loop iteration: fetches advance, then the batcher considers ``r``: admitted (match,
         compute the rest) when ready."""

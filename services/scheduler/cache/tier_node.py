@@ -15,7 +15,8 @@ LOCKS = (CopyKind.BACKUP, CopyKind.LOAD)
 
 
 class TierNode(Node):
-    __slots__ = ("host", "host_ready", "disk", "disk_ready", "incoming", "host_busy", "disk_busy", "fill_op")
+    __slots__ = ("host", "host_ready", "disk", "disk_ready", "incoming", "host_busy", "disk_busy", "fill_op",
+                 "pool_children")
 
     def __init__(self, key: list[int], value: list[int], parent: Node | None, tick: int = 0) -> None:
         super().__init__(key, value, parent, tick)
@@ -27,6 +28,7 @@ class TierNode(Node):
         self.host_busy = 0
         self.disk_busy = 0
         self.fill_op = 0  # the disk read that filled the host copy (a load waits for it on every rank)
+        self.pool_children = 0  # children in the pool (none: a device leaf, when itself in the pool)
 
     @property
     def hole(self) -> bool:

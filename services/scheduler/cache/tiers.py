@@ -77,11 +77,12 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         return self.host.pool_size - self.host.num_free
 
     # ---- structure -------------------------------------------------------------------------
-    def _device_leaf(self, node: Node) -> bool:
-        return not any(c.value for c in node.children.values())
+    def _device_leaf(self, node: TierNode) -> bool:
+        return node.pool_children == 0
 
     def _split(self, child: TierNode, n: int) -> TierNode:
         upper: TierNode = super()._split(child, n)  # (lock_ref and LRU age copied)
+        upper.pool_children = 1 if child.value else 0
         if child.host is not None:
             upper.host, child.host = child.host[:n], child.host[n:]
             self._on_host.add(upper)
@@ -152,6 +153,7 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         if pos < end:
             leaf = TierNode(list(key[pos:end]), list(slots[pos:end]), node, tick)
             node.children[self._edge(leaf.key, 0)] = leaf
+            node.pool_children += 1
             self._leaves.discard(node)
             self._leaves.add(leaf)
             self._evictable += end - pos
@@ -164,6 +166,7 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
     def enter_pool(self, node: TierNode, slots: list[int]) -> None:
         """``node`` (out of the pool; its parent in it) gets pool ``slots``."""
         node.value = slots
+        node.parent.pool_children += 1
         if node.lock_ref:
             self._locked += len(slots)
         else:
@@ -198,6 +201,7 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         kept = node.host is not None or node.disk is not None
         host = None if kept else self.alloc_host(n)  # (demote; still in the pool while host copies make room)
         node.value = []
+        node.parent.pool_children -= 1
         self._leaves.discard(node)  # (again: making room on the host may have removed its last child)
         self._free_slots(slots)
         if host is not None:
@@ -264,6 +268,7 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
             self._evictable -= len(node.value)
             self._free_slots(node.value)
             node.value = []
+            node.parent.pool_children -= 1
         if node.host is not None:
             self.drop_host(node)
         if node.disk is not None:
@@ -317,6 +322,7 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
                 assert n.disk_ready or n.disk_busy, "a disk copy in flight with no op"
                 on_disk.add(n)
             assert (n.host_busy, n.disk_busy) == busy.get(n, (0, 0)), "busy counts differ from the ops in flight"
+            assert n.pool_children == sum(bool(c.value) for c in n.children.values()), "children in the pool"
             if not n.value and not n.lock_ref and not n.children and not n.host_busy and not n.disk_busy:
                 assert not n.hole, "a hole left as a leaf"
         assert incoming.isdisjoint(self.all_slots()) and len(incoming) == self._incoming, "loads"
