@@ -85,7 +85,7 @@ class Generator:
         ``trace``: the request's trace context and when it was received (default: now, a new trace)."""
         trace = trace or Trace.incoming(None)
         span = self.tracer.start("generate", trace.traceparent, trace.start_ns, request_id=rid,
-                                 prompt_tokens=len(p.req.input_ids), n=p.req.n)
+                                 prompt_tokens=p.prompt_tokens, n=p.req.n)
         req = msgspec.structs.replace(p.req, rid=rid, traceparent=span.traceparent)
         branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, req.input_ids, p.skip_special_tokens, p.stop))
                     for _ in range(req.n)]
@@ -135,10 +135,10 @@ class Generator:
                     continue
                 b.done, live = True, live - 1
                 b.finish = FinishReason.STOP if b.detok.stopped else out.finish
-                usage = Usage(len(req.input_ids), b.generated, b.cached)
+                usage = Usage(p.prompt_tokens, b.generated, b.cached)
                 if b.detok.stopped:
                     if not out.finish:
-                        self.client.abort(rid, FinishReason.STOP, out.index)
+                        self.client.abort(rid, FinishReason.STOP, out.index, b.generated)
                     yield Chunk(out.index, out.token_ids, text, FinishReason.STOP, usage, matched_stop=b.detok.matched_stop,
                                 logprobs=lps)
                 else:
@@ -161,7 +161,7 @@ class Generator:
         """Metrics and span of a request that ended; branches without a finish reason get ``unfinished``."""
         reasons = [b.finish or unfinished for b in branches]
         started = [b for b in branches if b.started]
-        prompt = len(p.req.input_ids) if started else 0
+        prompt = p.prompt_tokens if started else 0
         generated = sum(b.generated for b in branches)
         if self.metrics is not None:
             done = all(b.done for b in branches)
