@@ -10,10 +10,8 @@ own process first, then ``banyan serve`` (extra flags after ``--``) for
   W4  JSON schema (256 requests), then the same workload unconstrained with the same output lengths
   W5  Poisson arrivals at three rates (W2 lengths, 200 requests each): TTFT/ITL p50/p99
   HF  HF ``generate`` (static batches) and continuous batching on W1 and the first W2 requests
-  W7  priority (not in the default set: --workloads W7): background traffic at 1.5x capacity (priority 0,
-      in 512 / out 1,024) for 45 s plus interactive requests at 2 req/s (priority 10, in 512 / out 64), on
-      a server with --enable-priority-scheduling and on one without: interactive TTFT p99, ITL p99 vs
-      the interactive requests alone, total output tok/s vs priority off
+  W7  (--workloads W7 only) priority: background at 1.5x capacity + interactive 2 req/s, priority on vs
+      off: interactive TTFT p99, ITL p99 vs alone, total tok/s (suite_workloads.w7)
 
     python -m benchmarks.gpu.suite --out /tmp/banyan-gpu/suite                     # everything
     python -m benchmarks.gpu.suite --workloads W1,W2,HF --out D                    # two invocations,
@@ -305,25 +303,6 @@ class Suite:
             print(f"[suite] W3 {shape} ({key}): {time.perf_counter() - t:.1f} s", flush=True)
         return out if key == "cascade_off" else {shape: {"cascade_on": res} for shape, res in out.items()}
 
-    def w7(self) -> dict:
-        """Capacity, the interactive requests alone, and the mixed traffic on a server with priority
-        scheduling; the same mixed traffic on one without."""
-        s, vocab = self.sizes, self.facts["vocab"]
-        on = self.server("w7_priority", "--enable-priority-scheduling")
-        try:
-            capacity = wl.w7_capacity(on.target, s, vocab)
-            print(f"[suite] W7 capacity {capacity['capacity_req_s']:.2f} req/s", flush=True)
-            idle = wl.w7_idle(on.target, s, vocab)
-            res_on = wl.w7_mixed(on.target, s, vocab, capacity["capacity_req_s"])
-        finally:
-            on.stop()
-        off = self.server("w7_plain")
-        try:
-            res_off = wl.w7_mixed(off.target, s, vocab, capacity["capacity_req_s"])
-        finally:
-            off.stop()
-        return wl.w7_summary(capacity, idle, res_on, res_off)
-
     def counters(self, server) -> dict | None:
         try:
             return worker_counters(server)
@@ -367,7 +346,7 @@ class Suite:
                 self.phase("HF baselines", self.hf, store="HF")
             self.serve_workloads()
             if "W7" in self.workloads:
-                self.phase("W7", self.w7, store="W7")
+                self.phase("W7", lambda: wl.w7(self.server, self.sizes, self.facts["vocab"]), store="W7")
         except KeyboardInterrupt:  # SIGTERM too (a timeout): the servers are stopped, report what finished
             self.failed = True
             self.doc["interrupted"] = True

@@ -338,6 +338,26 @@ def w7_mixed(target: str, s: Sizes, vocab: int, capacity_req_s: float) -> dict:
             "retractions": after.retractions - before.retractions}
 
 
+def w7(start, s: Sizes, vocab: int) -> dict:
+    """Capacity, the interactive requests alone, and the mixed traffic on a server with priority
+    scheduling; the same mixed traffic on one without. ``start(name, *flags)`` starts a warmed-up
+    server (a ``tests.support.Server``)."""
+    on = start("w7_priority", "--enable-priority-scheduling")
+    try:
+        capacity = w7_capacity(on.target, s, vocab)
+        print(f"[suite] W7 capacity {capacity['capacity_req_s']:.2f} req/s", flush=True)
+        idle = w7_idle(on.target, s, vocab)
+        res_on = w7_mixed(on.target, s, vocab, capacity["capacity_req_s"])
+    finally:
+        on.stop()
+    off = start("w7_plain")
+    try:
+        res_off = w7_mixed(off.target, s, vocab, capacity["capacity_req_s"])
+    finally:
+        off.stop()
+    return w7_summary(capacity, idle, res_on, res_off)
+
+
 def w7_summary(capacity: dict, idle: dict, on: dict, off: dict) -> dict:
     """The issue's three numbers: interactive TTFT p99, its ITL p99 over the idle one, total output
     throughput with priority scheduling over without."""

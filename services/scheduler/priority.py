@@ -74,8 +74,8 @@ class Preemptor:
         lowest = min(r.priority for r in running)
         if all(w.priority < lowest + self.threshold for w in waiting):
             return 0  # (the common case, O(n): nobody outranks anyone running)
-        # a step's decode takes up to a page per running request before admission sees the headroom
-        margin = len(running) * kv.page_size
+        # this step's decode takes its slots before admission sees the headroom
+        margin = sum(kv.slots.tokens_needed(r.slots[-1], 1) for r in running if r.to_compute == 1 and r.slots)
         slots = min(lim.max_running - len(running), kv.rows.num_free)
         headroom = kv.available() - b._reserved(running) - margin
         preempted = 0

@@ -27,7 +27,6 @@ import pytest
 import banyan as bn
 from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
-from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
 POOL = 3000
 PINNED = 1200

@@ -4,7 +4,6 @@ their TTL; the KV invariant holds throughout."""
 
 from __future__ import annotations
 
-from collections import deque
 
 from services.scheduler.batcher import Batcher, Limits
 from services.scheduler.kv import KVManager
