@@ -109,15 +109,17 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         trace = Trace.incoming(_traceparent(context))
         stage("received", rid, trace_id=trace.trace_id)
         info = self._info()
-        validation.check_priority(request.priority)
+        prompt, sampling = _prompt(request), _sampling(request.sampling_params)
+        kw = dict(request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
+                  priority=request.priority)
         session = None
         if request.session_id:
+            validation.precheck(prompt, sampling, info, **kw)  # (bad input is INVALID_ARGUMENT, session or not)
             session = await self.sessions.view(request.session_id, request.session_parent)
         elif request.session_parent:
             raise InvalidArgument("session_parent needs session_id")
-        p = validation.prepare(_prompt(request), _sampling(request.sampling_params), self.text, info,
-                               request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
-                               constraint=_constraint(request), priority=request.priority, session=session)
+        p = validation.prepare(prompt, sampling, self.text, info, constraint=_constraint(request), session=session,
+                               **kw)
         stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.req.input_ids), n=p.req.n)
         stream = self.generator.stream(p, rid, trace)
         try:

@@ -258,6 +258,27 @@ def check_constraint(c: Constraint | None) -> Constraint | None:
     return c
 
 
+def precheck(prompt: Prompt, s: SamplingRequest, info: ModelInfo, *, request_id: str = "", cache_salt: str = "",
+             prefix: str = "", priority: int = 0) -> None:
+    """What ``prepare`` checks that does not depend on a session, before a session turn's round trip
+    to the scheduler: bad input is INVALID_ARGUMENT whatever the session."""
+    _require(len(request_id) <= MAX_REQUEST_ID, f"request_id is longer than {MAX_REQUEST_ID} characters")
+    _require(len(cache_salt) <= MAX_CACHE_SALT, f"cache_salt is longer than {MAX_CACHE_SALT} characters")
+    check_priority(priority)
+    if prompt.text is not None:
+        _require(len(prompt.text) > 0, "the prompt text must not be empty")
+        check_text_size(len(prompt.text), info)
+    elif prompt.token_ids is not None:
+        _require(len(prompt.token_ids) > 0, "the prompt has no tokens")
+        _check_vocab("token ids", list(prompt.token_ids), info.vocab_size)
+    elif prompt.messages is not None:
+        check_messages(prompt.messages)
+        check_chat_size(prompt.messages, info)
+    else:
+        raise InvalidArgument("a prompt is required: text, token ids or chat messages")
+    sampling(s, 0, info, prefix)
+
+
 def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: ModelInfo, *,
             request_id: str = "", cache_salt: str = "", prefix: str = "",
             constraint: Constraint | None = None, priority: int = 0,

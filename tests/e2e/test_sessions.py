@@ -230,6 +230,7 @@ def test_http_sessions(server):
     ("/v1/completions", {"prompt": "Hi", "session_id": ""}, "session_id"),
     ("/v1/completions", {"prompt": "Hi", "session_id": "s" * 300}, "session_id"),
     ("/v1/completions", {"prompt": ["a", "b"], "session_id": "sess-x"}, "session_id"),
+    ("/v1/completions", {"prompt": "Hi", "session_id": "sess-x", "temperature": -1}, "temperature"),
 ])
 def test_http_bad_session_input_is_400(server, path, body, field):
     code, err = _post(server, path, body)
@@ -242,6 +243,8 @@ def _grpc_cases(stub, sid: str) -> dict:
     return {
         "session_id too long": (lambda: gen_(session_id="s" * 300), "INVALID_ARGUMENT", "session_id"),
         "unknown session": (lambda: gen_(session_id="sess-nope"), "NOT_FOUND", "does not exist"),
+        "bad input, unknown session": (lambda: gen_(session_id="sess-nope", sampling_params=pb.SamplingParams(
+            temperature=-1)), "INVALID_ARGUMENT", "temperature"),
         "unknown parent": (lambda: gen_(session_id=sid, session_parent="nope"), "NOT_FOUND", "session_parent"),
         "parent without session": (lambda: gen_(session_parent="x"), "INVALID_ARGUMENT", "session_parent"),
         "n > 1": (lambda: gen_(session_id=sid, sampling_params=pb.SamplingParams(max_tokens=2, n=2)),

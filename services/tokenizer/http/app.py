@@ -63,14 +63,16 @@ class Frontend:
         self.sessions = SessionFront(client)
 
     async def turn(self, request: Request, body: api.ChatCompletionRequest | api.CompletionRequest,
+                   prompt: Prompt, sampling: validation.SamplingRequest, info: ModelInfo,
                    ) -> tuple[int, SessionView | None]:
         """The request's priority (body field or header) and, with ``session_id``, the session turn
-        it continues."""
+        it continues (asked once the rest of the request is known to be valid)."""
         priority = request_priority(request, body.priority)
         if body.session_id is None:
             if body.session_parent is not None:
                 raise InvalidArgument("session_parent needs session_id")
             return priority, None
+        validation.precheck(prompt, sampling, info, cache_salt=body.cache_salt, priority=priority)
         return priority, await self.sessions.view(body.session_id, body.session_parent or "")
 
     def abort_all(self) -> None:
@@ -200,7 +202,7 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         info = front.model(body.model)
         rid = _request_id(request, "chat")
         prompt, sampling, constraint = convert.chat_request(body)
-        priority, session = await front.turn(request, body)
+        priority, session = await front.turn(request, body, prompt, sampling, info)
         p = validation.prepare(prompt, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
                                constraint=constraint, priority=priority, session=session)
         fmt = convert.ChatFormat(front.token_texts, body.logprobs)
@@ -214,7 +216,7 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         prompts, sampling, constraint = convert.completion_request(body)
         if body.session_id is not None and len(prompts) > 1:
             raise InvalidArgument("session_id takes one prompt (a session turn continues one conversation)")
-        priority, session = await front.turn(request, body)
+        priority, session = await front.turn(request, body, prompts[0], sampling, info)
         prepared = [validation.prepare(pr, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
                                        constraint=constraint, priority=priority, session=session) for pr in prompts]
         fmt = convert.CompletionFormat(front.token_texts, body.logprobs is not None)
