@@ -86,10 +86,7 @@ class Pins:
         self.kv, self.budget, self.clock = kv, budget, clock
         self.pins: dict[str, Pin] = {}
         self._next_check = 0.0
-
-    @property
-    def tokens(self) -> int:
-        return sum(p.tokens for p in self.pins.values())
+        self.tokens = 0  # the pins' tokens together (read every step by the metrics)
 
     def begin(self, msg: GenerateReq) -> tuple[PinAnchor | None, Refusal | None]:
         """A ``PinPrefix`` request arrives: its anchor (tokens reserved), or why it is refused."""
@@ -112,6 +109,7 @@ class Pins:
         expires = self.clock() + ttl_s if ttl_s > 0 else math.inf
         self.pins[r.rid] = Pin(r.rid, handle, size, cached, expires)
         self.budget.used += size
+        self.tokens += size
 
     def unpin(self, pin_id: str) -> tuple[int, Refusal | None]:
         """→ (tokens it held, None), or (0, why not)."""
@@ -121,6 +119,7 @@ class Pins:
                                             "or lost when the worker restarted)")
         self.kv.unpin(pin.handle)
         self.budget.used -= pin.tokens
+        self.tokens -= pin.tokens
         return pin.tokens, None
 
     def expire(self, now: float) -> None:

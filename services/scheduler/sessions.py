@@ -88,10 +88,7 @@ class Sessions:
         self.sessions: dict[str, Session] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # sid → "closed" / "expired after …"
         self._next_check = 0.0
-
-    @property
-    def tokens(self) -> int:
-        return sum(s.size for s in self.sessions.values())
+        self.tokens = 0  # the sessions' sizes together (read every step by the metrics)
 
     def get(self, sid: str) -> Session | None:
         return self.sessions.get(sid)
@@ -179,6 +176,7 @@ class Sessions:
         s.turns[turn_id] = Turn(tokens, handle)
         s.head = turn_id
         s.size += grown
+        self.tokens += grown
         self.budget.used += grown
         if len(s.turns) > MAX_TURNS + 1:  # forget the oldest turn but the start and the latest (its KV stays
             old = next(k for k in s.turns if k not in ("", s.head))  # pinned through the later turns' locks)
@@ -191,6 +189,7 @@ class Sessions:
             if turn.handle is not None:
                 self.kv.unpin(turn.handle)
         self.budget.used -= s.size
+        self.tokens -= s.size
         s.size = 0
         self._ended[s.sid] = why
         while len(self._ended) > REMEMBERED_ENDS:

@@ -89,7 +89,7 @@ def test_a_turn_is_pinned_and_survives_eviction_pressure():
     w = World()
     assert w.op(SessionOpKind.OPEN, ttl_s=60, capacity=400).error_code is None
     p1 = w.turn("t1", list(range(10, 60)), [7, 8, 9])
-    assert w.sessions.get("s").size == 53 and w.budget.used == 53
+    assert w.sessions.get("s").size == w.sessions.tokens == 53 and w.budget.used == 53
     flood(w, 2 * w.kv.pool_size)  # twice the pool of unrelated prompts
     assert w.kv.counters.evicted_tokens > w.kv.pool_size
     history = p1 + [7, 8, 9]
@@ -153,7 +153,7 @@ def test_expiry_and_close_unpin_and_say_why():
     assert closed.error_code is None and closed.tokens == 51
     w.clock.t = 20.0
     w.sessions.expire(w.clock.t)
-    assert w.sessions.get("s") is None and w.kv.cache.locked_size == 0 and w.budget.used == 0
+    assert w.sessions.get("s") is None and w.kv.cache.locked_size == 0 and w.budget.used == w.sessions.tokens == 0
     r = w.op(SessionOpKind.INFO)
     assert r.error_code is ErrorCode.NOT_FOUND and "expired" in r.error
     assert "closed" in w.op(SessionOpKind.INFO, "c").error
@@ -199,12 +199,12 @@ def test_pins_commit_unpin_expire_and_respect_the_budget():
     _, err = w.pins.begin(too_big)
     assert err[0] is ErrorCode.RESOURCE_EXHAUSTED
     w.run(Req(rid="p1", replica=b"t", prompt=list(msg.input_ids), params=msg.params, anchor=anchor), [])
-    assert "p1" in w.pins.pins and w.budget.used == 100 and w.budget.reserved == 0
+    assert "p1" in w.pins.pins and w.budget.used == w.pins.tokens == 100 and w.budget.reserved == 0
     flood(w, 2 * w.kv.pool_size)
     assert w.kv.cache.peek("", list(range(10, 110))).length == 100  # the whole prompt, pinned
     w.clock.t = 31.0
     w.pins.expire(w.clock.t)
-    assert not w.pins.pins and w.budget.used == 0 and w.kv.cache.locked_size == 0
+    assert not w.pins.pins and w.budget.used == w.pins.tokens == 0 and w.kv.cache.locked_size == 0
     tokens, err = w.pins.unpin("p1")
     assert err[0] is ErrorCode.NOT_FOUND and tokens == 0
 
