@@ -108,6 +108,8 @@ class Batcher:
         def need() -> int:
             return sum(kv.slots.tokens_needed(r.slots[-1], 1) for r in decoding if r.status is Status.RUNNING)
 
+        if need() <= kv.available():
+            return
         # the least progress first (lowest priority first; aged requests last)
         victims = sorted(decoding, key=lambda r: (r.aged, r.priority, len(r.output), -len(r.prompt)))
         while need() > kv.available() and victims:

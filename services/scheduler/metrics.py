@@ -87,6 +87,7 @@ class SchedulerMetrics:
         self._cascade = (0, 0)
         self._shed = (0, 0)
         self._levels: set[int] = set()
+        self._anchors = (-1, -1, -1, -1)
         self._levels_at = 0.0
         self._server = None
 
@@ -120,6 +121,9 @@ class SchedulerMetrics:
             self._shed = (c.preemptions, c.shed)
 
     def anchors(self, sessions: int, session_tokens: int, pins: int, pinned_tokens: int) -> None:
+        if (sessions, session_tokens, pins, pinned_tokens) == self._anchors:
+            return
+        self._anchors = (sessions, session_tokens, pins, pinned_tokens)
         self.sessions.set(sessions)
         self.pins.set(pins)
         self.pinned.labels("session").set(session_tokens)
