@@ -151,6 +151,16 @@ def test_ttft_under_a_saturating_flood_stays_within_twice_idle(server):
                     c.cancel()
         after = load(stub)
     assert after.preemptions - before >= 3  # the slots were full each time: it preempted
+    # structurally: each started in the first step built after it arrived (nothing else was admitted
+    # in between), preempting a flood request for its slot; so its TTFT is its prefill plus the steps
+    # already in flight
+    stages = scheduler_stages(server)
+    for round_ in range(3):
+        rid = f"hi-{round_}"
+        q = next(i for i, r in enumerate(stages) if r["request_id"] == rid and r["stage"] == "queued")
+        sched = next(i for i, r in enumerate(stages) if r["request_id"] == rid and r["stage"] == "scheduled")
+        between = [r["stage"] for r in stages[q + 1:sched]]
+        assert "scheduled" not in between and between.count("preempted") >= 1, between
     ratio = statistics.median(busy) / statistics.median(idle)
     print(f"TTFT idle {[round(x * 1e3) for x in idle]} ms, under the flood {[round(x * 1e3) for x in busy]} ms: "
           f"median ratio {ratio:.2f}")
