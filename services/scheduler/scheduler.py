@@ -213,8 +213,9 @@ class Scheduler:
         requests are refused with ``reason`` until the next ``WorkerReady``."""
         self.worker.detach()
         e, table = self.engine, self.table
-        log.error("worker_lost", reason=reason, running=len(table.running), waiting=len(table.waiting))
-        table.fail_all(f"{reason}: the request was lost, retry it", ErrorCode.UNAVAILABLE, e.kv if e else None)
+        running, waiting = len(table.running), len(table.waiting)
+        failed = table.fail_all(f"{reason}: the request was lost, retry it", ErrorCode.UNAVAILABLE, e.kv if e else None)
+        log.error("worker_lost", reason=reason, requests=failed, running=running, waiting=waiting)
         if e is not None:
             e.grammar.pending.clear()  # (their requests failed; a compile still running finishes unseen)
         self.engine, self.applier, self.down = None, None, reason
