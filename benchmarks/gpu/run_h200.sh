@@ -2,7 +2,7 @@
 # The GPU checks and benchmarks in one go, on the H200 host (repo root; the environment bundle in
 # .gpucache/, the Llama 3 tokenizer in .assets/llama3 — both git-ignored, carried with the tree):
 #
-#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b]   (default: tests bench)
+#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c]   (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
 # 2. tests:  pytest -m gpu tests/gpu (parity vs HF fp32, FlashInfer vs torch, graphs vs eager)
@@ -12,6 +12,7 @@
 #    under a 10-minute command limit run it in two calls: suite-a (W1, W2, HF; ~6 min) and suite-b
 #    (W3, W4, W5; ~7 min), each writing $OUT/suite/suite_<workloads>.json; the table of both is
 #    merged when both are there (else: python -m benchmarks.gpu.suite --merge A.json B.json --out D).
+#    suite-c runs W7 (priority scheduling; ~7 min: two servers, a capacity run, two 45-s mixed runs).
 #    $SUITE_ARGS go to the suite (e.g. "--hf-subset 64"), $SERVE_ARGS to banyan serve. A timeout
 #    (SIGTERM) stops the servers and prints the table of what finished; the JSON has it too.
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last.
@@ -52,8 +53,9 @@ if [[ $STEPS == *serve* ]]; then
   tail -12 "$OUT/serve.log"
   echo "serve: $((SECONDS - t0)) s"
 fi
-if [[ $STEPS =~ suite(-[ab])? ]]; then
-  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
+if [[ $STEPS =~ suite(-[abc])? ]]; then
+  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; suite-c) W=W7 T=560 ;;
+    *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
   t0=$SECONDS
   # shellcheck disable=SC2086  # word splitting of the extra flags is intended
   timeout $T python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads "$W" ${SUITE_ARGS:-} \

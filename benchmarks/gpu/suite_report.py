@@ -22,6 +22,9 @@ GOALS = {  # key -> (goal, "le" | "ge", shown as)
     "w3_tok_s": (15000, "ge", "≥ 15,000"),
     "w4_ratio": (0.95, "ge", "≥ 95 %"),
     "gpu_idle": (0.05, "lt", "< 5 %"),
+    "w7_ttft_p99_ms": (100, "le", "≤ 100 ms"),
+    "w7_itl_vs_idle": (2, "le", "≤ 2×"),
+    "w7_throughput_vs_off": (0.95, "ge", "≥ 95 %"),
 }
 
 
@@ -211,6 +214,23 @@ def table(doc: dict) -> str:
         row(f"W5 Poisson {x['rate']:.2f} req/s ({x['completed']} requests): TTFT p50/p99 · ITL p50/p99 ms · "
             "output tok/s", f"{_n(x['ttft_ms']['p50'], 0)}/{_n(x['ttft_ms']['p99'], 0)} · "
             f"{_n(x['itl_ms']['p50'], 1)}/{_n(x['itl_ms']['p99'], 1)} · {_n(x['output_throughput'])}")
+    if "W7" in r:
+        w7 = r["W7"]
+        title = (f"W7 priority: background at {cfg.get('w7_load')}× capacity (in {cfg.get('w7_bg_input')} / out "
+                 f"{cfg.get('w7_bg_output')}, priority 0) + interactive {cfg.get('w7_rate')} req/s (in "
+                 f"{cfg.get('w7_int_input')} / out {cfg.get('w7_int_output')}, priority 10), {cfg.get('w7_duration')} s")
+        ttft = _get(w7, "interactive_ttft_p99_ms")
+        row(f"{title}: interactive TTFT p99 ms (priority off: "
+            f"{_n(_get(w7, 'interactive_ttft_p99_ms_priority_off'), 0)})", _n(ttft, 1),
+            goal_key="w7_ttft_p99_ms", value=ttft)
+        itl = _get(w7, "itl_p99_vs_idle")
+        row("W7 interactive ITL p99 ms under load / alone = ratio",
+            f"{_n(_get(w7, 'priority_on', 'interactive', 'itl_ms', 'p99'), 1)} / "
+            f"{_n(_get(w7, 'idle', 'itl_ms', 'p99'), 1)} = {_n(itl, 2)}×", goal_key="w7_itl_vs_idle", value=itl)
+        thr = _get(w7, "throughput_vs_priority_off")
+        row("W7 total output tok/s priority on / off = ratio (preemptions)",
+            f"{_n(_get(w7, 'priority_on', 'output_tok_s'))} / {_n(_get(w7, 'priority_off', 'output_tok_s'))} = "
+            f"{_pct(thr)} ({_n(_get(w7, 'priority_on', 'preemptions'))})", goal_key="w7_throughput_vs_off", value=thr)
     idle = doc.get("gpu_idle") or {}
     main = next((idle[w] for w in ("W2", "W3", "W5", "W1", "W4") if idle.get(w) is not None), None)
     detail = ", ".join(f"{w} {_pct(v)}" for w, v in idle.items() if v is not None)

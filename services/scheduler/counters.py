@@ -19,3 +19,5 @@ class Counters:
     jump_forward_tokens: int = 0  # output tokens appended by jump-forward (not sampled)
     cascade_steps: int = 0  # steps with shared-prefix attention groups
     cascade_saved: int = 0  # KV tokens those groups did not read
+    preemptions: int = 0  # running requests retracted for a higher-priority one (priority scheduling)
+    shed: int = 0  # waiting requests dropped from a full queue for a higher-priority one
