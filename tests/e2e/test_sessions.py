@@ -296,7 +296,10 @@ def test_frontend_session_state(server):
                 f += bn.user(f"Another one, number {i}.")
             forks.each(lambda i, f: f._add(bn.assistant(bn.gen("more", max_tokens=4, temperature=0))))
             history = second.prompt_tokens + second.completion_tokens
-            assert all(f.results["more"].cached_tokens == history - 1 for f in forks)
+            # every fork reuses the whole shared history (but its last token); the one that runs second
+            # may reuse more: the forks' new user turns start alike ("Another one, number ")
+            cached = [f.results["more"].cached_tokens for f in forks]
+            assert min(cached) == history - 1 and all(c >= history - 1 for c in cached), (cached, history)
             with pytest.raises(ValueError, match="whole assistant turn"):
                 s += bn.assistant("Sure: ", bn.gen("x", max_tokens=2))
             assert s.messages()[-1][0] == "assistant"
