@@ -189,7 +189,9 @@ class Batcher:
 
     def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:
         c = self.counters
-        c.steps += 1
+        c.steps += 1  # (steps and their tokens are counted when sent: GetLoad agrees with the worker's
+        c.prefill_computed += plan.prefill_tokens  # counters as soon as it has answered them)
+        c.decode += len(plan.ids) - plan.prefill_tokens
         self._prefilled = plan.prefilled
         msg = ForwardBatch(
             step_id=c.steps, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),

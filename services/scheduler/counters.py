@@ -11,7 +11,7 @@ from dataclasses import dataclass
 class Counters:
     steps: int = 0  # step ids handed out: they go on across workers (a lost worker's late answer never matches)
     prompt: int = 0  # prompt tokens of the branches prefilled (prefill_cached of them came from the cache)
-    prefill_computed: int = 0  # prompt (and resumed) tokens the model computed
+    prefill_computed: int = 0  # prompt (and resumed) tokens the model computes (counted when sent, as steps)
     prefill_cached: int = 0
     decode: int = 0
     retractions: int = 0

@@ -58,8 +58,6 @@ class StepApplier:
 
     def apply(self, sched: Scheduled, out: StepOutput, mask_for: Scheduled | None = None) -> None:
         c, kv, table = self.counters, self.kv, self.table
-        c.prefill_computed += sched.prefill_tokens
-        c.decode += sched.num_tokens - sched.prefill_tokens
         lps = StepLogprobs(out)
         take_prompt_logprobs(sched, out)
         starts = from_i32(sched.msg.prefix_lens).tolist()
