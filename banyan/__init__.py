@@ -1,8 +1,9 @@
 """Banyan: LLM serving engine. ``import banyan as bn`` gives the frontend language
-(``bn.function``, ``bn.gen``, ``bn.select``, ``bn.user`` …, ``bn.Backend``); it loads on first use."""
+(``bn.function``, ``bn.gen``, ``bn.select``, ``bn.user`` …, ``bn.Backend``, ``bn.session``); it loads on
+first use."""
 
-_LANG = ("Backend", "ForkGroup", "Program", "ProgramState", "ServerError", "assistant", "function", "gen",
-         "select", "set_default_backend", "system", "user")
+_LANG = ("Backend", "ForkGroup", "Program", "ProgramState", "ServerError", "SessionState", "assistant", "function",
+         "gen", "select", "session", "set_default_backend", "system", "user")
 
 
 def __getattr__(name: str):

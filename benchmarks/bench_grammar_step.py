@@ -136,7 +136,7 @@ def make_scheduler(running: int, args, tmp: str):
             ids = rng.integers(1000, vocab - 1000, PROMPT_LEN).tolist()
             if systems:  # (a shared system prompt: one of --groups)
                 ids = systems[int(rng.integers(len(systems)))] + ids[:32]
-            s._on_generate(b"bench", GenerateReq(rid=f"r{next(counter)}", input_ids=ids, params=params,
+            s._on_tokenizer(b"bench", GenerateReq(rid=f"r{next(counter)}", input_ids=ids, params=params,
                                                  constraint=constraint))
         replica.refill = 0
 

@@ -138,7 +138,20 @@ class SchedulerConfig(CommonConfig):
     page_size: int = field(default=1, metadata={"help": "KV page size in tokens (prefix-cache granularity)"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
     max_queued_requests: int = field(default=0, metadata={
-        "help": "requests waiting beyond this many are refused with RESOURCE_EXHAUSTED / 429 (0: no limit)"})
+        "help": "requests waiting beyond this many are refused with RESOURCE_EXHAUSTED / 429 (0: no limit); with "
+                "priority scheduling a full queue sheds its lowest-priority request for a higher-priority one"})
+    enable_priority_scheduling: bool = field(default=False, metadata={
+        "help": "order the waiting queue by request priority (higher first; the --schedule-policy within a "
+                "level), with aging and preemption; without it priorities are ignored"})
+    priority_preemption_threshold: int = field(default=10, metadata={
+        "help": "priority scheduling: a waiting request that cannot start preempts running requests whose "
+                "priority is at least this much lower (they keep their output and resume later; 0: never)"})
+    priority_aging_seconds: float = field(default=300.0, metadata={
+        "help": "priority scheduling: a request that has waited this long goes ahead of every priority level and "
+                "is not preempted once running, so nothing starves (0: no aging)"})
+    max_pinned_tokens: int = field(default=0, metadata={
+        "help": "KV tokens that sessions and pinned prefixes may hold pinned (exempt from eviction) together; "
+                "0: a quarter of the KV pool; at most half of it"})
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "structured output: sample every token even where the grammar allows only one continuation"})
     disable_overlap_schedule: bool = field(default=False, metadata={
@@ -185,6 +198,9 @@ class SchedulerConfig(CommonConfig):
         _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight"), f"bad schedule_policy {self.schedule_policy!r}")
         _check(self.page_size >= 1, "page_size must be >= 1")
         _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
+        _check(self.priority_preemption_threshold >= 0, "priority_preemption_threshold must be >= 0 (0: never preempt)")
+        _check(self.priority_aging_seconds >= 0, "priority_aging_seconds must be >= 0 (0: no aging)")
+        _check(self.max_pinned_tokens >= 0, "max_pinned_tokens must be >= 0 (0: a quarter of the KV pool)")
         _check(self.cascade_min_group >= 2, "cascade_min_group must be >= 2")
         _check(self.cascade_min_prefix >= 1, "cascade_min_prefix must be >= 1")
         _check(self.cascade_min_saved >= 0 and self.cascade_min_saved_eager >= 0,

@@ -34,6 +34,18 @@ class Internal(BanyanError):
     code = "INTERNAL"
 
 
+class NotFound(BanyanError):
+    """A named thing that does not exist (any more): a session that expired or was closed, a pin."""
+
+    code = "NOT_FOUND"
+
+
+class FailedPrecondition(BanyanError):
+    """The request is valid but the state it needs does not hold (a session too full for the turn)."""
+
+    code = "FAILED_PRECONDITION"
+
+
 # TokenOut.error_code → exception class
 BY_WIRE_CODE: dict[ErrorCode, type[BanyanError]] = {
     ErrorCode.INVALID_ARGUMENT: InvalidArgument,
@@ -41,4 +53,6 @@ BY_WIRE_CODE: dict[ErrorCode, type[BanyanError]] = {
     ErrorCode.UNAVAILABLE: Unavailable,
     ErrorCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     ErrorCode.INTERNAL: Internal,
+    ErrorCode.NOT_FOUND: NotFound,
+    ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
 }

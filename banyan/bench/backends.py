@@ -42,7 +42,7 @@ class GrpcBackend:
     async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float, progress: Progress = None) -> Result:
         pb = self.pb
         sp = pb.SamplingParams(max_tokens=r.output_len, ignore_eos=ignore_eos, temperature=temperature)
-        req = pb.GenerateRequest(sampling_params=sp)
+        req = pb.GenerateRequest(sampling_params=sp, priority=r.priority)
         if r.prompt_ids:
             req.token_ids.ids.extend(r.prompt_ids)
         else:
@@ -91,6 +91,8 @@ class OpenAIBackend:
         body = {"model": self.model, "prompt": r.prompt_ids or r.prompt_text, "max_tokens": r.output_len,
                 "temperature": temperature, "stream": True, "stream_options": {"include_usage": True},
                 "ignore_eos": ignore_eos}
+        if r.priority:
+            body["priority"] = r.priority
         if r.json_schema:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "bench", "schema": json.loads(r.json_schema)}}

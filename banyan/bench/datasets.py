@@ -28,6 +28,7 @@ class BenchRequest:
     prompt_text: str = ""
     output_len: int = 128
     json_schema: str = ""
+    priority: int = 0  # GenerateRequest.priority (the server uses it with --enable-priority-scheduling)
 
     @property
     def prompt_len(self) -> int:

@@ -72,7 +72,10 @@ class Backend:
         return list(_call(self.stub.Tokenize, req, timeout=self.timeout, metadata=self.metadata).token_ids)
 
     def generate(self, ids: list[int], sampling: pb.SamplingParams, **constraint) -> GenResult:
-        req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), sampling_params=sampling, **constraint)
+        return self.run(pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), sampling_params=sampling, **constraint))
+
+    def run(self, req: pb.GenerateRequest) -> GenResult:
+        """One Generate call, its streamed chunks gathered."""
         parts, toks, last = [], [], None
         try:
             for chunk in self.stub.Generate(req, timeout=self.timeout, metadata=self.metadata):
@@ -84,6 +87,16 @@ class Backend:
         assert last is not None
         return GenResult("".join(parts), toks, pb.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_").lower(),
                          last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.cached_tokens)
+
+    def open_session(self, ttl_seconds: int | None = None, capacity: int | None = None,
+                     cache_salt: str = "") -> pb.OpenSessionResponse:
+        req = pb.OpenSessionRequest(ttl_seconds=ttl_seconds, capacity=capacity, cache_salt=cache_salt)
+        return _call(self.stub.OpenSession, req, timeout=self.timeout, metadata=self.metadata)
+
+    def close_session(self, session_id: str) -> int:
+        """→ the tokens the session held."""
+        req = pb.CloseSessionRequest(session_id=session_id)
+        return _call(self.stub.CloseSession, req, timeout=self.timeout, metadata=self.metadata).tokens
 
     def score(self, ids: list[int], continuations: list[str]) -> pb.ScoreResponse:
         req = pb.ScoreRequest(token_ids=pb.TokenIds(ids=ids), continuations=continuations)

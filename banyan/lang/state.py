@@ -94,19 +94,27 @@ class ProgramState:
         ids = self.backend.chat_ids(self._turns, add_generation_prompt=True)
         return ids + (self.backend.text_ids(partial, add_special_tokens=False) if partial else [])
 
-    def _gen(self, g: Gen) -> None:
+    @staticmethod
+    def _gen_params(g: Gen) -> tuple[pb.SamplingParams, dict[str, str]]:
+        """The sampling parameters and the constraint (as GenerateRequest fields) of a gen."""
         sp = pb.SamplingParams(ignore_eos=g.ignore_eos)
         for key in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
             if getattr(g, key) is not None:
                 setattr(sp, key, getattr(g, key))
         if g.stop:
             sp.stop.extend([g.stop] if isinstance(g.stop, str) else g.stop)
-        constraint = {k: v for k, v in (("regex", g.regex), ("json_schema", g.json_schema)) if v}
+        return sp, {k: v for k, v in (("regex", g.regex), ("json_schema", g.json_schema)) if v}
+
+    def _gen(self, g: Gen) -> None:
+        sp, constraint = self._gen_params(g)
         res = self.backend.generate(self._prompt_ids(), sp, **constraint)
+        self._store(g, res)
+        self._append(res.text)
+
+    def _store(self, g: Gen, res: GenResult) -> None:
         if g.name:
             self.values[g.name] = res.text
             self.results[g.name] = res
-        self._append(res.text)
 
     def _select(self, s: Select) -> None:
         resp = self.backend.score(self._prompt_ids(), s.choices)

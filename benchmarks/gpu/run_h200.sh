@@ -2,7 +2,7 @@
 # The GPU checks and benchmarks in one go, on the H200 host (repo root; the environment bundle in
 # .gpucache/, the Llama 3 tokenizer in .assets/llama3 — both git-ignored, carried with the tree):
 #
-#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c] [hicache]
+#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c|suite-d] [hicache]
 #                                                                                      (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
@@ -13,9 +13,10 @@
 #    under a 10-minute command limit run it in two calls: suite-a (W1, W2, HF; ~6 min) and suite-b
 #    (W3, W4, W5; ~7 min), each writing $OUT/suite/suite_<workloads>.json; the table of both is
 #    merged when both are there (else: python -m benchmarks.gpu.suite --merge A.json B.json --out D).
+#    suite-c runs W7 (priority scheduling; ~7 min: two servers, a capacity run, two 45-s mixed runs).
 #    $SUITE_ARGS go to the suite (e.g. "--hf-subset 64"), $SERVE_ARGS to banyan serve. A timeout
 #    (SIGTERM) stops the servers and prints the table of what finished; the JSON has it too.
-#    suite-c: W6 (multi-turn, GPU pool capped at 60k tokens: GPU tier only / + host tier / + disk tier
+#    suite-d: W6 (multi-turn, GPU pool capped at 60k tokens: GPU tier only / + host tier / + disk tier
 #    and a restart) and W2H (W2 with the host tier), its own call (~10 min budget: if it runs out, split it
 #    with SUITE_ARGS="--workloads W6 --w6-variants off,host" then SUITE_ARGS="--w6-variants disk").
 # 6. hicache: the hierarchical cache's GPU tests (copy stream, demote ordering, outputs with the host
@@ -58,15 +59,16 @@ if [[ $STEPS == *serve* ]]; then
   tail -12 "$OUT/serve.log"
   echo "serve: $((SECONDS - t0)) s"
 fi
-if [[ $STEPS =~ suite(-[abc])? ]]; then
-  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; suite-c) W=W6,W2H T=560 ;;
+if [[ $STEPS =~ suite(-[abcd])? ]]; then
+  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; suite-c) W=W7 T=560 ;;
+    suite-d) W=W6,W2H T=560 ;;
     *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
   t0=$SECONDS
   # shellcheck disable=SC2086  # word splitting of the extra flags is intended
   timeout $T python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads "$W" ${SUITE_ARGS:-} \
     -- ${SERVE_ARGS:-} >"$OUT/suite_${W//,/-}.log" 2>&1 || status=1
   grep '^\[suite\]' "$OUT/suite_${W//,/-}.log" | tail -20
-  if [[ $W != W6,W2H && -f $OUT/suite/suite_W1-W2-HF.json && -f $OUT/suite/suite_W3-W4-W5.json ]]; then
+  if [[ $W != W6,W2H && $W != W7 && -f $OUT/suite/suite_W1-W2-HF.json && -f $OUT/suite/suite_W3-W4-W5.json ]]; then
     python3 -m benchmarks.gpu.suite --merge "$OUT/suite/suite_W1-W2-HF.json" "$OUT/suite/suite_W3-W4-W5.json" \
       --out "$OUT/suite" | sed -n '/^## /,$p'
   else

@@ -10,6 +10,8 @@ own process first, then ``banyan serve`` (extra flags after ``--``) for
   W4  JSON schema (256 requests), then the same workload unconstrained with the same output lengths
   W5  Poisson arrivals at three rates (W2 lengths, 200 requests each): TTFT/ITL p50/p99
   HF  HF ``generate`` (static batches) and continuous batching on W1 and the first W2 requests
+  W7  (--workloads W7 only) priority: background at 1.5x capacity + interactive 2 req/s, priority on vs
+      off: interactive TTFT p99, ITL p99 vs alone, total tok/s (suite_workloads.w7)
   W6, W2H (only when named): multi-turn on a capped GPU pool, host / disk KV tiers; W2 with the host
       tier (suite_w6.py)
 
@@ -17,6 +19,7 @@ own process first, then ``banyan serve`` (extra flags after ``--``) for
     python -m benchmarks.gpu.suite --workloads W1,W2,HF --out D                    # two invocations,
     python -m benchmarks.gpu.suite --workloads W3,W4,W5 --out D                    #  then one table:
     python -m benchmarks.gpu.suite --merge D/suite_W1-W2-HF.json D/suite_W3-W4-W5.json --out D
+    python -m benchmarks.gpu.suite --workloads W7 --out D                          # priority (~7 min)
     python -m benchmarks.gpu.suite --tiny --scale 0.02 --length-scale 0.1 ...      # CPU, 2 layers
 
 Writes ``suite_<tag>.json`` (raw numbers, sizes, limits, versions, commit; rewritten after every
@@ -46,14 +49,15 @@ from benchmarks.gpu import suite_w6  # noqa: E402
 from benchmarks.gpu import suite_workloads as wl  # noqa: E402
 from benchmarks.gpu.make_model import build  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "HF", "W6", "W2H")
-DEFAULT = WORKLOADS[:6]  # (W6 and W2H start servers of their own: named when wanted)
+DEFAULT_WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "HF")
+WORKLOADS = (*DEFAULT_WORKLOADS, "W7", "W6", "W2H")  # (W7, W6 and W2H: only when named; servers of their own)
 TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=16384)
 TOKENIZERS = (ROOT / ".assets/llama3", ROOT.parent / "shared/assets/tokenizers/llama3")
-COUNTS = ("w2_num", "w3_groups", "w4_num", "w5_num", "w6_conversations")
+COUNTS = ("w2_num", "w3_groups", "w4_num", "w5_num", "w7_duration", "w7_calib_num", "w7_idle_num", "w6_conversations")
 LENGTHS = ("w1_input", "w1_output", "w2_input", "w2_output", "w3_system", "w3_question", "w3_output", "w4_input",
-           "w4_output", "w6_system", "w6_user", "w6_output", "w6_pool")
+           "w4_output", "w7_bg_input", "w7_bg_output", "w7_int_input", "w7_int_output", "w6_system", "w6_user",
+           "w6_output", "w6_pool")
 TUPLES = ("w5_rates", "w3_extra", "w6_variants")
 
 
@@ -65,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
                     ".assets/llama3, else the team folder's)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/banyan-gpu/suite"))
     ap.add_argument("--tag", default="", help="file name part (default: the workloads, e.g. W1-W2-HF)")
-    ap.add_argument("--workloads", default=",".join(DEFAULT), help=f"subset of {','.join(WORKLOADS)}")
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                    help=f"subset of {','.join(WORKLOADS)} (default {','.join(DEFAULT_WORKLOADS)})")
     ap.add_argument("--tiny", action="store_true", help="2-layer hidden-64 model (Llama 3 vocab) on the CPU")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the request counts (W2–W5)")
     ap.add_argument("--length-scale", type=float, default=1.0, help="multiplies every input/output length")
@@ -79,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
                             "comma-separated ('' for none; default 64x16x2048,8x32x8192)")
         elif f.name == "w6_variants":
             ap.add_argument("--w6-variants", default=None, help="W6 servers: off,host,disk (default all three)")
+        elif isinstance(f.default, float):
+            ap.add_argument("--" + f.name.replace("_", "-"), type=float, default=None, help=f"default {f.default}")
         else:
             ap.add_argument("--" + f.name.replace("_", "-"), type=int, default=None, help=f"default {f.default}")
     ap.add_argument("--hf-engines", default="generate,cb", help="HF baselines: generate and/or cb")
@@ -282,7 +289,7 @@ class Suite:
 
     def counters(self, server) -> dict | None:
         try:
-            return wl.worker_counters(server)
+            return report.worker_counters(server)
         except OSError as e:  # the metrics endpoint is optional: the idle column says n/a
             print(f"[suite] worker metrics unavailable: {e!r}", flush=True)
             return None
@@ -322,6 +329,8 @@ class Suite:
             if "HF" in self.workloads:
                 self.phase("HF baselines", self.hf, store="HF")
             self.serve_workloads()
+            if "W7" in self.workloads:
+                self.phase("W7", lambda: wl.w7(self.server, self.sizes, self.facts["vocab"]), store="W7")
             suite_w6.run(self)
         except KeyboardInterrupt:  # SIGTERM too (a timeout): the servers are stopped, report what finished
             self.failed = True

@@ -22,6 +22,9 @@ GOALS = {  # key -> (goal, "le" | "ge", shown as)
     "w3_tok_s": (15000, "ge", "≥ 15,000"),
     "w4_ratio": (0.95, "ge", "≥ 95 %"),
     "gpu_idle": (0.05, "lt", "< 5 %"),
+    "w7_ttft_p99_ms": (100, "le", "≤ 100 ms"),
+    "w7_itl_vs_idle": (2, "le", "≤ 2×"),
+    "w7_throughput_vs_off": (0.95, "ge", "≥ 95 %"),
     "w6_speedup": (3, "ge", "≥ 3×"),
     "w6_ttft": (0.3, "le", "≤ 0.3×"),
     "w6_hit_vs_optimum": (0.95, "ge", "≥ 95 %"),
@@ -98,6 +101,29 @@ def limits(m: dict, s: Sizes, max_running: int, workloads: set[str], bw: float =
                                                          shared=(s.w3_groups, s.w3_system))
         out["w3_cache_off"] = _run_floor(m, off, min(max_running, len(reqs)), bw, flops)
     return out
+
+
+def worker_counters(server) -> dict | None:
+    """The worker's GPU busy/idle second counters (None when its metrics have no idle counter)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not server.worker_metrics_port:
+        return None
+    sums = {"idle": 0.0, "busy": 0.0}
+    found = False
+    for fam in text_string_to_metric_families(server.metrics("worker")):
+        for kind in sums:
+            if f"gpu_{kind}" in fam.name:
+                found |= kind == "idle"
+                sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
+        if fam.name == "banyan:cascade_steps":  # steps run with shared-prefix attention groups (not the
+            sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))  # _created family)
+        if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
+            kind = "fill" if "fill" in fam.name else "wait"
+            for smp in fam.samples:
+                if smp.name.endswith("_sum") or smp.name.endswith("_count"):
+                    sums[f"mask_{kind}{smp.name[smp.name.rindex('_'):]}"] = smp.value
+    return sums if found else None
 
 
 # ---------------------------------------------------------------- table
@@ -216,6 +242,23 @@ def table(doc: dict) -> str:
         row(f"W5 Poisson {x['rate']:.2f} req/s ({x['completed']} requests): TTFT p50/p99 · ITL p50/p99 ms · "
             "output tok/s", f"{_n(x['ttft_ms']['p50'], 0)}/{_n(x['ttft_ms']['p99'], 0)} · "
             f"{_n(x['itl_ms']['p50'], 1)}/{_n(x['itl_ms']['p99'], 1)} · {_n(x['output_throughput'])}")
+    if "W7" in r:
+        w7 = r["W7"]
+        title = (f"W7 priority: background at {cfg.get('w7_load')}× capacity (in {cfg.get('w7_bg_input')} / out "
+                 f"{cfg.get('w7_bg_output')}, priority 0) + interactive {cfg.get('w7_rate')} req/s (in "
+                 f"{cfg.get('w7_int_input')} / out {cfg.get('w7_int_output')}, priority 10), {cfg.get('w7_duration')} s")
+        ttft = _get(w7, "interactive_ttft_p99_ms")
+        row(f"{title}: interactive TTFT p99 ms (priority off: "
+            f"{_n(_get(w7, 'interactive_ttft_p99_ms_priority_off'), 0)})", _n(ttft, 1),
+            goal_key="w7_ttft_p99_ms", value=ttft)
+        itl = _get(w7, "itl_p99_vs_idle")
+        row("W7 interactive ITL p99 ms under load / alone = ratio",
+            f"{_n(_get(w7, 'priority_on', 'interactive', 'itl_ms', 'p99'), 1)} / "
+            f"{_n(_get(w7, 'idle', 'itl_ms', 'p99'), 1)} = {_n(itl, 2)}×", goal_key="w7_itl_vs_idle", value=itl)
+        thr = _get(w7, "throughput_vs_priority_off")
+        row("W7 total output tok/s priority on / off = ratio (preemptions)",
+            f"{_n(_get(w7, 'priority_on', 'output_tok_s'))} / {_n(_get(w7, 'priority_off', 'output_tok_s'))} = "
+            f"{_pct(thr)} ({_n(_get(w7, 'priority_on', 'preemptions'))})", goal_key="w7_throughput_vs_off", value=thr)
     if "W6" in r:
         _w6_rows(row, r["W6"], cfg)
     if "W2H" in r:

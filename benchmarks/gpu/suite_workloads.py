@@ -1,4 +1,4 @@
-"""The suite's workloads (W1–W5) against a live ``banyan serve`` (gRPC), and the request sets they
+"""The suite's workloads (W1–W5, W7) against a live ``banyan serve`` (gRPC), and the request sets they
 share with the HF baselines. Every request set is a pure function of the sizes and a seed, so two
 invocations (and the HF process) build the same requests.
 
@@ -23,7 +23,10 @@ from banyan.bench.datasets import BenchRequest
 from banyan.bench.runner import run as bench_run
 
 # seeds of the request sets (distinct: no set shares a prompt with another)
-SEED_W1, SEED_W2, SEED_W2_SUBSET, SEED_W3, SEED_W4, SEED_W4_TWIN, SEED_W5, SEED_WARMUP, SEED_W6 = range(100, 109)
+SEED_W1, SEED_W2, SEED_W2_SUBSET, SEED_W3, SEED_W4, SEED_W4_TWIN, SEED_W5, SEED_WARMUP = range(100, 108)
+SEED_W6 = 108
+SEED_W7_CALIB, SEED_W7_IDLE, SEED_W7_BG, SEED_W7_INT = range(110, 114)
+W7_PRIORITY = 10  # the interactive requests' priority (the background's is 0)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,17 @@ class Sizes:
     hf_subset: int = 32
     hf_batch: int = 32
     hf_w1_runs: int = 1
+    # W7, priority: background batch traffic at w7_load x capacity (priority 0, long outputs) for
+    # w7_duration seconds, with interactive requests at w7_rate req/s (priority 10) alongside
+    w7_duration: int = 45
+    w7_load: float = 1.5
+    w7_rate: float = 2.0
+    w7_bg_input: int = 512
+    w7_bg_output: int = 1024
+    w7_int_input: int = 512
+    w7_int_output: int = 64
+    w7_calib_num: int = 384  # background requests sent at once to measure capacity (req/s)
+    w7_idle_num: int = 20  # interactive requests on the idle server (the idle TTFT / ITL)
     # W6 multi-turn (suite_w6.py): conversations x turns, system prompt, user message and answer per turn, users
     # at once; the KV pool of its servers (--max-total-tokens), their host tier and disk tier (GiB per rank)
     w6_conversations: int = 64
@@ -82,6 +96,8 @@ class Sizes:
                 raise ValueError(f"--w5-rates: {r!r} is not a positive rate")
         for shape in self.w3_extra:
             parse_shape(shape)
+        if not (self.w7_load > 0 and self.w7_rate > 0):
+            raise ValueError("w7_load and w7_rate must be positive")
 
     @property
     def w3_optimum_hit_rate(self) -> float:
@@ -286,24 +302,84 @@ def w5(target: str, s: Sizes, vocab: int, w2_req_s: float | None) -> dict:
     return out
 
 
-def worker_counters(server) -> dict | None:
-    """The worker's GPU busy/idle second counters (None when its metrics have no idle counter)."""
-    from prometheus_client.parser import text_string_to_metric_families
+# ---------------------------------------------------------------- W7: priority scheduling
 
-    if not server.worker_metrics_port:
-        return None
-    sums = {"idle": 0.0, "busy": 0.0}
-    found = False
-    for fam in text_string_to_metric_families(server.metrics("worker")):
-        for kind in sums:
-            if f"gpu_{kind}" in fam.name:
-                found |= kind == "idle"
-                sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
-        if fam.name == "banyan:cascade_steps":  # steps run with shared-prefix attention groups (not the
-            sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))  # _created family)
-        if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
-            kind = "fill" if "fill" in fam.name else "wait"
-            for smp in fam.samples:
-                if smp.name.endswith("_sum") or smp.name.endswith("_count"):
-                    sums[f"mask_{kind}{smp.name[smp.name.rindex('_'):]}"] = smp.value
-    return sums if found else None
+
+def w7_background(s: Sizes, vocab: int, num: int, seed: int = SEED_W7_BG) -> list[BenchRequest]:
+    return [dataclasses.replace(r, priority=0) for r in
+            datasets.random_requests(num, (s.w7_bg_input,) * 2, (s.w7_bg_output,) * 2, vocab, seed)]
+
+
+def w7_interactive(s: Sizes, vocab: int, num: int, seed: int = SEED_W7_INT) -> list[BenchRequest]:
+    return [dataclasses.replace(r, priority=W7_PRIORITY) for r in
+            datasets.random_requests(num, (s.w7_int_input,) * 2, (s.w7_int_output,) * 2, vocab, seed)]
+
+
+def w7_capacity(target: str, s: Sizes, vocab: int) -> dict:
+    """Background-shaped requests all at once: the request rate the server sustains for that shape."""
+    summary, _ = serve_run(target, w7_background(s, vocab, s.w7_calib_num, SEED_W7_CALIB))
+    return {"capacity_req_s": summary["request_throughput"], "output_tok_s": summary["output_throughput"],
+            "completed": summary["completed"], "failed": summary["failed"]}
+
+
+def w7_idle(target: str, s: Sizes, vocab: int) -> dict:
+    """Interactive requests alone at their rate: their TTFT and ITL with nothing else running."""
+    summary, _ = serve_run(target, w7_interactive(s, vocab, s.w7_idle_num, SEED_W7_IDLE), rate=s.w7_rate)
+    return {k: summary[k] for k in ("completed", "failed", "ttft_ms", "itl_ms", "output_throughput")}
+
+
+def w7_mixed(target: str, s: Sizes, vocab: int, capacity_req_s: float) -> dict:
+    """Background at w7_load x capacity and interactive at w7_rate, both Poisson, for w7_duration
+    seconds of arrivals; measured until every request finished."""
+    bg = w7_background(s, vocab, max(1, round(s.w7_load * capacity_req_s * s.w7_duration)))
+    fg = w7_interactive(s, vocab, max(1, round(s.w7_rate * s.w7_duration)))
+
+    async def go() -> tuple[dict, dict, float]:
+        backend = GrpcBackend(target)
+        try:
+            t0 = time.perf_counter()
+            bg_sum, fg_sum = await asyncio.gather(
+                bench_run(Recording(backend), bg, s.w7_load * capacity_req_s, 0, progress=False, seed=1),
+                bench_run(Recording(backend), fg, s.w7_rate, 0, progress=False, seed=2))
+            return bg_sum, fg_sum, time.perf_counter() - t0
+        finally:
+            await backend.close()
+
+    before = get_load(target)
+    bg_sum, fg_sum, wall = asyncio.run(go())
+    after = get_load(target)
+    tokens = bg_sum["total_output_tokens"] + fg_sum["total_output_tokens"]
+    return {"background": brief(bg_sum), "interactive": brief(fg_sum), "wall_s": wall, "output_tok_s": tokens / wall,
+            "output_tokens": tokens, "preemptions": after.preemptions - before.preemptions,
+            "retractions": after.retractions - before.retractions}
+
+
+def w7(start, s: Sizes, vocab: int) -> dict:
+    """Capacity, the interactive requests alone, and the mixed traffic on a server with priority
+    scheduling; the same mixed traffic on one without. ``start(name, *flags)`` starts a warmed-up
+    server (a ``tests.support.Server``)."""
+    on = start("w7_priority", "--enable-priority-scheduling")
+    try:
+        capacity = w7_capacity(on.target, s, vocab)
+        print(f"[suite] W7 capacity {capacity['capacity_req_s']:.2f} req/s", flush=True)
+        idle = w7_idle(on.target, s, vocab)
+        res_on = w7_mixed(on.target, s, vocab, capacity["capacity_req_s"])
+    finally:
+        on.stop()
+    off = start("w7_plain")
+    try:
+        res_off = w7_mixed(off.target, s, vocab, capacity["capacity_req_s"])
+    finally:
+        off.stop()
+    return w7_summary(capacity, idle, res_on, res_off)
+
+
+def w7_summary(capacity: dict, idle: dict, on: dict, off: dict) -> dict:
+    """The issue's three numbers: interactive TTFT p99, its ITL p99 over the idle one, total output
+    throughput with priority scheduling over without."""
+    itl_idle = idle["itl_ms"]["p99"]
+    return {"capacity": capacity, "idle": idle, "priority_on": on, "priority_off": off,
+            "interactive_ttft_p99_ms": on["interactive"]["ttft_ms"]["p99"],
+            "interactive_ttft_p99_ms_priority_off": off["interactive"]["ttft_ms"]["p99"],
+            "itl_p99_vs_idle": on["interactive"]["itl_ms"]["p99"] / itl_idle if itl_idle else None,
+            "throughput_vs_priority_off": on["output_tok_s"] / off["output_tok_s"] if off["output_tok_s"] else None}

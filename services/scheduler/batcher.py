@@ -10,12 +10,18 @@
    the ratio decays while decoding goes well and resets when a retraction happens.
 3. In-batch dedup: a waiting request whose uncached prefix is being computed by another request
    right now waits a step, then finds it in the cache (this is how n > 1 branches share a prompt).
+
+With priority scheduling (``priority.py``) the policy orders the queue by priority first, and a
+``Preemptor`` runs before each build: it retracts lower-priority running requests (as step 1
+does) so that a waiting request that could not otherwise start does.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -59,8 +65,9 @@ class Limits:
 
 class Batcher:
     def __init__(self, kv: KVManager, policy: Policy, limits: Limits, cascade: CascadePolicy | None = None,
-                 counters: Counters | None = None) -> None:
+                 counters: Counters | None = None, preemptor: Any = None) -> None:
         self.kv, self.policy, self.limits = kv, policy, limits
+        self.preemptor = preemptor  # priority.Preemptor (priority scheduling with preemption), or None
         self.cascade = cascade if kv.caching else None  # (no cache: nothing is shared)
         self.counters = counters if counters is not None else kv.counters  # step ids, retractions, cascade totals
         self.new_token_ratio = INIT_RATIO
@@ -68,6 +75,8 @@ class Batcher:
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
         plan = _Plan()
+        if self.preemptor is not None and waiting and running:
+            self.preemptor.run(self, running, waiting)
         # (overlap: a request whose last token is still being sampled has nothing left to decode when
         # that token will be its last; it finishes when the token arrives)
         decoding = [r for r in running if r.to_compute == 1 and (r.remaining_new_tokens > 0 or not r.in_flight)]
@@ -99,21 +108,31 @@ class Batcher:
         def need() -> int:
             return sum(kv.slots.tokens_needed(r.slots[-1], 1) for r in decoding if r.status is Status.RUNNING)
 
-        victims = sorted(decoding, key=lambda r: (len(r.output), -len(r.prompt)))
+        if need() <= kv.available():
+            return
+        # the least progress first (lowest priority first; aged requests last)
+        victims = sorted(decoding, key=lambda r: (r.aged, r.priority, len(r.output), -len(r.prompt)))
         while need() > kv.available() and victims:
             r = victims.pop(0)
             self._retract(r, running, waiting)
 
-    def _retract(self, r: Req, running: list[Req], waiting: deque[Req]) -> None:
+    def _retract(self, r: Req, running: list[Req], waiting: deque[Req], preempted_by: Req | None = None) -> None:
+        """``r`` leaves the batch keeping its output: its KV goes into the cache, it waits at the head
+        of the queue and resumes (recomputing what the cache lost) with the same greedy output."""
         self.kv.release(r)
         running.remove(r)
-        r.status, r.retractions = Status.WAITING, r.retractions + 1
+        r.status, r.retractions, r.queued_at = Status.WAITING, r.retractions + 1, time.monotonic()
         r.prompt_logprobs.clear()  # a scoring request recomputes every scored position on resuming
         waiting.appendleft(r)
-        self.counters.retractions += 1
-        self.new_token_ratio = INIT_RATIO
-        stage("retracted", r.rid, trace_id=r.trace_id, index=r.index, output_tokens=len(r.output),
-              kv_available=self.kv.available())
+        if preempted_by is None:
+            self.counters.retractions += 1
+            self.new_token_ratio = INIT_RATIO
+            stage("retracted", r.rid, trace_id=r.trace_id, index=r.index, output_tokens=len(r.output),
+                  kv_available=self.kv.available())
+        else:
+            self.counters.preemptions += 1
+            stage("preempted", r.rid, trace_id=r.trace_id, index=r.index, output_tokens=len(r.output),
+                  priority=r.priority, by=preempted_by.rid, by_priority=preempted_by.priority)
 
     # ---- admission -------------------------------------------------------------------------
     def _reserved(self, running: list[Req]) -> float:
@@ -121,6 +140,14 @@ class Batcher:
         their decode."""
         prompt = sum(r.to_compute - 1 for r in running if r.to_compute > 1)
         return prompt + sum(min(max(r.remaining_new_tokens, 0), DECODE_CLIP) for r in running) * self.new_token_ratio
+
+    def reserved_by(self, r: Req) -> float:
+        """``r``'s share of ``_reserved``."""
+        return max(r.to_compute - 1, 0) + min(max(r.remaining_new_tokens, 0), DECODE_CLIP) * self.new_token_ratio
+
+    def admission_cost(self, r: Req, hit: int) -> float:
+        """Slots a waiting request with ``hit`` cached tokens is expected to take once admitted."""
+        return r.seq_len - hit + min(r.remaining_new_tokens, DECODE_CLIP) * self.new_token_ratio
 
     def _admit(self, running: list[Req], waiting: deque[Req], scratch: PrefixSet, budget: int,
                plan: _Plan) -> list[NewReq]:
@@ -141,7 +168,7 @@ class Batcher:
             shared = scratch.longest_prefix(r.ns, key)
             if shared - hit > 0 and shared - hit >= min(DEDUP_MIN_TOKENS, len(key) - hit):
                 continue  # its prefix is being computed right now: take it from the cache next step
-            cost = r.seq_len - hit + min(r.remaining_new_tokens, DECODE_CLIP) * self.new_token_ratio
+            cost = self.admission_cost(r, hit)
             if cost > headroom:
                 break  # keep the order: later requests do not overtake a head that does not fit
             before = kv.available()
@@ -164,7 +191,9 @@ class Batcher:
 
     def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:
         c = self.counters
-        c.steps += 1
+        c.steps += 1  # (steps and their tokens are counted when sent: GetLoad agrees with the worker's
+        c.prefill_computed += plan.prefill_tokens  # counters as soon as it has answered them)
+        c.decode += len(plan.ids) - plan.prefill_tokens
         self._prefilled = plan.prefilled
         msg = ForwardBatch(
             step_id=c.steps, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),

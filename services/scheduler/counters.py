@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 class Counters:
     steps: int = 0  # step ids handed out: they go on across workers (a lost worker's late answer never matches)
     prompt: int = 0  # prompt tokens of the branches prefilled (prefill_cached of them came from the cache)
-    prefill_computed: int = 0  # prompt (and resumed) tokens the model computed
+    prefill_computed: int = 0  # prompt (and resumed) tokens the model computes (counted when sent, as steps)
     prefill_cached: int = 0
     decode: int = 0
     retractions: int = 0
@@ -19,6 +19,8 @@ class Counters:
     jump_forward_tokens: int = 0  # output tokens appended by jump-forward (not sampled)
     cascade_steps: int = 0  # steps with shared-prefix attention groups
     cascade_saved: int = 0  # KV tokens those groups did not read
+    preemptions: int = 0  # running requests retracted for a higher-priority one (priority scheduling)
+    shed: int = 0  # waiting requests dropped from a full queue for a higher-priority one
     # hierarchical cache (hicache.py): prompt tokens of admitted requests whose KV came back from the host
     # or disk tier (part of prefill_cached), and the copies that ended, by direction (device_to_host,
     # host_to_device, host_to_disk, disk_to_host): tokens moved and seconds spent; failures by kind

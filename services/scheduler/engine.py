@@ -2,7 +2,8 @@
 its pool, the batcher, the grammar backend for its vocabulary and the steps in flight.
 
 An ``EngineSession`` is built when worker rank 0 reports ``WorkerReady`` and dropped when the worker
-is lost (its KV died with it): the scheduler has a session exactly when it serves. Totals
+is lost (its KV died with it): the scheduler has a session exactly when it serves. Conversation
+sessions and pinned prefixes (their KV locked in its cache) live and die with it too. Totals
 (``Counters``) and the grammar backend outlive sessions; the backend is rebuilt only when a new
 worker brings another vocabulary. A worker with a host KV tier gets the hierarchical cache
 (``hicache``: None without one, and then nothing of it runs).
@@ -24,7 +25,10 @@ from services.scheduler.counters import Counters
 from services.scheduler.grammar import GrammarBackend
 from services.scheduler.hicache import HiCache
 from services.scheduler.kv import KVManager
+from services.scheduler.pins import PinBudget, Pins, budget_limit
 from services.scheduler.policy import POLICIES
+from services.scheduler.priority import Preemptor, PriorityPolicy
+from services.scheduler.sessions import Sessions
 
 log = get_logger("scheduler")
 
@@ -35,6 +39,8 @@ class EngineSession:
     kv: KVManager
     batcher: Batcher
     grammar: GrammarBackend
+    sessions: Sessions
+    pins: Pins
     inflight: Scheduled | None = None  # overlap: the step the worker runs while the next is built
     last_built: bool = False  # the last loop iteration sent a step (the next one ``follows`` it)
     answers: dict[int, StepOutput | WorkerError] = field(default_factory=dict)  # by step id
@@ -52,18 +58,29 @@ class EngineSession:
         cascade = None if cfg.disable_cascade_attention else \
             CascadePolicy(cfg.cascade_min_group, cfg.cascade_min_prefix, cfg.cascade_min_saved,
                           cfg.cascade_min_saved_eager, w.cuda_graph_max_bs)
-        batcher = Batcher(kv, POLICIES[cfg.schedule_policy](),
-                          Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size), cascade,
-                          counters)
+        policy, preemptor = POLICIES[cfg.schedule_policy](), None
+        if cfg.enable_priority_scheduling:
+            policy = PriorityPolicy(policy, cfg.priority_aging_seconds)
+            if cfg.priority_preemption_threshold:
+                preemptor = Preemptor(policy, cfg.priority_preemption_threshold)
+        batcher = Batcher(kv, policy, Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size), cascade,
+                          counters, preemptor)
+        budget = PinBudget(budget_limit(cfg.max_pinned_tokens, kv.pool_size))
         info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
                          context_length=w.context_length, pool_size=kv.pool_size,
                          max_running_requests=running, eos_token_ids=w.eos_token_ids,
                          device=w.device, dtype=w.dtype)
-        return cls(info, kv, batcher, grammar_for(cfg, w, grammar), hicache=hicache)
+        return cls(info, kv, batcher, grammar_for(cfg, w, grammar), Sessions(kv, budget, w.context_length),
+                   Pins(kv, budget), hicache=hicache)
 
     @property
     def busy(self) -> bool:
         return self.inflight is not None
+
+    def expire(self, now: float) -> None:
+        """Sessions idle past their TTL and pins past theirs end (looked at a few times a second)."""
+        self.sessions.expire(now)
+        self.pins.expire(now)
 
     @property
     def blocked(self) -> int:

@@ -245,3 +245,18 @@ class HiCache:
     @property
     def in_flight(self) -> int:
         return len(self.tree.inflight)
+
+
+def tier_load(c: Counters, h: HiCache | None) -> dict:
+    """GetLoad's fields of the tiers (``Load``): prompt tokens each served, their size and use,
+    tokens copied each way, failed copies."""
+    out = dict(host_cached_tokens=c.host_hit_tokens, disk_cached_tokens=c.disk_hit_tokens,
+               tier_stored_tokens=c.tier_tokens.get("device_to_host", 0),
+               tier_loaded_tokens=c.tier_tokens.get("host_to_device", 0),
+               disk_written_tokens=c.tier_tokens.get("host_to_disk", 0),
+               disk_read_tokens=c.tier_tokens.get("disk_to_host", 0), tier_failures=sum(c.tier_failures.values()))
+    if h is not None:
+        t = h.tree
+        out.update(host_pool_tokens=t.host.pool_size, host_used_tokens=t.host_used, disk_capacity_bytes=t.disk_capacity,
+                   disk_used_bytes=t.disk_used)
+    return out

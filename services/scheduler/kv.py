@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.scheduler.cache import NoPrefixCache, PrefixCache, RadixCache
+from services.scheduler.cache import CacheHandle, NoPrefixCache, PrefixCache, RadixCache
 from services.scheduler.counters import Counters
 from services.scheduler.memory import OutOfSlots, RowAllocator, SlotAllocator
 from services.scheduler.request import Req
@@ -116,6 +116,17 @@ class KVManager:
         res = self.cache.insert(r.ns, key, r.slots[: len(key)])
         r.owned.difference_update(r.slots[res.cached:res.stored])
         return res.handle
+
+    def pin(self, ns: str, tokens: list[int]) -> tuple[CacheHandle, int]:
+        """Hold a lock on the cached prefix of ``tokens`` (sessions, pinned prefixes): exempt from
+        eviction until ``unpin``. → the handle to unpin and how many tokens it covers."""
+        m = self.cache.match(ns, tokens)
+        self.cache.lock(m.handle)
+        return m.handle, len(m.slots)
+
+    def unpin(self, handle: CacheHandle) -> None:
+        """Drop a lock ``pin`` took: the prefix is evictable again (unless something else holds it)."""
+        self.cache.unlock(handle)
 
     def take_released_rows(self) -> list[int]:
         rows, self.released_rows = self.released_rows, []

@@ -23,6 +23,13 @@
 - ``banyan:cascade_steps_total``: steps with shared-prefix (cascade) attention groups;
   ``banyan:cascade_saved_tokens_total``: KV tokens those steps did not read (a shared prefix read
   once per group instead of once per member).
+- Priority scheduling: ``banyan:preemptions_total`` (running requests preempted for higher-priority
+  ones), ``banyan:shed_requests_total`` (waiting ones dropped from a full queue for them), and per
+  priority level (label ``priority``) ``banyan:priority_running_requests``,
+  ``banyan:priority_waiting_requests`` (refreshed at most every ``LEVELS_EVERY_S``) and the
+  histogram ``banyan:priority_time_to_first_token_seconds`` (queued → first token sampled).
+- Sessions and pinned prefixes: ``banyan:num_sessions``, ``banyan:num_pinned_prefixes`` and
+  ``banyan:pinned_tokens{kind="session"|"prefix"}`` (KV tokens held pinned, exempt from eviction).
 - With the hierarchical cache (a worker with a host tier; ``tiers.py``): ``banyan:cache_hit_rate``
   gets a ``tier`` label — ``all`` (every tier: the rate without the label), ``device``, ``host``,
   ``disk`` (the prompt tokens each tier served, ÷ prompt tokens); ``banyan:hicache_hit_tokens_total
@@ -36,6 +43,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.logging import get_logger
@@ -47,6 +57,9 @@ from services.scheduler.tier_metrics import HitRate, TierMetrics
 log = get_logger("scheduler")
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
                  320.0, 640.0)
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+                640.0)
+LEVELS_EVERY_S = 0.25
 COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -77,8 +90,27 @@ class SchedulerMetrics:
         self.cascade_saved = Counter("banyan:cascade_saved_tokens",
                                      "KV tokens not read thanks to shared-prefix groups (read once per group)",
                                      registry=r)
+        self.preemptions = Counter("banyan:preemptions", "Running requests preempted for higher-priority ones "
+                                   "(they resume later)", registry=r)
+        self.shed = Counter("banyan:shed_requests", "Waiting requests dropped from a full queue for higher-priority "
+                            "ones", registry=r)
+        self.prio_running = Gauge("banyan:priority_running_requests", "Request branches running, by priority",
+                                  ["priority"], registry=r)
+        self.prio_waiting = Gauge("banyan:priority_waiting_requests", "Request branches queued, by priority",
+                                  ["priority"], registry=r)
+        self.prio_ttft = Histogram("banyan:priority_time_to_first_token_seconds",
+                                   "Time from queued to the first token sampled, by priority", ["priority"],
+                                   buckets=TTFT_BUCKETS, registry=r)
+        self.sessions = Gauge("banyan:num_sessions", "Sessions open", registry=r)
+        self.pins = Gauge("banyan:num_pinned_prefixes", "Prefixes pinned (PinPrefix)", registry=r)
+        self.pinned = Gauge("banyan:pinned_tokens", "KV tokens held pinned (exempt from eviction)", ["kind"],
+                            registry=r)
         self._retractions = 0
         self._cascade = (0, 0)
+        self._shed = (0, 0)
+        self._levels: set[int] = set()
+        self._anchors = (-1, -1, -1, -1)
+        self._levels_at = 0.0
         self._server = None
         self.tiers: TierMetrics | None = None  # registered with the first engine that has a host tier
 
@@ -114,6 +146,40 @@ class SchedulerMetrics:
             self.cascade_steps.inc(c.cascade_steps - self._cascade[0])
             self.cascade_saved.inc(c.cascade_saved - self._cascade[1])
             self._cascade = (c.cascade_steps, c.cascade_saved)
+        if (c.preemptions, c.shed) != self._shed:
+            self.preemptions.inc(c.preemptions - self._shed[0])
+            self.shed.inc(c.shed - self._shed[1])
+            self._shed = (c.preemptions, c.shed)
+
+    def anchors(self, sessions: int, session_tokens: int, pins: int, pinned_tokens: int) -> None:
+        if (sessions, session_tokens, pins, pinned_tokens) == self._anchors:
+            return
+        self._anchors = (sessions, session_tokens, pins, pinned_tokens)
+        self.sessions.set(sessions)
+        self.pins.set(pins)
+        self.pinned.labels("session").set(session_tokens)
+        self.pinned.labels("prefix").set(pinned_tokens)
+
+    def by_priority(self, running: Iterable, waiting: Iterable, first_tokens: list[tuple[int, float]]) -> None:
+        """Priority scheduling: the TTFTs of the requests that got their first token (drained), and,
+        at most every ``LEVELS_EVERY_S``, the running / waiting counts per level (levels that
+        emptied read 0)."""
+        for priority, seconds in first_tokens:
+            self.prio_ttft.labels(str(priority)).observe(seconds)
+        first_tokens.clear()
+        now = time.monotonic()
+        if now - self._levels_at < LEVELS_EVERY_S:
+            return
+        self._levels_at = now
+        counts: dict[int, list[int]] = {}
+        for i, reqs in enumerate((running, waiting)):
+            for r in reqs:
+                counts.setdefault(r.priority, [0, 0])[i] += 1
+        for level in self._levels | set(counts):
+            run, wait = counts.get(level, (0, 0))
+            self.prio_running.labels(str(level)).set(run)
+            self.prio_waiting.labels(str(level)).set(wait)
+        self._levels |= set(counts)
 
     def grammar_compiled(self, seconds: list[float]) -> None:
         for s in seconds:

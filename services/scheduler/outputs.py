@@ -36,6 +36,8 @@ class StepApplier:
         self._send_mask = send_mask
         self.jump_forward = jump_forward
         self.context_length = engine.info.context_length
+        # priority scheduling: (priority, seconds queued → first token) of each request, drained by the metrics
+        self.first_tokens: list[tuple[int, float]] | None = None
 
     def send_mask(self, mask_for: Scheduled | None) -> None:
         """The deferred bitmask of the step in flight (``mask_for``), from the matchers as they are."""
@@ -56,8 +58,6 @@ class StepApplier:
 
     def apply(self, sched: Scheduled, out: StepOutput, mask_for: Scheduled | None = None) -> None:
         c, kv, table = self.counters, self.kv, self.table
-        c.prefill_computed += sched.prefill_tokens
-        c.decode += sched.num_tokens - sched.prefill_tokens
         lps = StepLogprobs(out)
         take_prompt_logprobs(sched, out)
         starts = from_i32(sched.msg.prefix_lens).tolist()
@@ -106,6 +106,8 @@ class StepApplier:
         self.send_mask(mask_for)
         for r, reason, ttft in report:
             if ttft >= 0:
+                if self.first_tokens is not None:
+                    self.first_tokens.append((r.priority, ttft / 1e3))
                 stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(ttft, 3))
             if reason is not None:
                 table.report(r, reason)

@@ -39,6 +39,11 @@ class Req:
     aborted: FinishReason | None = None  # pending abort (ABORT, or STOP: a stop string), applied between steps
     retractions: int = 0
     arrival: float = field(default_factory=time.monotonic)
+    priority: int = 0  # higher = more urgent (0 for all without --enable-priority-scheduling)
+    queued_at: float = field(default_factory=time.monotonic)  # when it last joined the queue (aging)
+    aged: bool = False  # waited --priority-aging-seconds: ahead of every level, never preempted
+    anchor: Any = None  # a session turn or a pin (sessions.py / pins.py): told when the request ends
+    keep_output: int = -1  # a stop string ended it: the output tokens the client got (-1: all)
     unsent: int = 0  # output tokens not yet sent to the tokenizer
     unsent_logprobs: list[float] = field(default_factory=list)  # their logprobs, when asked for
     unsent_top_ids: list[list[int]] = field(default_factory=list)

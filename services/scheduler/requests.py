@@ -1,8 +1,9 @@
 """The request table: every request branch the scheduler holds (waiting, compiling, running),
 the aborts to apply between steps, and the outbox of what goes back to each tokenizer replica.
 
-A request ends in one place, ``finish``: out of the queue or the running set (its KV released),
-then its final ``TokenOut``, ``finished`` stage line and span. Outputs are collected per replica
+A request ends in one place, ``finish``: out of the queue or the running set (its KV released;
+then its ``anchor``, a session turn or a pin, is told), then its final ``TokenOut``, ``finished``
+stage line and span. Outputs are collected per replica
 and sent together by ``flush`` (one ``TokenOutBatch`` per replica per step).
 """
 
@@ -59,6 +60,7 @@ class RequestTable:
         for r in self.groups.get(msg.rid, ()):
             if r.replica == ident and msg.index in (-1, r.index) and r.status is not Status.FINISHED:
                 r.aborted = msg.reason
+                r.keep_output = msg.output_tokens
                 self._aborts.append(r)
 
     def apply_aborts(self, kv: KVManager) -> None:
@@ -83,6 +85,8 @@ class RequestTable:
         elif r.status is Status.WAITING and r in self.waiting:  # (else: compiling, or retracted while its
             self.waiting.remove(r)  # last token was in flight)
         r.status, r.finish = Status.FINISHED, reason
+        if r.anchor is not None:  # a session turn or a pin: its KV is in the cache now
+            r.anchor.ended(r, reason, kv)
         if all(b.status is Status.FINISHED for b in self.groups.get(r.rid, ())):
             self.groups.pop(r.rid, None)
 

@@ -12,28 +12,28 @@ from __future__ import annotations
 import signal
 import time
 
-import msgspec
 import zmq
 
 from shared.config import SchedulerConfig
-from shared.logging import get_logger, stage
+from shared.logging import get_logger
 from shared.messages.codec import Codec
 from shared.messages.common import ErrorCode, FinishReason
 from shared.messages.to_scheduler import (AbortReq, CacheAck, FlushCacheReq, GenerateReq, KvSubscribe, LoadReq,
-                                          StepOutput, ToScheduler, TokenizerHello, WorkerError, WorkerReady)
+                                          SessionOp, StepOutput, ToScheduler, TokenizerHello, UnpinReq, WorkerError,
+                                          WorkerReady)
 from shared.messages.to_tokenizer import EngineStatus, ToTokenizer
 from shared.messages.to_worker import Shutdown, WorkerSetup
 from shared.transport import RouterQueue
-from shared.tracing import ensure, make_tracer
+from shared.tracing import make_tracer
 from services.scheduler.batcher import Scheduled
 from services.scheduler.counters import Counters
 from services.scheduler.engine import EngineSession
 from services.scheduler.grammar import GrammarBackend
+from services.scheduler.intake import Intake, load_of, num_waiting
 from services.scheduler.kv_events import KvEventPublisher, flush_cache
-from services.scheduler.load import load_of, num_waiting
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outputs import StepApplier
-from services.scheduler.request import Req, Status
+from services.scheduler.request import Status
 from services.scheduler.requests import RequestTable
 from services.scheduler.step_io import with_extras
 from services.scheduler.summary import Summary
@@ -58,6 +58,7 @@ class Scheduler:
         self.metrics = SchedulerMetrics()
         self.summary = Summary(cfg.log_interval)  # the periodic ``summary`` log line
         self.tracer = make_tracer("scheduler", cfg.otlp_endpoint)
+        self.intake = Intake(cfg, self.table, self.counters, self.tracer, self.tok.send)
         self.engine: EngineSession | None = None  # None: not serving (no worker ready yet, or it was lost)
         self.applier: StepApplier | None = None  # (the engine's)
         self.grammar: GrammarBackend | None = None  # outlives engines (rebuilt for another vocabulary)
@@ -89,6 +90,7 @@ class Scheduler:
                 continue
             if compiling:
                 self._poll_grammars(e)
+            e.expire(time.monotonic())
             table.apply_aborts(e.kv)
             table.flush()  # aborts of requests that are not in the next batch end their streams now
             if e.hicache is not None:
@@ -159,7 +161,9 @@ class Scheduler:
     # ---- inputs ----------------------------------------------------------------------------
     def _on_tokenizer(self, ident: bytes, msg) -> None:
         if isinstance(msg, GenerateReq):
-            self._on_generate(ident, msg)
+            self.intake.generate(ident, msg, self.engine, self.down)
+        elif isinstance(msg, (SessionOp, UnpinReq)):
+            self.intake.control(ident, msg, self.engine, self.down)
         elif isinstance(msg, AbortReq):
             self.table.abort(ident, msg)
         elif isinstance(msg, TokenizerHello):
@@ -174,43 +178,6 @@ class Scheduler:
         elif isinstance(msg, FlushCacheReq):
             busy = sum(1 for _ in self.table.live())
             self.tok.send(ident, flush_cache(msg.token, busy, self.engine.kv.cache if self.engine else None))
-
-    def _on_generate(self, ident: bytes, msg: GenerateReq) -> None:
-        traceparent = ensure(msg.traceparent)
-        stage("queued", msg.rid, trace_id=traceparent[3:35], prompt_tokens=len(msg.input_ids), n=msg.n)
-        err = self._refusal(msg)
-        if err is not None:
-            self.table.reject(ident, msg.rid, msg.n, *err)
-            return
-        branches: list[Req] = []
-        for i in range(msg.n):
-            params = msg.params
-            if i and params.seed is not None:
-                params = msgspec.structs.replace(params, seed=params.seed + i)
-            span = self.tracer.start("schedule", traceparent, request_id=msg.rid, index=i)
-            branches.append(Req(rid=msg.rid, replica=ident, prompt=list(msg.input_ids), params=params, index=i,
-                                ns=msg.cache_ns, traceparent=span.traceparent, span=span))
-        self.table.add(branches)
-        if msg.constraint is not None:
-            self.engine.grammar.submit(branches, msg.constraint)  # joins the queue once compiled
-        else:
-            self.table.enqueue(branches)
-
-    def _refusal(self, msg: GenerateReq) -> tuple[ErrorCode, str] | None:
-        """Only what depends on this scheduler's state: the edge validated everything else."""
-        e = self.engine
-        if e is None:
-            return ErrorCode.UNAVAILABLE, (f"{self.down}: not serving until a worker is ready" if self.down else
-                                           "the model is not loaded yet")
-        if msg.rid in self.table:
-            return ErrorCode.ALREADY_EXISTS, f"request_id {msg.rid!r} is already in flight"
-        queued, limit = num_waiting(self.table, e), self.cfg.max_queued_requests
-        if limit and queued + msg.n > limit:
-            return ErrorCode.RESOURCE_EXHAUSTED, f"the queue is full ({queued} requests waiting, limit {limit}): retry later"
-        if len(msg.input_ids) + msg.params.max_new_tokens > e.kv.pool_size:
-            return ErrorCode.INVALID_ARGUMENT, (f"prompt ({len(msg.input_ids)}) + max_tokens ({msg.params.max_new_tokens}) "
-                                                f"exceeds the KV pool ({e.kv.pool_size} tokens)")
-        return None
 
     def _poll_grammars(self, e: EngineSession) -> None:
         ready, failed = e.grammar.poll()
@@ -249,6 +216,8 @@ class Scheduler:
         e = self.engine = EngineSession.start(self.cfg, w, self.counters, self.grammar)
         self.grammar = e.grammar
         self.applier = StepApplier(self.table, e, self.counters, self.worker.send, not self.cfg.disable_jump_forward)
+        if self.cfg.enable_priority_scheduling:
+            self.applier.first_tokens = []
         self.worker.attach()
         self.kv_events.attach(e.kv.cache)
         self.worker.send(WorkerSetup(max_running_requests=e.info.max_running_requests))
@@ -264,9 +233,9 @@ class Scheduler:
         requests are refused with ``reason`` until the next ``WorkerReady``."""
         self.worker.detach()
         e, table = self.engine, self.table
-        log.error("worker_lost", reason=reason, requests=sum(1 for _ in table.live()), running=len(table.running),
-                  waiting=len(table.waiting))
-        table.fail_all(f"{reason}: the request was lost, retry it", ErrorCode.UNAVAILABLE, e.kv if e else None)
+        running, waiting = len(table.running), len(table.waiting)
+        failed = table.fail_all(f"{reason}: the request was lost, retry it", ErrorCode.UNAVAILABLE, e.kv if e else None)
+        log.error("worker_lost", reason=reason, requests=failed, running=running, waiting=waiting)
         if e is not None:
             e.grammar.pending.clear()  # (their requests failed; a compile still running finishes unseen)
         self.engine, self.applier, self.down = None, None, reason
@@ -279,6 +248,9 @@ class Scheduler:
     def _update_metrics(self, e: EngineSession, queue_times: list[float]) -> None:
         c, kv, running, waiting = self.counters, e.kv, len(self.table.running), num_waiting(self.table, e)
         self.metrics.step(running, waiting, kv.pool_size, kv.slots.num_free, kv.evictable, c, queue_times, e.hicache)
+        self.metrics.anchors(len(e.sessions.sessions), e.sessions.tokens, len(e.pins.pins), e.pins.tokens)
+        if self.cfg.enable_priority_scheduling:
+            self.metrics.by_priority(self.table.running, self.table.waiting, self.applier.first_tokens)
         self.summary.tick(running, waiting, c.prompt, c.prefill_cached, c.decode,
                           kv.pool_size - kv.slots.num_free - kv.evictable, kv.pool_size)
 

@@ -70,6 +70,7 @@ class _Branch:
         self.started = False  # the scheduler took it (an output arrived)
         self.last = 0.0  # when its last tokens arrived
         self.gaps: list[float] = []  # inter-token latencies, one per token after the first
+        self.held: Chunk | None = None  # a session turn's last chunk, until the scheduler confirms its end
 
 
 class Generator:
@@ -88,7 +89,7 @@ class Generator:
         ``group``: the data-parallel group to run it in (default: the router's choice)."""
         trace = trace or Trace.incoming(None)
         span = self.tracer.start("generate", trace.traceparent, trace.start_ns, request_id=rid,
-                                 prompt_tokens=len(p.req.input_ids), n=p.req.n)
+                                 prompt_tokens=p.prompt_tokens, n=p.req.n)
         req = msgspec.structs.replace(p.req, rid=rid, traceparent=span.traceparent)
         branches = [_Branch(IncrementalDetokenizer(self.text.tokenizer, req.input_ids, p.skip_special_tokens, p.stop))
                     for _ in range(req.n)]
@@ -107,6 +108,15 @@ class Generator:
         try:
             async for out in self.client.stream(queue):
                 b = branches[out.index]
+                if b.held is not None:  # a session turn cut by a stop string: it ends once the scheduler has
+                    if out.finish:  # taken the cut (so the session's next turn, on any replica, continues it)
+                        chunk, b.held, b.done, live = b.held, None, True, live - 1
+                        yield chunk
+                        if live == 0:
+                            stage("sent", rid, trace_id=trace.trace_id,
+                                  completion_tokens=sum(x.generated for x in branches))
+                            return
+                    continue
                 if b.done:
                     continue
                 if out.finish is FinishReason.ERROR:
@@ -136,15 +146,20 @@ class Generator:
                 if not (b.detok.stopped or out.finish):
                     yield Chunk(out.index, out.token_ids, text, logprobs=lps)
                     continue
-                b.done, live = True, live - 1
                 b.finish = FinishReason.STOP if b.detok.stopped else out.finish
-                usage = Usage(len(req.input_ids), b.generated, b.cached)
+                usage = Usage(p.prompt_tokens, b.generated, b.cached)
                 if b.detok.stopped:
+                    final = Chunk(out.index, out.token_ids, text, FinishReason.STOP, usage,
+                                  matched_stop=b.detok.matched_stop, logprobs=lps)
                     if not out.finish:
-                        self.client.abort(rid, FinishReason.STOP, out.index)
-                    yield Chunk(out.index, out.token_ids, text, FinishReason.STOP, usage, matched_stop=b.detok.matched_stop,
-                                logprobs=lps)
+                        self.client.abort(rid, FinishReason.STOP, out.index, b.generated)
+                        if req.session is not None:
+                            b.held = final
+                            continue
+                    b.done, live = True, live - 1
+                    yield final
                 else:
+                    b.done, live = True, live - 1
                     last = out.token_ids[-1] if out.token_ids else None
                     stop_id = last if out.finish is FinishReason.STOP and last in req.params.stop_token_ids else None
                     yield Chunk(out.index, out.token_ids, text + b.detok.finish(), out.finish, usage,
@@ -165,7 +180,7 @@ class Generator:
         """Metrics and span of a request that ended; branches without a finish reason get ``unfinished``."""
         reasons = [b.finish or unfinished for b in branches]
         started = [b for b in branches if b.started]
-        prompt = len(p.req.input_ids) if started else 0
+        prompt = p.prompt_tokens if started else 0
         generated = sum(b.generated for b in branches)
         if self.metrics is not None:
             done = all(b.done for b in branches)

@@ -16,6 +16,7 @@ calls ``scheduler_lost`` / ``scheduler_back`` here.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -28,12 +29,13 @@ from shared.errors import AlreadyExists, Unavailable
 from shared.logging import get_logger, stage
 from shared.messages.common import ErrorCode, FinishReason
 from shared.messages.to_scheduler import AbortReq, GenerateReq, TokenizerHello
-from shared.messages.to_tokenizer import EngineStatus, Load, ModelInfo, TokenOut, TokenOutBatch
+from shared.messages.to_tokenizer import EngineStatus, Load, ModelInfo, Reply, TokenOut, TokenOutBatch
 from shared.tracing import trace_id
+from services.tokenizer.calls import Calls
 from services.tokenizer.groups import GroupLink, merge_info
 from services.tokenizer.loads import DOWN_AFTER_S, LoadProbe, total_load
 from services.tokenizer.merging import merged
-from services.tokenizer.router import Route, Router
+from services.tokenizer.router import Route, Router, rendezvous
 from services.tokenizer.scheduler_watch import SchedulerWatch
 
 log = get_logger("tokenizer")
@@ -67,6 +69,7 @@ class SchedulerClient:
         self._changed = asyncio.Event()
         self._streams: dict[str, _Flight] = {}
         self.probe = LoadProbe(self.links, self.router, self._set_up)
+        self.calls = Calls(self.links)  # control calls: sessions, unpinning
         self._tasks: list[asyncio.Task] = []
         self.closing = False
         self.watch = SchedulerWatch(self, gone_grace, restart_wait)  # scheduler processes gone / back
@@ -97,6 +100,8 @@ class SchedulerClient:
                         flight.queue.put_nowait(out)
             elif isinstance(msg, Load):
                 self.probe.answered(msg)
+            elif isinstance(msg, Reply):
+                self.calls.answered(msg)
             elif isinstance(msg, ModelInfo):
                 link.info, link.answered = msg, time.monotonic()
                 self.router.set_pool(g, msg.pool_size)
@@ -134,9 +139,14 @@ class SchedulerClient:
         except LookupError as e:
             raise Unavailable("no data-parallel group is answering") from e
 
+    def session_group(self, session_id: str) -> int:
+        """The group that holds a session: the same in every replica (rendezvous hash of its id)."""
+        key = int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest(), "little", signed=True)
+        return rendezvous(key, list(range(len(self.links))))[0]
+
     def submit(self, req: GenerateReq, route: Route | None = None) -> asyncio.Queue[TokenOut]:
-        """Send a request to ``route``'s group (default: the router's choice); returns the queue
-        its outputs arrive on. Call ``release`` when done."""
+        """Send a request to ``route``'s group (default: its session's group, else the router's
+        choice); returns the queue its outputs arrive on. Call ``release`` when done."""
         rid = req.rid
         if self.info is None or self.closing:
             raise Unavailable("the engine is not ready" if self.info is None else "the engine is shutting down")
@@ -145,6 +155,8 @@ class SchedulerClient:
             raise Unavailable("the engine is not serving: " + "; ".join(dict.fromkeys(downs)))
         if rid in self._streams:
             raise AlreadyExists(f"request_id {rid!r} is already in flight")
+        if route is None and req.session is not None:
+            route = Route(self.session_group(req.session.session_id), 0, "session")
         route = route or self.route(req.input_ids, req.cache_ns)
         if not self.links[route.group].usable:
             link = self.links[route.group]
@@ -157,11 +169,13 @@ class SchedulerClient:
         self.links[route.group].q.send(req)
         return queue
 
-    def abort(self, rid: str, reason: FinishReason = FinishReason.ABORT, index: int = -1) -> None:
-        """Stop a request (``index`` ≥ 0: one branch of an n > 1 request). A request no longer in
-        flight here (released already) is aborted in every group: the one holding it stops it."""
+    def abort(self, rid: str, reason: FinishReason = FinishReason.ABORT, index: int = -1,
+              output_tokens: int = -1) -> None:
+        """Stop a request (``index`` ≥ 0: one branch of an n > 1 request; ``output_tokens``: a stop
+        string ended it after that many tokens). A request no longer in flight here (released
+        already) is aborted in every group: the one holding it stops it."""
         flight = self._streams.get(rid)
-        msg = AbortReq(rid=rid, reason=reason, index=index)
+        msg = AbortReq(rid=rid, reason=reason, index=index, output_tokens=output_tokens)
         for g in [flight.group] if flight is not None else range(len(self.links)):
             self.links[g].q.send(msg)
 

@@ -18,6 +18,7 @@ from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient, total_load
 from services.tokenizer.scoring import Scorer
+from services.tokenizer.sessions import SessionFront
 from services.tokenizer.text import Message, TextProcessor
 from services.tokenizer.validation import Prompt, SamplingRequest
 
@@ -32,14 +33,14 @@ def _traceparent(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
-def _prompt(req: pb.GenerateRequest | pb.ScoreRequest) -> Prompt:
+def _prompt(req: pb.GenerateRequest | pb.ScoreRequest | pb.PinPrefixRequest, add_default: bool = True) -> Prompt:
     kind = req.WhichOneof("input")
     if kind == "text":
         return Prompt(text=req.text)
     if kind == "token_ids":
         return Prompt(token_ids=list(req.token_ids.ids))
     if kind == "chat":
-        add = req.chat.add_generation_prompt if req.chat.HasField("add_generation_prompt") else True
+        add = req.chat.add_generation_prompt if req.chat.HasField("add_generation_prompt") else add_default
         return Prompt(messages=_messages(req.chat), add_generation_prompt=add)
     raise InvalidArgument("one of text, token_ids or chat is required")
 
@@ -96,6 +97,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.client = client
         self.generator = Generator(text, client, metrics, tracer)
         self.scorer = Scorer(text, client)
+        self.sessions = SessionFront(client)
 
     def _info(self) -> ModelInfo:
         if self.client.info is None:
@@ -106,9 +108,18 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         rid = request.request_id or uuid.uuid4().hex
         trace = Trace.incoming(_traceparent(context))
         stage("received", rid, trace_id=trace.trace_id)
-        p = validation.prepare(_prompt(request), _sampling(request.sampling_params), self.text, self._info(),
-                               request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
-                               constraint=_constraint(request))
+        info = self._info()
+        prompt, sampling = _prompt(request), _sampling(request.sampling_params)
+        kw = dict(request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
+                  priority=request.priority)
+        session = None
+        if request.session_id:
+            validation.precheck(prompt, sampling, info, **kw)  # (bad input is INVALID_ARGUMENT, session or not)
+            session = await self.sessions.view(request.session_id, request.session_parent)
+        elif request.session_parent:
+            raise InvalidArgument("session_parent needs session_id")
+        p = validation.prepare(prompt, sampling, self.text, info, constraint=_constraint(request), session=session,
+                               **kw)
         stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.req.input_ids), n=p.req.n)
         stream = self.generator.stream(p, rid, trace)
         try:
@@ -164,6 +175,36 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             self.client.abort(request.request_id)
         return pb.AbortResponse(found=found)
 
+    async def OpenSession(self, request: pb.OpenSessionRequest, context) -> pb.OpenSessionResponse:
+        self._info()
+        v = await self.sessions.open(request.ttl_seconds if request.HasField("ttl_seconds") else None,
+                                     request.capacity if request.HasField("capacity") else None, request.cache_salt)
+        stage("session_opened", v.session_id, capacity=v.capacity, ttl_s=v.ttl_s)
+        return pb.OpenSessionResponse(session_id=v.session_id, ttl_seconds=int(v.ttl_s), capacity=v.capacity)
+
+    async def CloseSession(self, request: pb.CloseSessionRequest, context) -> pb.CloseSessionResponse:
+        self._info()
+        tokens = await self.sessions.close(request.session_id)
+        stage("session_closed", request.session_id, tokens=tokens)
+        return pb.CloseSessionResponse(tokens=tokens)
+
+    async def PinPrefix(self, request: pb.PinPrefixRequest, context) -> pb.PinPrefixResponse:
+        info = self._info()
+        if request.WhichOneof("input") is None:
+            raise InvalidArgument("one of text, token_ids or chat is required")
+        ids = validation.input_ids(_prompt(request, add_default=False), self.text, info)
+        trace = Trace.incoming(_traceparent(context))
+        pin_id, cached = await self.sessions.pin(ids, request.ttl_seconds if request.HasField("ttl_seconds") else None,
+                                                 request.cache_salt, trace.traceparent)
+        stage("pinned", pin_id, trace_id=trace.trace_id, tokens=len(ids), cached_tokens=cached)
+        return pb.PinPrefixResponse(pin_id=pin_id, tokens=len(ids), cached_tokens=cached)
+
+    async def UnpinPrefix(self, request: pb.UnpinPrefixRequest, context) -> pb.UnpinPrefixResponse:
+        self._info()
+        tokens = await self.sessions.unpin(request.pin_id)
+        stage("unpinned", request.pin_id, tokens=tokens)
+        return pb.UnpinPrefixResponse(tokens=tokens)
+
     async def GetLoad(self, request, context) -> pb.GetLoadResponse:
         self._info()
         loads = await self.client.loads()
@@ -180,6 +221,9 @@ def _load(load: Load) -> pb.GetLoadResponse:
                               prefill_cached_tokens=load.prefill_cached_tokens, decode_tokens=load.decode_tokens,
                               retractions=load.retractions, evicted_tokens=load.evicted_tokens,
                               kv_evictable_tokens=load.kv_evictable, jump_forward_tokens=load.jump_forward_tokens,
+                              preemptions=load.preemptions, shed_requests=load.shed, num_sessions=load.num_sessions,
+                              session_tokens=load.session_tokens, num_pinned_prefixes=load.num_pins,
+                              pinned_tokens=load.pinned_tokens, max_pinned_tokens=load.max_pinned_tokens,
                               **{f: getattr(load, f) for f in TIER_FIELDS})
 
 

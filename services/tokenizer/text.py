@@ -33,6 +33,24 @@ class TextProcessor:
         except Exception as e:  # template errors (jinja raise_exception, bad roles) are the caller's input
             raise InvalidArgument(f"chat template failed: {e}") from e
 
+    def render_chat_continuation(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
+        """``messages`` rendered as the continuation of a conversation under way (a session's next
+        turn): the template applied to them once, without what it puts at the start of a
+        conversation (BOS, a default system prompt). It is what rendering [m0, *messages] adds to
+        rendering [m0] for a placeholder first message m0 (a system, user or assistant one: the
+        first the template renders as a prefix)."""
+        for role in ("system", "user", "assistant"):
+            head_msg = [Message(role, "")]
+            try:
+                head = self.render_chat(head_msg, False)
+                full = self.render_chat(head_msg + list(messages), add_generation_prompt)
+            except InvalidArgument:
+                continue
+            if full.startswith(head):
+                return full[len(head):]
+        raise InvalidArgument("the model's chat template cannot render these messages as the continuation of a "
+                              "conversation: send text or token ids in this session")
+
     def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
         # The rendered template carries its own special tokens (BOS, role headers).
         return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)

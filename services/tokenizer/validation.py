@@ -12,10 +12,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from shared.errors import InvalidArgument
+import msgspec
+
+from shared.errors import FailedPrecondition, InvalidArgument
 from shared.messages.common import Constraint, SamplingParams
-from shared.messages.to_scheduler import GenerateReq
-from shared.messages.to_tokenizer import ModelInfo
+from shared.messages.to_scheduler import GenerateReq, SessionTurn
+from shared.messages.to_tokenizer import ModelInfo, SessionView
 from services.tokenizer.text import Message, TextProcessor
 
 MAX_REQUEST_ID = 256
@@ -26,6 +28,8 @@ MAX_SEED = 2**64 - 1  # the proto's uint64
 SEED_RANGE = 2**63  # the engine's seeds: [0, 2**63); larger ones are folded into it (top bit dropped)
 MAX_N = 64
 MAX_CACHE_SALT = 256
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+MAX_SESSION_ID = 256
 MAX_TOP_LOGPROBS = 20
 MAX_GRAMMAR_CHARS = 256 * 1024
 MAX_CHOICES = 1024
@@ -73,6 +77,12 @@ class Prepared:
     req: GenerateReq
     stop: list[str]
     skip_special_tokens: bool
+    context_tokens: int = 0  # a session turn: the session's tokens before ``req.input_ids``
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The whole prompt (a session turn's includes the session's tokens)."""
+        return self.context_tokens + len(self.req.input_ids)
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -130,6 +140,57 @@ def input_ids(prompt: Prompt, text: TextProcessor, info: ModelInfo) -> list[int]
              f"the prompt has {len(ids)} tokens; the context window is {info.context_length} "
              f"(at most {info.context_length - 1} prompt tokens)")
     return ids
+
+
+def check_priority(priority: int, name: str = "priority") -> int:
+    _require(MIN_PRIORITY <= priority <= MAX_PRIORITY,
+             f"{name} must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}] (higher = more urgent), got {priority}")
+    return priority
+
+
+def check_session_id(session_id: str, name: str = "session_id") -> str:
+    _require(0 < len(session_id) <= MAX_SESSION_ID, f"{name} must have 1..{MAX_SESSION_ID} characters")
+    return session_id
+
+
+def session_input_ids(prompt: Prompt, text: TextProcessor, info: ModelInfo, session: SessionView) -> list[int]:
+    """A session turn's new tokens. The first turn is tokenized like any prompt; later ones
+    continue it: text without the tokenizer's special tokens (no second BOS), chat messages
+    rendered as a continuation (the template applied to the new messages only), token ids as
+    they are."""
+    if session.length == 0 or prompt.token_ids is not None:
+        return input_ids(prompt, text, info)
+    if prompt.text is not None:
+        _require(len(prompt.text) > 0, "the prompt text must not be empty")
+        check_text_size(len(prompt.text), info)
+        ids = text.encode(prompt.text, add_special_tokens=False)
+    elif prompt.messages is not None:
+        check_messages(prompt.messages)
+        check_chat_size(prompt.messages, info)
+        rendered = text.render_chat_continuation(prompt.messages, prompt.add_generation_prompt)
+        ids = text.encode(rendered, add_special_tokens=False)
+    else:
+        raise InvalidArgument("a prompt is required: text, token ids or chat messages")
+    _require(len(ids) > 0, "the prompt has no tokens")
+    return ids
+
+
+def _session_limits(s: SamplingRequest, ids: list[int], info: ModelInfo, session: SessionView, prefix: str) -> int:
+    """The most tokens the turn may generate (the session's capacity and the context window left),
+    or FAILED_PRECONDITION when the session cannot take it."""
+    sid, total = session.session_id, session.length + len(ids)
+    if total >= info.context_length:
+        raise FailedPrecondition(f"session {sid!r} holds {session.length} tokens on this turn's branch; with the "
+                                 f"{len(ids)} new ones that fills the context window of {info.context_length}")
+    room = min(info.context_length - total, session.capacity_left - len(ids))
+    if room < 1:
+        raise FailedPrecondition(f"session {sid!r} is full: {session.capacity_left} of its {session.capacity} tokens "
+                                 f"are left and this turn's input has {len(ids)} (and needs room for an answer)")
+    if s.max_tokens is not None and s.max_tokens > room:
+        raise FailedPrecondition(f"{prefix}max_tokens={s.max_tokens} does not fit session {sid!r}: room for {room} more "
+                                 f"tokens after this turn's {len(ids)}-token input ({session.capacity_left} of its "
+                                 f"capacity {session.capacity} left, the context window {info.context_length})")
+    return room
 
 
 def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) -> SamplingParams:
@@ -197,16 +258,52 @@ def check_constraint(c: Constraint | None) -> Constraint | None:
     return c
 
 
-def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: ModelInfo, *,
-            request_id: str = "", cache_salt: str = "", prefix: str = "",
-            constraint: Constraint | None = None) -> Prepared:
+def precheck(prompt: Prompt, s: SamplingRequest, info: ModelInfo, *, request_id: str = "", cache_salt: str = "",
+             prefix: str = "", priority: int = 0) -> None:
+    """What ``prepare`` checks that does not depend on a session, before a session turn's round trip
+    to the scheduler: bad input is INVALID_ARGUMENT whatever the session."""
     _require(len(request_id) <= MAX_REQUEST_ID, f"request_id is longer than {MAX_REQUEST_ID} characters")
     _require(len(cache_salt) <= MAX_CACHE_SALT, f"cache_salt is longer than {MAX_CACHE_SALT} characters")
+    check_priority(priority)
+    if prompt.text is not None:
+        _require(len(prompt.text) > 0, "the prompt text must not be empty")
+        check_text_size(len(prompt.text), info)
+    elif prompt.token_ids is not None:
+        _require(len(prompt.token_ids) > 0, "the prompt has no tokens")
+        _check_vocab("token ids", list(prompt.token_ids), info.vocab_size)
+    elif prompt.messages is not None:
+        check_messages(prompt.messages)
+        check_chat_size(prompt.messages, info)
+    else:
+        raise InvalidArgument("a prompt is required: text, token ids or chat messages")
+    sampling(s, 0, info, prefix)
+
+
+def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: ModelInfo, *,
+            request_id: str = "", cache_salt: str = "", prefix: str = "",
+            constraint: Constraint | None = None, priority: int = 0,
+            session: SessionView | None = None) -> Prepared:
+    """``session``: continue that session (``sessions.SessionFront.view``): the prompt is its
+    tokens followed by this input, which is all that goes down."""
+    _require(len(request_id) <= MAX_REQUEST_ID, f"request_id is longer than {MAX_REQUEST_ID} characters")
+    _require(len(cache_salt) <= MAX_CACHE_SALT, f"cache_salt is longer than {MAX_CACHE_SALT} characters")
+    check_priority(priority)
     n = 1 if s.n is None else s.n
     limit = min(MAX_N, info.max_running_requests)
     _require(1 <= n <= limit, f"{prefix}n must be in [1, {limit}], got {n}")
-    ids = input_ids(prompt, text, info)
-    params = sampling(s, len(ids), info, prefix)
+    turn, context = None, 0
+    if session is None:
+        ids = input_ids(prompt, text, info)
+        params = sampling(s, len(ids), info, prefix)
+    else:
+        _require(n == 1, f"{prefix}n must be 1 with session_id (a session turn continues one conversation)")
+        _require(cache_salt in ("", session.cache_ns), "cache_salt must be empty or the session's own with session_id")
+        cache_salt, context = session.cache_ns, session.length
+        ids = session_input_ids(prompt, text, info, session)
+        room = _session_limits(s, ids, info, session, prefix)
+        params = sampling(s, context + len(ids), info, prefix)
+        params = msgspec.structs.replace(params, max_new_tokens=min(params.max_new_tokens, room))
+        turn = SessionTurn(session.session_id, session.parent, session.length)
     req = GenerateReq(rid=request_id, input_ids=ids, params=params, n=n, cache_ns=cache_salt,
-                      constraint=check_constraint(constraint))
-    return Prepared(req, list(s.stop), s.skip_special_tokens)
+                      constraint=check_constraint(constraint), priority=priority, session=turn)
+    return Prepared(req, list(s.stop), s.skip_special_tokens, context)

@@ -26,6 +26,8 @@ class ErrorCode(enum.StrEnum):
     RESOURCE_EXHAUSTED = "resource_exhausted"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
+    NOT_FOUND = "not_found"  # an unknown, closed or expired session; an unknown pin
+    FAILED_PRECONDITION = "failed_precondition"  # e.g. a session turn that would exceed its capacity
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):

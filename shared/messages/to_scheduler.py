@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from shared.messages.common import Constraint, FinishReason, SamplingParams
@@ -11,6 +13,23 @@ class TokenizerHello(msgspec.Struct, tag="hello", frozen=True):
     """A tokenizer replica connected; the scheduler answers with ``ModelInfo``."""
 
     replica: str
+
+
+class SessionTurn(msgspec.Struct, frozen=True):
+    """A generation that continues a session: its prompt is the ``parent`` turn's tokens followed by
+    the request's ``input_ids``; when it ends (stop or length) prompt + output become the session's
+    turn ``rid``, pinned in the prefix cache."""
+
+    session_id: str
+    parent: str  # the turn it continues ("": the session's empty start), resolved by the tokenizer
+    context_tokens: int  # that turn's length as the tokenizer saw it (the scheduler re-checks)
+
+
+class PinSpec(msgspec.Struct, frozen=True):
+    """A prompt-only request (``max_new_tokens`` 0) whose prompt is pinned in the prefix cache once
+    computed: ``PinPrefix``; the request id is the pin's id."""
+
+    ttl_s: float = 0.0  # seconds until it is unpinned by itself (0: until UnpinPrefix)
 
 
 class GenerateReq(msgspec.Struct, tag="gen", frozen=True):
@@ -23,6 +42,9 @@ class GenerateReq(msgspec.Struct, tag="gen", frozen=True):
     cache_ns: str = ""  # cache namespace (cache_salt): KV is never shared across namespaces
     constraint: Constraint | None = None  # structured output
     traceparent: str = ""
+    priority: int = 0  # higher = more urgent (used with --enable-priority-scheduling)
+    session: SessionTurn | None = None  # a turn of a session (input_ids: the new tokens only)
+    pin: PinSpec | None = None  # PinPrefix: prefill the prompt and pin it
 
 
 class AbortReq(msgspec.Struct, tag="abort", frozen=True):
@@ -31,6 +53,32 @@ class AbortReq(msgspec.Struct, tag="abort", frozen=True):
     rid: str
     reason: FinishReason = FinishReason.ABORT  # ABORT, or STOP: the tokenizer matched a stop string
     index: int = -1  # one branch of an n > 1 request, or -1 for all
+    output_tokens: int = -1  # STOP: the output tokens the client got (a session turn keeps those); -1: all
+
+
+class SessionOpKind(enum.StrEnum):
+    OPEN = "open"
+    CLOSE = "close"
+    INFO = "info"  # the turn a new one would continue (and the room left), before tokenizing it
+
+
+class SessionOp(msgspec.Struct, tag="session", frozen=True):
+    """Open, close or look up a session; answered with ``Reply`` carrying the same token."""
+
+    token: str
+    op: SessionOpKind
+    session_id: str
+    ttl_s: float = 0.0  # open: idle seconds until it expires
+    capacity: int = 0  # open: tokens it may hold at most (all its turns' unique tokens)
+    cache_ns: str = ""  # open: its cache namespace
+    parent: str = ""  # info: the turn to continue ("": the latest one)
+
+
+class UnpinReq(msgspec.Struct, tag="unpin", frozen=True):
+    """Unpin a pinned prefix (``PinPrefix``'s id); answered with ``Reply``."""
+
+    token: str
+    pin_id: str
 
 
 class LoadReq(msgspec.Struct, tag="load", frozen=True):
@@ -119,5 +167,5 @@ class WorkerError(msgspec.Struct, tag="werr", frozen=True):
     message: str
 
 
-ToScheduler = (TokenizerHello | GenerateReq | AbortReq | LoadReq | KvSubscribe | FlushCacheReq | WorkerReady | StepOutput
-               | CacheAck | WorkerError)
+ToScheduler = (TokenizerHello | GenerateReq | AbortReq | LoadReq | SessionOp | UnpinReq | KvSubscribe | FlushCacheReq
+               | WorkerReady | StepOutput | CacheAck | WorkerError)

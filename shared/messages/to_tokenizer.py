@@ -63,6 +63,13 @@ class Load(msgspec.Struct, tag="load", frozen=True):
     retractions: int
     evicted_tokens: int
     jump_forward_tokens: int = 0  # structured output: tokens appended without sampling
+    preemptions: int = 0  # running requests preempted by higher-priority ones (priority scheduling)
+    shed: int = 0  # waiting requests dropped from a full queue for higher-priority ones
+    num_sessions: int = 0  # sessions open
+    session_tokens: int = 0  # tokens the sessions hold pinned
+    num_pins: int = 0  # pinned prefixes (PinPrefix)
+    pinned_tokens: int = 0  # tokens they hold pinned
+    max_pinned_tokens: int = 0  # the cap on session + pinned tokens (--max-pinned-tokens)
     # hierarchical cache (0 without it): prompt tokens whose KV came back from the host / disk tier (part of
     # prefill_cached_tokens); the tiers' size and use (per rank); tokens copied each way; failed copies
     host_cached_tokens: int = 0
@@ -76,6 +83,28 @@ class Load(msgspec.Struct, tag="load", frozen=True):
     disk_written_tokens: int = 0
     disk_read_tokens: int = 0
     tier_failures: int = 0
+
+
+class SessionView(msgspec.Struct, frozen=True):
+    """A session as a new turn sees it (``SessionOp`` open / info)."""
+
+    session_id: str
+    parent: str  # the turn a new one continues ("": the session's start)
+    length: int  # that turn's tokens
+    capacity: int  # tokens the session may hold
+    capacity_left: int  # what it may still add (minus what turns in flight may add)
+    cache_ns: str
+    ttl_s: float
+
+
+class Reply(msgspec.Struct, tag="reply", frozen=True, omit_defaults=True):
+    """The answer to ``SessionOp`` / ``UnpinReq`` (same token): an error, or what was asked."""
+
+    token: str
+    error_code: ErrorCode | None = None
+    error: str = ""
+    session: SessionView | None = None
+    tokens: int = 0  # close / unpin: the tokens it held pinned
 
 
 class EngineStatus(msgspec.Struct, tag="status", frozen=True):
@@ -128,4 +157,4 @@ class FlushCacheDone(msgspec.Struct, tag="flushed", frozen=True):
     message: str = ""
 
 
-ToTokenizer = ModelInfo | TokenOutBatch | Load | EngineStatus | KvEvents | FlushCacheDone
+ToTokenizer = ModelInfo | TokenOutBatch | Load | Reply | EngineStatus | KvEvents | FlushCacheDone

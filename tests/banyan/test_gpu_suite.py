@@ -111,6 +111,38 @@ def test_merge_of_two_invocations_builds_one_table(tiny_run, tmp_path) -> None:
     assert (tmp_path / "suite_merged.md").read_text().rstrip() == (out / "suite_t.md").read_text().rstrip()
 
 
+W7_SMALL = ["--length-scale", "0.05", "--w7-duration", "2", "--w7-calib-num", "6", "--w7-idle-num", "3"]
+
+
+def test_tiny_w7_priority_workload(tmp_path, demo_dir) -> None:
+    """W7 (priority scheduling: background at 1.5x capacity + interactive requests, on a server with
+    --enable-priority-scheduling and on one without) end to end in tiny mode: every request served,
+    the three numbers of the issue computed, the table's rows."""
+    if LLAMA3 is not None:
+        model = ["--model", str(tmp_path / "model"), "--tokenizer", str(LLAMA3)]
+    else:
+        model = ["--model", str(make_tiny_model("llama", tmp_path / "model", demo_dir, seed=3))]
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.suite", "--tiny", "--workloads", "W7", *model,
+                        "--out", str(tmp_path / "out"), "--tag", "w7", *W7_SMALL],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    doc = json.loads((tmp_path / "out" / "suite_w7.json").read_text())
+    assert set(doc["results"]) == {"W7"}
+    w7 = doc["results"]["W7"]
+    cap = w7["capacity"]
+    assert cap["completed"] == 6 and cap["failed"] == 0 and cap["capacity_req_s"] > 0
+    n_bg = max(1, round(1.5 * cap["capacity_req_s"] * 2))
+    for run in ("priority_on", "priority_off"):
+        x = w7[run]
+        assert x["interactive"]["completed"] == 4 and x["interactive"]["failed"] == 0
+        assert x["background"]["completed"] == n_bg and x["background"]["failed"] == 0
+        assert x["output_tokens"] == n_bg * 51 + 4 * 3 and x["output_tok_s"] > 0
+    assert w7["idle"]["completed"] == 3 and w7["interactive_ttft_p99_ms"] > 0
+    assert w7["itl_p99_vs_idle"] > 0 and w7["throughput_vs_priority_off"] > 0
+    table = (tmp_path / "out" / "suite_w7.md").read_text()
+    assert table.count("| W7") == 3 and "≤ 100 ms" in table
+
+
 def test_tiny_w6_and_w2h(tmp_path, demo_dir) -> None:
     """W6 (multi-turn on a capped pool: GPU tier only, host tier, disk tier with a restart) and W2H in
     tiny mode, named explicitly (they are not in the default set)."""

@@ -262,7 +262,7 @@ def test_compose_stack_serves_through_both_replicas(stack: Stack, timings) -> No
 
 @pytest.mark.parametrize("flavour", ["v1", "v2"])
 def test_compose_variants_are_valid(composes, flavour) -> None:
-    """compose.yaml, the GPU override and the monitoring profile parse with Debian's docker-compose
+    """compose.yaml, the GPU override and the monitoring and gateway profiles parse with Debian's docker-compose
     1.29 and with compose v2 (their images are not pulled: the CPU smoke test above is the one that
     runs); no `version` warning from v2."""
     argv, env = composes[flavour]
@@ -288,3 +288,6 @@ def test_compose_variants_are_valid(composes, flavour) -> None:
     r = run([*compose, "--profile", "monitoring", "config", "--services"], timeout=60, env=base)
     assert r.returncode == 0, explain(r)
     assert {"prometheus", "grafana", "otel-collector"} <= set(r.stdout.split()), r.stdout
+    r = run([*compose, "--profile", "gateway", "config", "--services"], timeout=60, env=base)
+    assert r.returncode == 0, explain(r)
+    assert {"gateway", "scheduler-b", "worker-b", "tokenizer-b"} <= set(r.stdout.split()), r.stdout

@@ -97,6 +97,8 @@ RUN = {
     "curl -s localhost:8000/v1/chat/completions": r"data: \[DONE\]",
     "banyan check-env": r"(?s)ready to serve.*^banyan top .*^group +running",
     "banyan bench --dataset shared-prefix": r"(?s)Successful requests +32\b.*Successful requests +16\b",
+    "stub.OpenSession(": r"(?s)^prompt \d+ cached (\d+)\n.*^closed, it held [1-9]\d* tokens$",
+    "localhost:8000/v1/sessions": r'"object":"session.deleted","deleted":true',
 }
 HANDLED = {"pip install torch==2.13.0 -e . && banyan serve", "grpcurl -plaintext", "--otlp-endpoint localhost:4317"}
 

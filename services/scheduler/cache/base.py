@@ -12,7 +12,10 @@ Semantics every implementation keeps:
   its slots for ``[0, cached)`` (duplicates of what was cached already) and for the unaligned
   tail ``[stored, len)``. Its handle covers exactly ``key[:stored]`` (lock it to keep it).
 - ``lock(handle)`` / ``unlock(handle)`` add/remove a reference on every node from ``handle`` to
-  the root. Locked nodes are never evicted.
+  the root. Locked nodes are never evicted. Locks are held by running requests (for a step or a
+  request's life) and also for long: a session holds one on each of its turns, a pinned prefix
+  (``PinPrefix``) on its prompt, until closed, unpinned or expired (``KVManager.pin``); a tier
+  below the device must keep a locked node's KV where the worker reads it.
 - ``evict(n)`` frees at least ``n`` tokens' slots if it can, least recently used unlocked leaves
   first, handing them back to the slot allocator; returns how many it freed.
 - Sizes: ``evictable_size`` (cached, unlocked) + ``locked_size`` (cached, locked) = cached tokens.

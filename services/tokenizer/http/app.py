@@ -8,6 +8,7 @@ which aborts the request downstream and frees its KV cache.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -29,11 +30,15 @@ from services.tokenizer.http.middleware import Edge
 from services.tokenizer.http.streams import ClientGone, merge, unless_disconnected
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient
+from services.tokenizer.sessions import SessionFront
 from services.tokenizer.text import TextProcessor
 from services.tokenizer.validation import Prepared, Prompt
+from shared.messages.to_tokenizer import SessionView
 
 CLIENT_CLOSED = 499  # nobody reads it; counted in the metrics like nginx does
 _ERRORS = {s: {"model": api.ErrorResponse} for s in (400, 401, 404, 409, 413, 429, 500, 503)}
+PRIORITY_HEADER = "x-banyan-priority"
+_INT = re.compile(r"[+-]?[0-9]{1,12}")
 _SSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
               "description": "JSON, or with stream=true server-sent events ending in `data: [DONE]`"}}
 Format = convert.ChatFormat | convert.CompletionFormat
@@ -55,6 +60,20 @@ class Frontend:
         self.created = int(time.time())
         self.in_flight: set[str] = set()  # request ids of the generations being answered
         self.aliases: frozenset[str] = frozenset()  # other names requests may give the model (--served-model-name)
+        self.sessions = SessionFront(client)
+
+    async def turn(self, request: Request, body: api.ChatCompletionRequest | api.CompletionRequest,
+                   prompt: Prompt, sampling: validation.SamplingRequest, info: ModelInfo,
+                   ) -> tuple[int, SessionView | None]:
+        """The request's priority (body field or header) and, with ``session_id``, the session turn
+        it continues (asked once the rest of the request is known to be valid)."""
+        priority = request_priority(request, body.priority)
+        if body.session_id is None:
+            if body.session_parent is not None:
+                raise InvalidArgument("session_parent needs session_id")
+            return priority, None
+        validation.precheck(prompt, sampling, info, cache_salt=body.cache_salt, priority=priority)
+        return priority, await self.sessions.view(body.session_id, body.session_parent or "")
 
     def abort_all(self) -> None:
         """End every generation in flight with finish_reason "abort" (the shutdown grace ran out):
@@ -141,6 +160,20 @@ class Frontend:
         yield "data: [DONE]\n\n"
 
 
+def request_priority(request: Request, body_value: int | None) -> int:
+    """``priority`` from the body or the ``x-banyan-priority`` header (both: they must agree)."""
+    raw = request.headers.get(PRIORITY_HEADER)
+    header = None
+    if raw is not None:
+        if not _INT.fullmatch(raw.strip()):
+            raise InvalidArgument(f"the {PRIORITY_HEADER} header must be an integer, got {raw[:40]!r}")
+        header = validation.check_priority(int(raw), f"the {PRIORITY_HEADER} header")
+    if body_value is not None and header is not None and body_value != header:
+        raise InvalidArgument(f"priority {body_value} and the {PRIORITY_HEADER} header ({header}) disagree: give one")
+    priority = body_value if body_value is not None else header or 0
+    return validation.check_priority(priority)
+
+
 def _request_id(request: Request, prefix: str) -> str:
     """The request id (X-Request-Id or a new one); the trace context (traceparent or a new one) goes
     to ``request.state.trace``."""
@@ -169,8 +202,9 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         info = front.model(body.model)
         rid = _request_id(request, "chat")
         prompt, sampling, constraint = convert.chat_request(body)
+        priority, session = await front.turn(request, body, prompt, sampling, info)
         p = validation.prepare(prompt, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
-                               constraint=constraint)
+                               constraint=constraint, priority=priority, session=session)
         fmt = convert.ChatFormat(front.token_texts, body.logprobs)
         usage = body.stream_options is not None and body.stream_options.include_usage
         return await front.generate(request, [p], rid, f"chatcmpl-{rid}", fmt, body.stream, usage)
@@ -180,11 +214,28 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         info = front.model(body.model)
         rid = _request_id(request, "completions")
         prompts, sampling, constraint = convert.completion_request(body)
+        if body.session_id is not None and len(prompts) > 1:
+            raise InvalidArgument("session_id takes one prompt (a session turn continues one conversation)")
+        priority, session = await front.turn(request, body, prompts[0], sampling, info)
         prepared = [validation.prepare(pr, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
-                                       constraint=constraint) for pr in prompts]
+                                       constraint=constraint, priority=priority, session=session) for pr in prompts]
         fmt = convert.CompletionFormat(front.token_texts, body.logprobs is not None)
         usage = body.stream_options is not None and body.stream_options.include_usage
         return await front.generate(request, prepared, rid, f"cmpl-{rid}", fmt, body.stream, usage)
+
+    @app.post("/v1/sessions", response_model=api.Session, responses=_ERRORS)
+    async def open_session(body: api.SessionRequest) -> api.Session:
+        front.model()
+        v = await front.sessions.open(body.ttl_seconds, body.capacity, body.cache_salt)
+        stage("session_opened", v.session_id, capacity=v.capacity, ttl_s=v.ttl_s)
+        return api.Session(id=v.session_id, ttl_seconds=int(v.ttl_s), capacity=v.capacity)
+
+    @app.delete("/v1/sessions/{session_id}", response_model=api.SessionDeleted, responses=_ERRORS)
+    async def close_session(session_id: str) -> api.SessionDeleted:
+        front.model()
+        tokens = await front.sessions.close(session_id)
+        stage("session_closed", session_id, tokens=tokens)
+        return api.SessionDeleted(id=session_id, tokens=tokens)
 
     @app.get("/v1/models", response_model=api.ModelList, responses=_ERRORS)
     async def models() -> api.ModelList:

@@ -24,6 +24,8 @@ _BY_CODE: dict[str, tuple[int, str]] = {
     "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
     "UNAVAILABLE": (503, "service_unavailable_error"),
     "INTERNAL": (500, "server_error"),
+    "NOT_FOUND": (404, "not_found_error"),
+    "FAILED_PRECONDITION": (400, "invalid_request_error"),
 }
 _MAX_LISTED = 3  # validation problems spelled out in one message
 

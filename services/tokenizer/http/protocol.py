@@ -92,6 +92,13 @@ class _Generate(_Request):
     regex: Text | None = Field(None, description="constrain the output to this regular expression")
     ebnf: Text | None = Field(None, description="constrain the output to this EBNF grammar (GBNF dialect)")
     choice: list[Text] | None = Field(None, description="constrain the output to one of these strings")
+    priority: Int32 | None = Field(None, description="scheduling priority in [-1000, 1000], higher = more urgent "
+                                   "(default 0, or the x-banyan-priority header); used with the server's "
+                                   "--enable-priority-scheduling")
+    session_id: Text | None = Field(None, description="continue this session (POST /v1/sessions): the prompt is "
+                                    "its tokens + this request's messages or prompt, which join it")
+    session_parent: Text | None = Field(None, description="with session_id: the request id of the turn to continue "
+                                        "(branching); default the latest")
 
 
 class ChatCompletionRequest(_Generate):
@@ -111,6 +118,13 @@ class CompletionRequest(_Generate):
     echo: bool = Field(False, description="not supported")
     suffix: Text | None = Field(None, description="not supported")
     best_of: Int32 | None = Field(None, description="only 1 is supported")
+
+
+class SessionRequest(_Request):
+    ttl_seconds: Int32 | None = Field(None, description="seconds without a turn before it expires (default 600)")
+    capacity: Int32 | None = Field(None, description="most tokens it may hold (default: the context window, or "
+                                   "the pinned-token budget when smaller)")
+    cache_salt: Text = Field("", description="prefix-cache namespace of its turns")
 
 
 class TokenizeRequest(_Request):
@@ -251,6 +265,20 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+class Session(BaseModel):
+    id: str
+    object: Literal["session"] = "session"
+    ttl_seconds: int
+    capacity: int
+
+
+class SessionDeleted(BaseModel):
+    id: str
+    object: Literal["session.deleted"] = "session.deleted"
+    deleted: bool = True
+    tokens: int = Field(description="tokens it held pinned")
 
 
 class ErrorDetail(BaseModel):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62\x61nyan/v1/generation.proto\x12\tbanyan.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.banyan.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x8a\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x06\x88\x01\x01\x12\x0e\n\x01n\x18\x0b \x01(\rH\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\r \x01(\x02H\t\x88\x01\x01\x12\x10\n\x08logprobs\x18\x0e \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0f \x01(\rH\n\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x16\n\x14_skip_special_tokensB\x04\n\x02_nB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobs\"\xd9\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.banyan.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x32\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x19.banyan.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x15\n\x0bjson_schema\x18\x07 \x01(\tH\x01\x12\x0f\n\x05regex\x18\x08 \x01(\tH\x01\x12\x0e\n\x04\x65\x62nf\x18\t \x01(\tH\x01\x12$\n\x06\x63hoice\x18\n \x01(\x0b\x32\x12.banyan.v1.ChoicesH\x01\x12\x15\n\x0bjson_object\x18\x0b \x01(\x08H\x01\x42\x07\n\x05inputB\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\x16GeneratedTokenLogprobs\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.banyan.v1.TokenLogprob\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.banyan.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\xb0\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.banyan.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.banyan.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05index\x18\x08 \x01(\r\x12\x33\n\x08logprobs\x18\t \x03(\x0b\x32!.banyan.v1.GeneratedTokenLogprobsB\x18\n\x16_matched_stop_token_id\"\x88\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xef\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x15\n\reos_token_ids\x18\t \x03(\r\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\n \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\xb6\x01\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.banyan.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x15\n\rcontinuations\x18\x05 \x03(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\tB\x07\n\x05input\"~\n\x11\x43ontinuationScore\x12\'\n\x06tokens\x18\x01 \x03(\x0b\x32\x17.banyan.v1.TokenLogprob\x12\x13\n\x0blogprob_sum\x18\x02 \x01(\x01\x12\x14\n\x0clogprob_mean\x18\x03 \x01(\x01\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"h\n\rScoreResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06scores\x18\x02 \x03(\x0b\x32\x1c.banyan.v1.ContinuationScore\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xb6\x05\n\x0fGetLoadResponse\x12\x1c\n\x14num_running_requests\x18\x01 \x01(\r\x12\x1c\n\x14num_waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_free_tokens\x18\x03 \x01(\x04\x12\x16\n\x0ekv_used_tokens\x18\x04 \x01(\x04\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\r\n\x05steps\x18\x06 \x01(\x04\x12\x1f\n\x17prefill_computed_tokens\x18\x07 \x01(\x04\x12\x1d\n\x15prefill_cached_tokens\x18\x08 \x01(\x04\x12\x15\n\rdecode_tokens\x18\t \x01(\x04\x12\x13\n\x0bretractions\x18\n \x01(\x04\x12\x16\n\x0e\x65victed_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13kv_evictable_tokens\x18\x0c \x01(\x04\x12\x1b\n\x13jump_forward_tokens\x18\r \x01(\x04\x12*\n\x06groups\x18\x0e \x03(\x0b\x32\x1a.banyan.v1.GetLoadResponse\x12\x1a\n\x12host_cached_tokens\x18\x0f \x01(\x04\x12\x1a\n\x12\x64isk_cached_tokens\x18\x10 \x01(\x04\x12\x18\n\x10host_pool_tokens\x18\x11 \x01(\x04\x12\x18\n\x10host_used_tokens\x18\x12 \x01(\x04\x12\x1b\n\x13\x64isk_capacity_bytes\x18\x13 \x01(\x04\x12\x17\n\x0f\x64isk_used_bytes\x18\x14 \x01(\x04\x12\x1a\n\x12tier_stored_tokens\x18\x15 \x01(\x04\x12\x1a\n\x12tier_loaded_tokens\x18\x16 \x01(\x04\x12\x1b\n\x13\x64isk_written_tokens\x18\x17 \x01(\x04\x12\x18\n\x10\x64isk_read_tokens\x18\x18 \x01(\x04\x12\x15\n\rtier_failures\x18\x19 \x01(\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xf5\x03\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1a.banyan.v1.GenerateRequest\x1a\x1b.banyan.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.banyan.v1.TokenizeRequest\x1a\x1b.banyan.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.banyan.v1.DetokenizeRequest\x1a\x1d.banyan.v1.DetokenizeResponse\x12O\n\x0cGetModelInfo\x12\x1e.banyan.v1.GetModelInfoRequest\x1a\x1f.banyan.v1.GetModelInfoResponse\x12:\n\x05\x41\x62ort\x12\x17.banyan.v1.AbortRequest\x1a\x18.banyan.v1.AbortResponse\x12@\n\x07GetLoad\x12\x19.banyan.v1.GetLoadRequest\x1a\x1a.banyan.v1.GetLoadResponse\x12:\n\x05Score\x12\x17.banyan.v1.ScoreRequest\x1a\x18.banyan.v1.ScoreResponseB`\n\x0c\x61i.banyan.v1B\x0fGenerationProtoP\x01Z=github.com/banyan-ai/banyan/clients/go/gen/banyan/v1;banyanv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62\x61nyan/v1/generation.proto\x12\tbanyan.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.banyan.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x8a\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12 \n\x13skip_special_tokens\x18\n \x01(\x08H\x06\x88\x01\x01\x12\x0e\n\x01n\x18\x0b \x01(\rH\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\r \x01(\x02H\t\x88\x01\x01\x12\x10\n\x08logprobs\x18\x0e \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0f \x01(\rH\n\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x16\n\x14_skip_special_tokensB\x04\n\x02_nB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobs\"\x97\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.banyan.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x32\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x19.banyan.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x15\n\x0bjson_schema\x18\x07 \x01(\tH\x01\x12\x0f\n\x05regex\x18\x08 \x01(\tH\x01\x12\x0e\n\x04\x65\x62nf\x18\t \x01(\tH\x01\x12$\n\x06\x63hoice\x18\n \x01(\x0b\x32\x12.banyan.v1.ChoicesH\x01\x12\x15\n\x0bjson_object\x18\x0b \x01(\x08H\x01\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x12\n\nsession_id\x18\r \x01(\t\x12\x16\n\x0esession_parent\x18\x0e \x01(\tB\x07\n\x05inputB\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\x16GeneratedTokenLogprobs\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.banyan.v1.TokenLogprob\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.banyan.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\xb0\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.banyan.v1.FinishReason\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.banyan.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05index\x18\x08 \x01(\r\x12\x33\n\x08logprobs\x18\t \x03(\x0b\x32!.banyan.v1.GeneratedTokenLogprobsB\x18\n\x16_matched_stop_token_id\"\x88\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xef\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\x1c\n\x14max_running_requests\x18\x06 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x15\n\reos_token_ids\x18\t \x03(\r\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\n \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\xb6\x01\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.banyan.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x15\n\rcontinuations\x18\x05 \x03(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\tB\x07\n\x05input\"~\n\x11\x43ontinuationScore\x12\'\n\x06tokens\x18\x01 \x03(\x0b\x32\x17.banyan.v1.TokenLogprob\x12\x13\n\x0blogprob_sum\x18\x02 \x01(\x01\x12\x14\n\x0clogprob_mean\x18\x03 \x01(\x01\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"h\n\rScoreResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06scores\x18\x02 \x03(\x0b\x32\x1c.banyan.v1.ContinuationScore\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xdf\x06\n\x0fGetLoadResponse\x12\x1c\n\x14num_running_requests\x18\x01 \x01(\r\x12\x1c\n\x14num_waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_free_tokens\x18\x03 \x01(\x04\x12\x16\n\x0ekv_used_tokens\x18\x04 \x01(\x04\x12\x16\n\x0ekv_pool_tokens\x18\x05 \x01(\x04\x12\r\n\x05steps\x18\x06 \x01(\x04\x12\x1f\n\x17prefill_computed_tokens\x18\x07 \x01(\x04\x12\x1d\n\x15prefill_cached_tokens\x18\x08 \x01(\x04\x12\x15\n\rdecode_tokens\x18\t \x01(\x04\x12\x13\n\x0bretractions\x18\n \x01(\x04\x12\x16\n\x0e\x65victed_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13kv_evictable_tokens\x18\x0c \x01(\x04\x12\x1b\n\x13jump_forward_tokens\x18\r \x01(\x04\x12*\n\x06groups\x18\x0e \x03(\x0b\x32\x1a.banyan.v1.GetLoadResponse\x12\x13\n\x0bpreemptions\x18\x0f \x01(\x04\x12\x15\n\rshed_requests\x18\x10 \x01(\x04\x12\x14\n\x0cnum_sessions\x18\x11 \x01(\r\x12\x16\n\x0esession_tokens\x18\x12 \x01(\x04\x12\x1b\n\x13num_pinned_prefixes\x18\x13 \x01(\r\x12\x15\n\rpinned_tokens\x18\x14 \x01(\x04\x12\x19\n\x11max_pinned_tokens\x18\x15 \x01(\x04\x12\x1a\n\x12host_cached_tokens\x18\x16 \x01(\x04\x12\x1a\n\x12\x64isk_cached_tokens\x18\x17 \x01(\x04\x12\x18\n\x10host_pool_tokens\x18\x18 \x01(\x04\x12\x18\n\x10host_used_tokens\x18\x19 \x01(\x04\x12\x1b\n\x13\x64isk_capacity_bytes\x18\x1a \x01(\x04\x12\x17\n\x0f\x64isk_used_bytes\x18\x1b \x01(\x04\x12\x1a\n\x12tier_stored_tokens\x18\x1c \x01(\x04\x12\x1a\n\x12tier_loaded_tokens\x18\x1d \x01(\x04\x12\x1b\n\x13\x64isk_written_tokens\x18\x1e \x01(\x04\x12\x18\n\x10\x64isk_read_tokens\x18\x1f \x01(\x04\x12\x15\n\rtier_failures\x18  \x01(\x04\"v\n\x12OpenSessionRequest\x12\x18\n\x0bttl_seconds\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x15\n\x08\x63\x61pacity\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x12\n\ncache_salt\x18\x03 \x01(\tB\x0e\n\x0c_ttl_secondsB\x0b\n\t_capacity\"P\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06tokens\x18\x01 \x01(\x04\"\xb9\x01\n\x10PinPrefixRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.banyan.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x14.banyan.v1.ChatInputH\x00\x12\x18\n\x0bttl_seconds\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x12\n\ncache_salt\x18\x05 \x01(\tB\x07\n\x05inputB\x0e\n\x0c_ttl_seconds\"J\n\x11PinPrefixResponse\x12\x0e\n\x06pin_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"$\n\x12UnpinPrefixRequest\x12\x0e\n\x06pin_id\x18\x01 \x01(\t\"%\n\x13UnpinPrefixResponse\x12\x0e\n\x06tokens\x18\x01 \x01(\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xaa\x06\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1a.banyan.v1.GenerateRequest\x1a\x1b.banyan.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.banyan.v1.TokenizeRequest\x1a\x1b.banyan.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.banyan.v1.DetokenizeRequest\x1a\x1d.banyan.v1.DetokenizeResponse\x12O\n\x0cGetModelInfo\x12\x1e.banyan.v1.GetModelInfoRequest\x1a\x1f.banyan.v1.GetModelInfoResponse\x12:\n\x05\x41\x62ort\x12\x17.banyan.v1.AbortRequest\x1a\x18.banyan.v1.AbortResponse\x12@\n\x07GetLoad\x12\x19.banyan.v1.GetLoadRequest\x1a\x1a.banyan.v1.GetLoadResponse\x12:\n\x05Score\x12\x17.banyan.v1.ScoreRequest\x1a\x18.banyan.v1.ScoreResponse\x12L\n\x0bOpenSession\x12\x1d.banyan.v1.OpenSessionRequest\x1a\x1e.banyan.v1.OpenSessionResponse\x12O\n\x0c\x43loseSession\x12\x1e.banyan.v1.CloseSessionRequest\x1a\x1f.banyan.v1.CloseSessionResponse\x12\x46\n\tPinPrefix\x12\x1b.banyan.v1.PinPrefixRequest\x1a\x1c.banyan.v1.PinPrefixResponse\x12L\n\x0bUnpinPrefix\x12\x1d.banyan.v1.UnpinPrefixRequest\x1a\x1e.banyan.v1.UnpinPrefixResponseB`\n\x0c\x61i.banyan.v1B\x0fGenerationProtoP\x01Z=github.com/banyan-ai/banyan/clients/go/gen/banyan/v1;banyanv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,8 +32,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'banyan.v1.generation_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\014ai.banyan.v1B\017GenerationProtoP\001Z=github.com/banyan-ai/banyan/clients/go/gen/banyan/v1;banyanv1'
-  _globals['_FINISHREASON']._serialized_start=3469
-  _globals['_FINISHREASON']._serialized_end=3589
+  _globals['_FINISHREASON']._serialized_start=4326
+  _globals['_FINISHREASON']._serialized_end=4446
   _globals['_CHATMESSAGE']._serialized_start=41
   _globals['_CHATMESSAGE']._serialized_end=85
   _globals['_CHATINPUT']._serialized_start=87
@@ -43,43 +43,59 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=230
   _globals['_SAMPLINGPARAMS']._serialized_end=752
   _globals['_GENERATEREQUEST']._serialized_start=755
-  _globals['_GENERATEREQUEST']._serialized_end=1100
-  _globals['_CHOICES']._serialized_start=1102
-  _globals['_CHOICES']._serialized_end=1128
-  _globals['_TOKENLOGPROB']._serialized_start=1130
-  _globals['_TOKENLOGPROB']._serialized_end=1179
-  _globals['_GENERATEDTOKENLOGPROBS']._serialized_start=1181
-  _globals['_GENERATEDTOKENLOGPROBS']._serialized_end=1283
-  _globals['_USAGE']._serialized_start=1285
-  _globals['_USAGE']._serialized_end=1365
-  _globals['_GENERATERESPONSE']._serialized_start=1368
-  _globals['_GENERATERESPONSE']._serialized_end=1672
-  _globals['_TOKENIZEREQUEST']._serialized_start=1675
-  _globals['_TOKENIZEREQUEST']._serialized_end=1811
-  _globals['_TOKENIZERESPONSE']._serialized_start=1813
-  _globals['_TOKENIZERESPONSE']._serialized_end=1866
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1868
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1964
-  _globals['_DETOKENIZERESPONSE']._serialized_start=1966
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2000
-  _globals['_GETMODELINFOREQUEST']._serialized_start=2002
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2023
-  _globals['_GETMODELINFORESPONSE']._serialized_start=2026
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2265
-  _globals['_ABORTREQUEST']._serialized_start=2267
-  _globals['_ABORTREQUEST']._serialized_end=2301
-  _globals['_ABORTRESPONSE']._serialized_start=2303
-  _globals['_ABORTRESPONSE']._serialized_end=2333
-  _globals['_SCOREREQUEST']._serialized_start=2336
-  _globals['_SCOREREQUEST']._serialized_end=2518
-  _globals['_CONTINUATIONSCORE']._serialized_start=2520
-  _globals['_CONTINUATIONSCORE']._serialized_end=2646
-  _globals['_SCORERESPONSE']._serialized_start=2648
-  _globals['_SCORERESPONSE']._serialized_end=2752
-  _globals['_GETLOADREQUEST']._serialized_start=2754
-  _globals['_GETLOADREQUEST']._serialized_end=2770
-  _globals['_GETLOADRESPONSE']._serialized_start=2773
-  _globals['_GETLOADRESPONSE']._serialized_end=3467
-  _globals['_GENERATIONSERVICE']._serialized_start=3592
-  _globals['_GENERATIONSERVICE']._serialized_end=4093
+  _globals['_GENERATEREQUEST']._serialized_end=1162
+  _globals['_CHOICES']._serialized_start=1164
+  _globals['_CHOICES']._serialized_end=1190
+  _globals['_TOKENLOGPROB']._serialized_start=1192
+  _globals['_TOKENLOGPROB']._serialized_end=1241
+  _globals['_GENERATEDTOKENLOGPROBS']._serialized_start=1243
+  _globals['_GENERATEDTOKENLOGPROBS']._serialized_end=1345
+  _globals['_USAGE']._serialized_start=1347
+  _globals['_USAGE']._serialized_end=1427
+  _globals['_GENERATERESPONSE']._serialized_start=1430
+  _globals['_GENERATERESPONSE']._serialized_end=1734
+  _globals['_TOKENIZEREQUEST']._serialized_start=1737
+  _globals['_TOKENIZEREQUEST']._serialized_end=1873
+  _globals['_TOKENIZERESPONSE']._serialized_start=1875
+  _globals['_TOKENIZERESPONSE']._serialized_end=1928
+  _globals['_DETOKENIZEREQUEST']._serialized_start=1930
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2026
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2028
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2062
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2064
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2085
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2088
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2327
+  _globals['_ABORTREQUEST']._serialized_start=2329
+  _globals['_ABORTREQUEST']._serialized_end=2363
+  _globals['_ABORTRESPONSE']._serialized_start=2365
+  _globals['_ABORTRESPONSE']._serialized_end=2395
+  _globals['_SCOREREQUEST']._serialized_start=2398
+  _globals['_SCOREREQUEST']._serialized_end=2580
+  _globals['_CONTINUATIONSCORE']._serialized_start=2582
+  _globals['_CONTINUATIONSCORE']._serialized_end=2708
+  _globals['_SCORERESPONSE']._serialized_start=2710
+  _globals['_SCORERESPONSE']._serialized_end=2814
+  _globals['_GETLOADREQUEST']._serialized_start=2816
+  _globals['_GETLOADREQUEST']._serialized_end=2832
+  _globals['_GETLOADRESPONSE']._serialized_start=2835
+  _globals['_GETLOADRESPONSE']._serialized_end=3698
+  _globals['_OPENSESSIONREQUEST']._serialized_start=3700
+  _globals['_OPENSESSIONREQUEST']._serialized_end=3818
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=3820
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=3900
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=3902
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=3943
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=3945
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=3983
+  _globals['_PINPREFIXREQUEST']._serialized_start=3986
+  _globals['_PINPREFIXREQUEST']._serialized_end=4171
+  _globals['_PINPREFIXRESPONSE']._serialized_start=4173
+  _globals['_PINPREFIXRESPONSE']._serialized_end=4247
+  _globals['_UNPINPREFIXREQUEST']._serialized_start=4249
+  _globals['_UNPINPREFIXREQUEST']._serialized_end=4285
+  _globals['_UNPINPREFIXRESPONSE']._serialized_start=4287
+  _globals['_UNPINPREFIXRESPONSE']._serialized_end=4324
+  _globals['_GENERATIONSERVICE']._serialized_start=4449
+  _globals['_GENERATIONSERVICE']._serialized_end=5259
 # @@protoc_insertion_point(module_scope)

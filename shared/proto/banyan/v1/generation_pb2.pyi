@@ -75,7 +75,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., n: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "cache_salt", "json_schema", "regex", "ebnf", "choice", "json_object")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling_params", "cache_salt", "json_schema", "regex", "ebnf", "choice", "json_object", "priority", "session_id", "session_parent")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,9 @@ class GenerateRequest(_message.Message):
     EBNF_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_PARENT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -98,7 +101,10 @@ class GenerateRequest(_message.Message):
     ebnf: str
     choice: Choices
     json_object: bool
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ...) -> None: ...
+    priority: int
+    session_id: str
+    session_parent: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ..., priority: _Optional[int] = ..., session_id: _Optional[str] = ..., session_parent: _Optional[str] = ...) -> None: ...
 
 class Choices(_message.Message):
     __slots__ = ("choices",)
@@ -269,7 +275,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens", "jump_forward_tokens", "groups", "host_cached_tokens", "disk_cached_tokens", "host_pool_tokens", "host_used_tokens", "disk_capacity_bytes", "disk_used_bytes", "tier_stored_tokens", "tier_loaded_tokens", "disk_written_tokens", "disk_read_tokens", "tier_failures")
+    __slots__ = ("num_running_requests", "num_waiting_requests", "kv_free_tokens", "kv_used_tokens", "kv_pool_tokens", "steps", "prefill_computed_tokens", "prefill_cached_tokens", "decode_tokens", "retractions", "evicted_tokens", "kv_evictable_tokens", "jump_forward_tokens", "groups", "preemptions", "shed_requests", "num_sessions", "session_tokens", "num_pinned_prefixes", "pinned_tokens", "max_pinned_tokens", "host_cached_tokens", "disk_cached_tokens", "host_pool_tokens", "host_used_tokens", "disk_capacity_bytes", "disk_used_bytes", "tier_stored_tokens", "tier_loaded_tokens", "disk_written_tokens", "disk_read_tokens", "tier_failures")
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +290,13 @@ class GetLoadResponse(_message.Message):
     KV_EVICTABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINNED_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PINNED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HOST_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DISK_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HOST_POOL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +322,13 @@ class GetLoadResponse(_message.Message):
     kv_evictable_tokens: int
     jump_forward_tokens: int
     groups: _containers.RepeatedCompositeFieldContainer[GetLoadResponse]
+    preemptions: int
+    shed_requests: int
+    num_sessions: int
+    session_tokens: int
+    num_pinned_prefixes: int
+    pinned_tokens: int
+    max_pinned_tokens: int
     host_cached_tokens: int
     disk_cached_tokens: int
     host_pool_tokens: int
@@ -320,4 +340,72 @@ class GetLoadResponse(_message.Message):
     disk_written_tokens: int
     disk_read_tokens: int
     tier_failures: int
-    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GetLoadResponse, _Mapping]]] = ..., host_cached_tokens: _Optional[int] = ..., disk_cached_tokens: _Optional[int] = ..., host_pool_tokens: _Optional[int] = ..., host_used_tokens: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., tier_stored_tokens: _Optional[int] = ..., tier_loaded_tokens: _Optional[int] = ..., disk_written_tokens: _Optional[int] = ..., disk_read_tokens: _Optional[int] = ..., tier_failures: _Optional[int] = ...) -> None: ...
+    def __init__(self, num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_pool_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., prefill_computed_tokens: _Optional[int] = ..., prefill_cached_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., kv_evictable_tokens: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GetLoadResponse, _Mapping]]] = ..., preemptions: _Optional[int] = ..., shed_requests: _Optional[int] = ..., num_sessions: _Optional[int] = ..., session_tokens: _Optional[int] = ..., num_pinned_prefixes: _Optional[int] = ..., pinned_tokens: _Optional[int] = ..., max_pinned_tokens: _Optional[int] = ..., host_cached_tokens: _Optional[int] = ..., disk_cached_tokens: _Optional[int] = ..., host_pool_tokens: _Optional[int] = ..., host_used_tokens: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., tier_stored_tokens: _Optional[int] = ..., tier_loaded_tokens: _Optional[int] = ..., disk_written_tokens: _Optional[int] = ..., disk_read_tokens: _Optional[int] = ..., tier_failures: _Optional[int] = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("ttl_seconds", "capacity", "cache_salt")
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    ttl_seconds: int
+    capacity: int
+    cache_salt: str
+    def __init__(self, ttl_seconds: _Optional[int] = ..., capacity: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class OpenSessionResponse(_message.Message):
+    __slots__ = ("session_id", "ttl_seconds", "capacity")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    ttl_seconds: int
+    capacity: int
+    def __init__(self, session_id: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    def __init__(self, tokens: _Optional[int] = ...) -> None: ...
+
+class PinPrefixRequest(_message.Message):
+    __slots__ = ("text", "token_ids", "chat", "ttl_seconds", "cache_salt")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: TokenIds
+    chat: ChatInput
+    ttl_seconds: int
+    cache_salt: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., ttl_seconds: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class PinPrefixResponse(_message.Message):
+    __slots__ = ("pin_id", "tokens", "cached_tokens")
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    pin_id: str
+    tokens: int
+    cached_tokens: int
+    def __init__(self, pin_id: _Optional[str] = ..., tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class UnpinPrefixRequest(_message.Message):
+    __slots__ = ("pin_id",)
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    pin_id: str
+    def __init__(self, pin_id: _Optional[str] = ...) -> None: ...
+
+class UnpinPrefixResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    def __init__(self, tokens: _Optional[int] = ...) -> None: ...

@@ -29,8 +29,11 @@ class GenerationServiceStub:
     """Text generation, tokenization and model information.
 
     Errors are gRPC status codes: INVALID_ARGUMENT for bad input (the message says which field and
-    why), ALREADY_EXISTS for a request_id already in flight, UNAVAILABLE while the model is not
-    loaded or the engine is shutting down, CANCELLED / DEADLINE_EXCEEDED when the client gives up.
+    why), ALREADY_EXISTS for a request_id already in flight, NOT_FOUND for a session or pin that does
+    not exist (any more), FAILED_PRECONDITION for a session turn the session cannot take (its
+    capacity), RESOURCE_EXHAUSTED when the queue or the pinned-token budget is full, UNAVAILABLE while
+    the model is not loaded or the engine is shutting down, CANCELLED / DEADLINE_EXCEEDED when the
+    client gives up.
     """
 
     def __init__(self, channel):
@@ -74,14 +77,37 @@ class GenerationServiceStub:
                 request_serializer=banyan_dot_v1_dot_generation__pb2.ScoreRequest.SerializeToString,
                 response_deserializer=banyan_dot_v1_dot_generation__pb2.ScoreResponse.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_unary(
+                '/banyan.v1.GenerationService/OpenSession',
+                request_serializer=banyan_dot_v1_dot_generation__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=banyan_dot_v1_dot_generation__pb2.OpenSessionResponse.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/banyan.v1.GenerationService/CloseSession',
+                request_serializer=banyan_dot_v1_dot_generation__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=banyan_dot_v1_dot_generation__pb2.CloseSessionResponse.FromString,
+                _registered_method=True)
+        self.PinPrefix = channel.unary_unary(
+                '/banyan.v1.GenerationService/PinPrefix',
+                request_serializer=banyan_dot_v1_dot_generation__pb2.PinPrefixRequest.SerializeToString,
+                response_deserializer=banyan_dot_v1_dot_generation__pb2.PinPrefixResponse.FromString,
+                _registered_method=True)
+        self.UnpinPrefix = channel.unary_unary(
+                '/banyan.v1.GenerationService/UnpinPrefix',
+                request_serializer=banyan_dot_v1_dot_generation__pb2.UnpinPrefixRequest.SerializeToString,
+                response_deserializer=banyan_dot_v1_dot_generation__pb2.UnpinPrefixResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
     """Text generation, tokenization and model information.
 
     Errors are gRPC status codes: INVALID_ARGUMENT for bad input (the message says which field and
-    why), ALREADY_EXISTS for a request_id already in flight, UNAVAILABLE while the model is not
-    loaded or the engine is shutting down, CANCELLED / DEADLINE_EXCEEDED when the client gives up.
+    why), ALREADY_EXISTS for a request_id already in flight, NOT_FOUND for a session or pin that does
+    not exist (any more), FAILED_PRECONDITION for a session turn the session cannot take (its
+    capacity), RESOURCE_EXHAUSTED when the queue or the pinned-token budget is full, UNAVAILABLE while
+    the model is not loaded or the engine is shutting down, CANCELLED / DEADLINE_EXCEEDED when the
+    client gives up.
     """
 
     def Generate(self, request, context):
@@ -136,6 +162,39 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """Opens a session: a conversation whose tokens the server keeps and whose KV it pins (exempt
+        from eviction) until CloseSession or until it has been idle for its TTL. Generate with the
+        session_id continues it, sending only the new input.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Closes a session at once: its KV is no longer pinned. NOT_FOUND if it does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PinPrefix(self, request, context):
+        """Computes a prefix (a system prompt, few-shot examples) once and pins its KV in the prefix
+        cache, exempt from eviction until UnpinPrefix or its TTL: every request that starts with it
+        reuses it. Pinned prefixes and sessions share one budget of pinned tokens
+        (RESOURCE_EXHAUSTED past it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnpinPrefix(self, request, context):
+        """Unpins a prefix pinned by PinPrefix (it stays cached until evicted). NOT_FOUND if unknown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +233,26 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     request_deserializer=banyan_dot_v1_dot_generation__pb2.ScoreRequest.FromString,
                     response_serializer=banyan_dot_v1_dot_generation__pb2.ScoreResponse.SerializeToString,
             ),
+            'OpenSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=banyan_dot_v1_dot_generation__pb2.OpenSessionRequest.FromString,
+                    response_serializer=banyan_dot_v1_dot_generation__pb2.OpenSessionResponse.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=banyan_dot_v1_dot_generation__pb2.CloseSessionRequest.FromString,
+                    response_serializer=banyan_dot_v1_dot_generation__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'PinPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinPrefix,
+                    request_deserializer=banyan_dot_v1_dot_generation__pb2.PinPrefixRequest.FromString,
+                    response_serializer=banyan_dot_v1_dot_generation__pb2.PinPrefixResponse.SerializeToString,
+            ),
+            'UnpinPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnpinPrefix,
+                    request_deserializer=banyan_dot_v1_dot_generation__pb2.UnpinPrefixRequest.FromString,
+                    response_serializer=banyan_dot_v1_dot_generation__pb2.UnpinPrefixResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'banyan.v1.GenerationService', rpc_method_handlers)
@@ -186,8 +265,11 @@ class GenerationService:
     """Text generation, tokenization and model information.
 
     Errors are gRPC status codes: INVALID_ARGUMENT for bad input (the message says which field and
-    why), ALREADY_EXISTS for a request_id already in flight, UNAVAILABLE while the model is not
-    loaded or the engine is shutting down, CANCELLED / DEADLINE_EXCEEDED when the client gives up.
+    why), ALREADY_EXISTS for a request_id already in flight, NOT_FOUND for a session or pin that does
+    not exist (any more), FAILED_PRECONDITION for a session turn the session cannot take (its
+    capacity), RESOURCE_EXHAUSTED when the queue or the pinned-token budget is full, UNAVAILABLE while
+    the model is not loaded or the engine is shutting down, CANCELLED / DEADLINE_EXCEEDED when the
+    client gives up.
     """
 
     @staticmethod
@@ -369,6 +451,114 @@ class GenerationService:
             '/banyan.v1.GenerationService/Score',
             banyan_dot_v1_dot_generation__pb2.ScoreRequest.SerializeToString,
             banyan_dot_v1_dot_generation__pb2.ScoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/banyan.v1.GenerationService/OpenSession',
+            banyan_dot_v1_dot_generation__pb2.OpenSessionRequest.SerializeToString,
+            banyan_dot_v1_dot_generation__pb2.OpenSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/banyan.v1.GenerationService/CloseSession',
+            banyan_dot_v1_dot_generation__pb2.CloseSessionRequest.SerializeToString,
+            banyan_dot_v1_dot_generation__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/banyan.v1.GenerationService/PinPrefix',
+            banyan_dot_v1_dot_generation__pb2.PinPrefixRequest.SerializeToString,
+            banyan_dot_v1_dot_generation__pb2.PinPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnpinPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/banyan.v1.GenerationService/UnpinPrefix',
+            banyan_dot_v1_dot_generation__pb2.UnpinPrefixRequest.SerializeToString,
+            banyan_dot_v1_dot_generation__pb2.UnpinPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,186 @@
+"""Priority scheduling without processes: the order (levels, the policy within a level, aging),
+preemption (a free running slot or KV headroom for a waiting request that outranks running ones;
+never useless, never of aged requests, the threshold), retraction choosing low priority first,
+and shedding from a full queue."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from services.scheduler.batcher import Batcher, Limits
+from services.scheduler.kv import KVManager
+from services.scheduler.policy import POLICIES
+from services.scheduler.priority import AGED, Preemptor, PriorityPolicy, shed_victims
+from services.scheduler.request import Req, Status
+from services.scheduler.requests import RequestTable
+from shared.messages.common import SamplingParams
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def req(prompt, priority=0, max_new=64, rid="r", at=0.0) -> Req:
+    r = Req(rid=rid, replica=b"t", prompt=list(prompt), params=SamplingParams(max_new_tokens=max_new),
+            priority=priority)
+    if at:
+        r.arrival = r.queued_at = at
+    return r
+
+
+def batcher(pool=4096, rows=64, policy="fcfs", threshold=10, aging=0.0, clock=None, max_running=None):
+    kv = KVManager(pool, rows)
+    order = PriorityPolicy(POLICIES[policy](), aging, clock or Clock())
+    pre = Preemptor(order, threshold) if threshold else None
+    return Batcher(kv, order, Limits(max_running or rows, 1024, 1024), preemptor=pre)
+
+
+def step(b: Batcher, running, waiting, token=5):
+    s = b.build(running, waiting)
+    if s is None:
+        return None
+    for r, n, sample in zip(s.reqs, s.extend, s.emits):
+        if n > 1 or not r.output:
+            b.kv.cache_prefix(r)
+        if sample:
+            r.pending -= 1
+            r.output.append(token)
+    b.kv.check_integrity(running)
+    return s
+
+
+def rids(reqs) -> list[str]:
+    return [r.rid for r in reqs]
+
+
+def test_order_is_by_level_then_the_policy_within_a_level():
+    clock = Clock()
+    b = batcher(policy="lpm", clock=clock)
+    running = []
+    step(b, running, deque([req(range(500, 600), rid="warm")]))  # caches 500..599
+    for r in list(running):
+        running.remove(r)
+        b.kv.release(r)
+    waiting = deque([req(range(700, 800), 0, rid="low-cold"), req(list(range(500, 600)) + [1], 0, rid="low-hit"),
+                     req(range(800, 900), 5, rid="mid"), req(range(900, 950), 10, rid="high-cold"),
+                     req(list(range(500, 600)) + [2], 10, rid="high-hit")])
+    assert rids(b.policy.order(waiting, b.kv)) == ["high-hit", "high-cold", "mid", "low-hit", "low-cold"]
+    # one level: the inner policy alone
+    same = deque([r for r in waiting if r.priority == 0])
+    assert rids(b.policy.order(same, b.kv)) == rids(POLICIES["lpm"]().order(same, b.kv))
+
+
+def test_aging_puts_a_request_ahead_of_every_level_and_shields_it_from_preemption():
+    clock = Clock()
+    b = batcher(aging=30.0, clock=clock, max_running=1)
+    old = req(range(10, 50), 0, rid="old", at=clock.t - 10)
+    new = req(range(60, 100), 10, rid="new", at=clock.t - 1)
+    waiting = deque([old, new])
+    assert rids(b.policy.order(waiting, b.kv)) == ["new", "old"]
+    clock.t += 25  # old has waited 35 s: aged
+    assert rids(b.policy.order(waiting, b.kv)) == ["old", "new"] and old.aged and not new.aged
+    running: list[Req] = []
+    waiting = deque([old])
+    step(b, running, waiting)
+    assert running == [old]
+    waiting.append(req(range(200, 240), 100, rid="urgent", at=clock.t))
+    for _ in range(3):
+        step(b, running, waiting)
+    assert running == [old] and b.counters.preemptions == 0  # an aged request is not preempted
+
+
+def test_preemption_frees_a_running_slot_for_a_higher_priority_request():
+    b = batcher(max_running=2)
+    running: list[Req] = []
+    waiting = deque([req(range(10, 40), 0, rid="a")])
+    for _ in range(3):
+        step(b, running, waiting)
+    waiting += [req(range(50, 80), 0, rid="b"), req(range(90, 120), 0, rid="c")]
+    step(b, running, waiting)
+    assert rids(running) == ["a", "b"] and rids(waiting) == ["c"]
+    a_out = list(running[0].output)
+    urgent = req(range(300, 340), 10, rid="urgent")
+    waiting.append(urgent)
+    s = step(b, running, waiting)
+    assert urgent in s.reqs and urgent.status is Status.RUNNING and b.counters.preemptions == 1
+    victim = next(r for r in (running[0], *waiting) if r.rid in ("a", "b") and r.status is Status.WAITING)
+    assert victim.rid == "b" and victim.retractions == 1  # least progress among the lowest level
+    assert rids(waiting)[0] == "b" and rids(waiting)[1] == "c"  # it resumes first among its level
+    assert running[0].rid == "a" and running[0].output[:len(a_out)] == a_out
+
+
+def test_the_threshold_decides_who_preempts_whom():
+    b = batcher(max_running=1, threshold=10)
+    running: list[Req] = []
+    waiting = deque([req(range(10, 40), 0, rid="low")])
+    step(b, running, waiting)
+    waiting.append(req(range(50, 80), 9, rid="nine"))
+    step(b, running, waiting)
+    assert rids(running) == ["low"] and b.counters.preemptions == 0
+    waiting.append(req(range(90, 120), 10, rid="ten"))
+    step(b, running, waiting)
+    assert rids(running) == ["ten"] and b.counters.preemptions == 1
+    assert rids(b.policy.order(waiting, b.kv)) == ["nine", "low"]  # 9 does not preempt 0, but goes first
+
+
+def test_preemption_makes_kv_headroom_and_the_victim_keeps_its_output():
+    # a pool of 300: two low-priority requests (40 + up to 100 tokens each) hold most of it
+    b = batcher(pool=300, max_running=8)
+    running: list[Req] = []
+    waiting = deque([req(range(10, 50), 0, max_new=100, rid="a"), req(range(60, 100), 0, max_new=100, rid="b")])
+    for _ in range(30):
+        step(b, running, waiting)
+    outputs = {r.rid: list(r.output) for r in running}
+    urgent = req(range(400, 520), 10, max_new=40, rid="urgent")
+    waiting.append(urgent)
+    step(b, running, waiting)
+    assert urgent.status is Status.RUNNING and b.counters.preemptions >= 1
+    preempted = [r for r in waiting if r.rid in outputs]
+    assert preempted and all(r.output == outputs[r.rid] and r.retractions == 1 for r in preempted)
+    # its KV went into the cache: resuming recomputes little
+    assert all(b.kv.peek_prefix(r) >= 40 for r in preempted)
+
+
+def test_no_preemption_that_would_not_make_room():
+    b = batcher(pool=200, max_running=8)
+    running: list[Req] = []
+    waiting = deque([req(range(10, 30), 0, max_new=20, rid="a")])
+    step(b, running, waiting)
+    huge = req(range(300, 480), 10, max_new=100, rid="huge")  # 280 tokens: more than the pool
+    waiting.append(huge)
+    step(b, running, waiting)
+    assert rids(running) == ["a"] and b.counters.preemptions == 0 and huge.status is Status.WAITING
+
+
+def test_decode_pressure_retracts_the_lowest_priority_first():
+    b = batcher(pool=160, threshold=0)
+    b.new_token_ratio = 0.1  # (admit both at once: their decode then outgrows the pool)
+    running: list[Req] = []
+    waiting = deque([req(range(10, 50), 5, max_new=200, rid="high"), req(range(60, 100), 0, max_new=200, rid="low")])
+    for _ in range(100):
+        step(b, running, waiting)
+        if b.counters.retractions:
+            break
+    assert b.counters.retractions >= 1
+    assert all(r.rid == "low" for r in waiting) and any(r.rid == "high" for r in running)
+
+
+def test_shedding_picks_the_lowest_priority_newest_requests_that_never_started():
+    table = RequestTable(lambda ident, msg: None)
+    reqs = [req(range(10, 20), p, rid=f"r{i}", at=100.0 + i) for i, p in enumerate([0, 0, 1, 5, 0])]
+    for r in reqs:
+        table.add([r])
+        table.enqueue([r])
+    reqs[4].retractions = 1  # started once (it may have streamed): never shed
+    assert shed_victims(table, 2, priority=3) == ["r1", "r0"]
+    assert shed_victims(table, 3, priority=3) == ["r1", "r0", "r2"]
+    assert shed_victims(table, 4, priority=3) is None  # r3 (5) outranks, r4 started: not enough
+    assert shed_victims(table, 1, priority=0) is None  # nothing below priority 0
+
+
+def test_aged_level_is_above_every_priority():
+    assert AGED > 10**9
