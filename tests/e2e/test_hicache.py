@@ -7,13 +7,15 @@ came from there; failures are counted and their tokens recomputed; the pool ends
 from __future__ import annotations
 
 import random
-import shutil
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from tests.support import Server, make_tiny_model
+from tests.support import ROOT, Server, make_tiny_model
 from services.worker.disk_store import MAGIC, PREFIX, DiskHeader
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
@@ -130,8 +132,6 @@ def foreign_copy(src: Path, dst: Path) -> None:
     _, hlen, _ = PREFIX.unpack(raw[:PREFIX.size])
     hdr = msgspec.msgpack.decode(raw[PREFIX.size:PREFIX.size + hlen], type=DiskHeader)
     hb = msgspec.msgpack.encode(msgspec.structs.replace(hdr, fingerprint="f" * 64))
-    import zlib
-
     dst.write_bytes(PREFIX.pack(MAGIC, len(hb), zlib.crc32(hb)) + hb + raw[PREFIX.size + hlen:])
 
 
@@ -171,12 +171,9 @@ def test_disk_tier_survives_a_restart_and_ignores_bad_files(model_dir, reference
 
 
 def test_disk_tier_flags_are_checked(model_dir, tmp_path):
-    import subprocess
-    import sys
-
-    from tests.support import ROOT
-
-    r = subprocess.run([sys.executable, "-m", "banyan.cli", "serve", "--model", model_dir, "--hicache-storage-dir",
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--hicache-storage-dir needs the host tier" in r.stderr, r.stderr
-    shutil.rmtree(tmp_path, ignore_errors=True)
+    for flags, says in ((["--hicache-storage-dir", str(tmp_path)], "--hicache-storage-dir needs the host tier"),
+                        (["--hicache-size", "1", "--hicache-ratio", "2"], "give --hicache-size or --hicache-ratio"),
+                        (["--hicache-write-policy", "later"], "--hicache-write-policy 'later' is not one of")):
+        r = subprocess.run([sys.executable, "-m", "banyan.cli", "serve", "--model", model_dir, *flags], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
