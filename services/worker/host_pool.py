@@ -134,7 +134,7 @@ class TierCopier:
                 self.tok[d] = self.host.data[h].view(-1, *self.row)
             self.done.append((op.op_id, time.perf_counter() - t0))
             return
-        idx = to_device(dev, torch.int64, self.kv.device)
+        idx = to_device(dev.astype(np.int64), torch.int64, self.kv.device)  # (a writable copy of the wire's)
         marker = torch.cuda.Event()
         marker.record()  # the compute stream so far (steps that wrote or may still write these slots)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
