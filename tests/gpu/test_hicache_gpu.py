@@ -82,8 +82,13 @@ def test_host_tier_outputs_equal_the_gpu_tier_alone(tmp_path: Path) -> None:
     from shared.proto.banyan.v1 import generation_pb2 as pb
     from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
-    model = build(tmp_path / "m", hidden_size=1024, intermediate_size=2816, num_attention_heads=8,
-                  num_key_value_heads=2, head_dim=128, vocab_size=32000, num_hidden_layers=4)
+    from benchmarks.gpu.suite import TOKENIZERS
+
+    tokenizer = next((t for t in TOKENIZERS if (t / "tokenizer.json").exists()), None)
+    if tokenizer is None:  # (a server needs a tokenizer even for token-id requests)
+        pytest.skip("no Llama 3 tokenizer in .assets/llama3 or the team folder")
+    model = build(tmp_path / "m", tokenizer, hidden_size=1024, intermediate_size=2816, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=128, num_hidden_layers=4)
     outs = []
     for i, flags in enumerate(((), ("--hicache-ratio", "4"))):
         s = Server(str(model), tmp_path / f"s{i}.log", "--max-total-tokens", "3000", "--http-port", "-1", *flags)
