@@ -16,7 +16,10 @@ from banyan.bench.runner import _dist, summarize
 
 
 async def run_multiturn(backend, convs: list[Conversation], concurrency: int, temperature: float = 0.0,
-                        progress: bool = True) -> dict:
+                        progress: bool = True, record: dict | None = None, replay: dict | None = None) -> dict:
+    """``record``: filled with each turn's prompt by (conversation, turn); ``replay``: such a record,
+    whose prompts are sent instead of the history this run's answers make (a second pass then asks
+    for exactly the first pass's token sequences, whatever the model answers this time)."""
     histories = [list(c.system) for c in convs]
     ready: deque[tuple[int, int]] = deque((i, 0) for i in range(len(convs)))  # (conversation, turn)
     results: list[tuple[int, int, Result]] = []
@@ -36,7 +39,9 @@ async def run_multiturn(backend, convs: list[Conversation], concurrency: int, te
                 continue
             i, t = ready.popleft()
             conv = convs[i]
-            prompt = histories[i] + conv.users[t]
+            prompt = replay[(i, t)] if replay is not None else histories[i] + conv.users[t]
+            if record is not None:
+                record[(i, t)] = prompt
             res = await backend.send(BenchRequest(prompt_ids=prompt, output_len=conv.output_lens[t]), True, temperature)
             results.append((i, t, res))
             if not res.ok:  # (the conversation cannot go on without its answer)

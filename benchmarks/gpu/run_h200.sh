@@ -13,12 +13,13 @@
 #    under a 10-minute command limit run it in two calls: suite-a (W1, W2, HF; ~6 min) and suite-b
 #    (W3, W4, W5; ~7 min), each writing $OUT/suite/suite_<workloads>.json; the table of both is
 #    merged when both are there (else: python -m benchmarks.gpu.suite --merge A.json B.json --out D).
-#    suite-c runs W7 (priority scheduling; ~7 min: two servers, a capacity run, two 45-s mixed runs).
+#    suite-c runs W2, W2S (W2 without the SMG gRPC service) and W7 (priority scheduling: two servers, a
+#    capacity run, two 45-s mixed runs).
 #    $SUITE_ARGS go to the suite (e.g. "--hf-subset 64"), $SERVE_ARGS to banyan serve. A timeout
 #    (SIGTERM) stops the servers and prints the table of what finished; the JSON has it too.
-#    suite-d: W6 (multi-turn, GPU pool capped at 60k tokens: GPU tier only / + host tier / + disk tier
-#    and a restart) and W2H (W2 with the host tier), its own call (~10 min budget: if it runs out, split it
-#    with SUITE_ARGS="--workloads W6 --w6-variants off,host" then SUITE_ARGS="--w6-variants disk").
+#    suite-d: W2, W2H (W2 with the host tier) and W6 (multi-turn, GPU pool capped at 60k tokens: GPU tier
+#    only / + host tier / + disk tier and a restart), its own call (~10 min budget: if it runs out, split
+#    W6 with SUITE_ARGS="--w6-variants off,host" then "--w6-variants disk").
 # 6. hicache: the hierarchical cache's GPU tests (copy stream, demote ordering, outputs with the host
 #    tier = without) and benchmarks/gpu/hicache_copy.py (copy GB/s, what copies cost concurrent GEMMs).
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last.
@@ -60,15 +61,15 @@ if [[ $STEPS == *serve* ]]; then
   echo "serve: $((SECONDS - t0)) s"
 fi
 if [[ $STEPS =~ suite(-[abcd])? ]]; then
-  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; suite-c) W=W7 T=560 ;;
-    suite-d) W=W6,W2H T=560 ;;
+  case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; suite-c) W=W2,W2S,W7 T=520 ;;
+    suite-d) W=W2,W2H,W6 T=520 ;;
     *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
   t0=$SECONDS
   # shellcheck disable=SC2086  # word splitting of the extra flags is intended
   timeout $T python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads "$W" ${SUITE_ARGS:-} \
     -- ${SERVE_ARGS:-} >"$OUT/suite_${W//,/-}.log" 2>&1 || status=1
   grep '^\[suite\]' "$OUT/suite_${W//,/-}.log" | tail -20
-  if [[ $W != W6,W2H && $W != W7 && -f $OUT/suite/suite_W1-W2-HF.json && -f $OUT/suite/suite_W3-W4-W5.json ]]; then
+  if [[ $W == W1,W2,HF || $W == W3,W4,W5 ]] && [[ -f $OUT/suite/suite_W1-W2-HF.json && -f $OUT/suite/suite_W3-W4-W5.json ]]; then
     python3 -m benchmarks.gpu.suite --merge "$OUT/suite/suite_W1-W2-HF.json" "$OUT/suite/suite_W3-W4-W5.json" \
       --out "$OUT/suite" | sed -n '/^## /,$p'
   else

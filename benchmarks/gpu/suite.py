@@ -13,7 +13,7 @@ own process first, then ``banyan serve`` (extra flags after ``--``) for
   W7  (--workloads W7 only) priority: background at 1.5x capacity + interactive 2 req/s, priority on vs
       off: interactive TTFT p99, ITL p99 vs alone, total tok/s (suite_workloads.w7)
   W6, W2H (only when named): multi-turn on a capped GPU pool, host / disk KV tiers; W2 with the host
-      tier (suite_w6.py)
+      tier, W2S: W2 without the SMG gRPC service (suite_w6.py)
 
     python -m benchmarks.gpu.suite --out /tmp/banyan-gpu/suite                     # everything
     python -m benchmarks.gpu.suite --workloads W1,W2,HF --out D                    # two invocations,
@@ -50,7 +50,7 @@ from benchmarks.gpu import suite_workloads as wl  # noqa: E402
 from benchmarks.gpu.make_model import build  # noqa: E402
 
 DEFAULT_WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "HF")
-WORKLOADS = (*DEFAULT_WORKLOADS, "W7", "W6", "W2H")  # (W7, W6 and W2H: only when named; servers of their own)
+WORKLOADS = (*DEFAULT_WORKLOADS, "W7", "W6", "W2H", "W2S")  # (W7, W6, W2H, W2S: only when named; own servers)
 TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=16384)
 TOKENIZERS = (ROOT / ".assets/llama3", ROOT.parent / "shared/assets/tokenizers/llama3")
@@ -115,6 +115,8 @@ def sizes_from(args) -> wl.Sizes:
                 else max(1, round(v * args.length_scale))
         kw[f.name] = v
     kw["hf_subset"] = min(base.hf_subset, kw["w2_num"])
+    if args.tiny:  # (a 2-layer hidden-64 model: 40 GiB of host tier would be ~10^8 of its tokens)
+        kw["w6_host_gib"] = kw["w6_disk_gib"] = 0.05
     for f in dataclasses.fields(wl.Sizes):
         given = getattr(args, f.name)
         if given is not None:
@@ -329,9 +331,9 @@ class Suite:
             if "HF" in self.workloads:
                 self.phase("HF baselines", self.hf, store="HF")
             self.serve_workloads()
+            suite_w6.run(self)
             if "W7" in self.workloads:
                 self.phase("W7", lambda: wl.w7(self.server, self.sizes, self.facts["vocab"]), store="W7")
-            suite_w6.run(self)
         except KeyboardInterrupt:  # SIGTERM too (a timeout): the servers are stopped, report what finished
             self.failed = True
             self.doc["interrupted"] = True

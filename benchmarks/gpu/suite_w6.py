@@ -8,12 +8,17 @@ GPU KV pool is capped at ``w6_pool`` tokens so the conversations' history does n
   off   the GPU tier alone (evicted history is recomputed)
   host  + a host tier of ``w6_host_gib`` GiB (write-through)
   disk  + a disk tier of ``w6_disk_gib`` GiB: a first pass, the server stopped and started again on
-        the same directory, the same conversations again (the host tier starts empty: what is cached
-        came from the disk, directly or through the host)
+        the same directory, the same conversations again with pass 1's very prompts (the host tier
+        starts empty: what is cached came from the disk, directly or through the host). Judged by
+        ``disk_supplied`` = 1 − pass 2's computed prompt tokens ÷ cold pass 1's: the share of the work a
+        cold server does that the disk took over (the plain hit rate would count the reuse within a
+        pass, which a cold server gets too)
 
 Each pass reports output tok/s, TTFT by turn (and over turns 2+), the hit rate vs the optimum, and
 the engine's counters (GetLoad deltas: tokens computed, cached, from the host / disk tier).
 W2H: the W2 requests on a server with the host tier (default pool): its output tok/s vs W2's.
+W2S: the W2 requests on a server without the SMG gRPC service (``--disable-smg-grpc``): W2's default
+server runs it with no subscriber, so W2 ÷ W2S is what the unused service costs.
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ def conversations(s: wl.Sizes, vocab: int) -> list[datasets.Conversation]:
                                             (s.w6_output, s.w6_output), vocab, wl.SEED_W6)
 
 
-def one_pass(target: str, s: wl.Sizes, vocab: int) -> dict:
+def one_pass(target: str, s: wl.Sizes, vocab: int, record: dict | None = None, replay: dict | None = None) -> dict:
     before = wl.get_load(target)
 
     async def go() -> dict:
         backend = GrpcBackend(target)
         try:
-            return await run_multiturn(backend, conversations(s, vocab), s.w6_concurrency, progress=False)
+            return await run_multiturn(backend, conversations(s, vocab), s.w6_concurrency, progress=False,
+                                       record=record, replay=replay)
         finally:
             await backend.close()
 
@@ -74,12 +80,20 @@ def w6(suite) -> dict:
         shutil.rmtree(store, ignore_errors=True)
         flags = (*host, "--hicache-storage-dir", str(store), "--hicache-storage-size", str(s.w6_disk_gib),
                  "--grace-seconds", "60")  # (the writes queued at the stop get time to finish)
+        sent: dict = {}  # pass 2 sends pass 1's very prompts (greedy answers may differ between runs)
         for i in (1, 2):
             server = suite.server(f"w6_disk{i}", *flags)
             try:
-                out[f"disk_pass{i}"] = one_pass(server.target, s, vocab)
+                out[f"disk_pass{i}"] = one_pass(server.target, s, vocab, record=sent if i == 1 else None,
+                                                replay=sent if i == 2 else None)
             finally:
                 server.stop(timeout=120)
+        p1, p2 = out.get("disk_pass1"), out.get("disk_pass2")
+        if p1 and p2 and "load" in p1 and "load" in p2:
+            # After the restart nothing is in memory: what pass 2 does not compute of what the cold pass 1
+            # had to compute came from the disk tier (directly, or loaded once and reused from there).
+            c1, c2 = p1["load"]["prefill_computed_tokens"], p2["load"]["prefill_computed_tokens"]
+            out["disk_supplied"] = 1 - c2 / c1 if c1 else 0.0
     off, on = out.get("off"), out.get("host")
     if off and on:
         out["host_vs_off"] = {
@@ -97,8 +111,17 @@ def w2h(suite) -> dict:
         server.stop()
 
 
+def w2s(suite) -> dict:
+    """W2 without the SMG gRPC service: the baseline of what the service costs when nobody uses it."""
+    server = suite.server("w2s", "--disable-smg-grpc")
+    try:
+        return wl.w2(server.target, suite.sizes, suite.facts["vocab"])
+    finally:
+        server.stop()
+
+
 def run(suite) -> None:
-    """The suite's W6 and W2H phases, when named in --workloads."""
-    for name, fn in (("W6", w6), ("W2H", w2h)):
+    """The suite's W6, W2H and W2S phases, when named in --workloads."""
+    for name, fn in (("W2H", w2h), ("W2S", w2s), ("W6", w6)):  # (the short ones first: a timeout cuts W6)
         if name in suite.workloads:
             suite.phase(name, lambda fn=fn: fn(suite), store=name)

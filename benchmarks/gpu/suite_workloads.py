@@ -76,8 +76,8 @@ class Sizes:
     w6_output: int = 128
     w6_concurrency: int = 32
     w6_pool: int = 60000
-    w6_host_gib: int = 40
-    w6_disk_gib: int = 40
+    w6_host_gib: float = 40.0
+    w6_disk_gib: float = 40.0
     w6_variants: tuple[str, ...] = ("off", "host", "disk")  # GPU pool only; + host tier; + disk, then a restart
 
     def __post_init__(self) -> None:

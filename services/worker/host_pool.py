@@ -232,6 +232,10 @@ def build_tiers(cfg: WorkerConfig, kv: KVPool, pool_size: int, model_dir: str, t
     n = int(cfg.hicache_size * 2**30) // bpt - 1 if cfg.hicache_size else int(cfg.hicache_ratio * pool_size)
     if n < 1:
         raise ValueError(f"the host KV tier holds no token ({bpt} bytes each): raise --hicache-size or --hicache-ratio")
+    free = _available_memory()
+    if free is not None and (n + 1) * bpt > free:
+        raise ValueError(f"the host KV tier needs {(n + 1) * bpt / 2**30:.1f} GiB of host memory and "
+                         f"{free / 2**30:.1f} GiB is available: lower --hicache-size or --hicache-ratio")
     t0 = time.perf_counter()
     faults = Faults(os.environ.get("BANYAN_HICACHE_FAULTS", ""))
     host = HostPool(n + 1, bpt, pin=kv.device.type == "cuda")
@@ -247,3 +251,15 @@ def build_tiers(cfg: WorkerConfig, kv: KVPool, pool_size: int, model_dir: str, t
              disk_gib=cfg.hicache_storage_size if disk else 0, faults=os.environ.get("BANYAN_HICACHE_FAULTS") or None)
     return Tiers(TierCopier(kv, host, disk, faults), n, int(cfg.hicache_storage_size * 2**30) if disk else 0, files,
                  next_file)
+
+
+def _available_memory() -> int | None:
+    """Host memory the kernel says is available now (bytes), None where /proc/meminfo is not there."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -156,7 +156,7 @@ def test_tiny_w6_and_w2h(tmp_path, demo_dir) -> None:
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     doc = json.loads((tmp_path / "out" / "suite_w6.json").read_text())
     w6 = doc["results"]["W6"]
-    assert set(w6) == {"off", "host", "disk_pass1", "disk_pass2", "host_vs_off"}
+    assert set(w6) == {"off", "host", "disk_pass1", "disk_pass2", "host_vs_off", "disk_supplied"}
     for v in ("off", "host", "disk_pass1", "disk_pass2"):
         assert w6[v]["completed"] == 15 and w6[v]["failed"] == 0 and len(w6[v]["ttft_by_turn_ms"]) == 3
         assert 0 < w6[v]["optimum_hit_rate"] < 1 and w6[v]["ttft_later_turns_ms"]["p50"] > 0
@@ -164,6 +164,8 @@ def test_tiny_w6_and_w2h(tmp_path, demo_dir) -> None:
     assert w6["host"]["cache_hit_rate"] > w6["off"]["cache_hit_rate"]  # the pool alone loses the history
     assert w6["disk_pass1"]["load"]["disk_written_tokens"] > 0 and w6["disk_pass2"]["load"]["disk_cached_tokens"] > 0
     assert w6["disk_pass2"]["load"]["tier_failures"] == 0
+    # pass 2 replays pass 1's prompts: after the restart the disk spares most of what pass 1 computed
+    assert w6["disk_supplied"] > 0.5, w6["disk_supplied"]
     assert doc["results"]["W2H"]["completed"] == 4
     table = (tmp_path / "out" / "suite_w6.md").read_text()
     assert "W6 multi-turn 5×3" in table and "W6 disk tier" in table and "W2H" in table

@@ -171,3 +171,15 @@ def test_fingerprint_tells_weights_and_layouts_apart(tmp_path) -> None:
     assert fingerprint(str(a), tp=(0, 1)) != fingerprint(str(b), tp=(0, 1))  # same shape, other weights
     assert fingerprint(str(a), tp=(0, 1)) != fingerprint(str(a), tp=(1, 2))
     assert fingerprint(str(a), kv_dtype="bf16") != fingerprint(str(a), kv_dtype="fp8")
+
+
+def test_a_host_tier_larger_than_memory_is_refused_with_the_numbers() -> None:
+    from services.worker.host_pool import _available_memory, build_tiers
+    from services.worker.tp import TPGroup
+    from shared.config import WorkerConfig
+
+    free = _available_memory()
+    assert free is not None  # (Linux: /proc/meminfo)
+    cfg = WorkerConfig(hicache_size=2 * free / 2**30 + 1)
+    with pytest.raises(ValueError, match=r"host memory .* available: lower --hicache-size"):
+        build_tiers(cfg, pool(), 32, "unused", TPGroup(), {})
