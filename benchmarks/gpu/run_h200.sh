@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks in one go, on the H200 host (repo root; the environment bundle in
-# .gpucache/, the Llama 3 tokenizer in .assets/llama3 — both git-ignored, carried with the tree):
+# .gpucache/, the Llama 3 tokenizer in .assets/llama3, wheels the bundle lacks in .whl/ (made with
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 ... smg-grpc-proto==0.4.28`) — all
+# git-ignored, carried with the tree):
 #
 #   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c|suite-d] [hicache]
 #                                                                                      (default: tests bench)
@@ -29,6 +31,11 @@ MODEL=${BANYAN_GPU_MODEL:-/tmp/llama8b}
 STEPS=${*:-tests bench}
 mkdir -p "$OUT"
 source .gpucache/env.sh || exit 1
+# Python packages the bundle lacks travel as wheels in .whl/ (git-ignored, carried): smg-grpc-proto
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader

@@ -23,7 +23,6 @@ from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.router import Router
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.servicer import GenerationServicer
-from services.tokenizer.smg import SmgFront
 from services.tokenizer.text import TextProcessor
 
 log = get_logger("tokenizer")
@@ -52,7 +51,11 @@ async def run(cfg: TokenizerConfig) -> None:
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     # SMG's engine service, on this server or (--smg-grpc-port) its own
-    smg = None if cfg.disable_smg_grpc else SmgFront(cfg, text, client, model_dir, metrics, tracer)
+    smg = None
+    if not cfg.disable_smg_grpc:
+        from services.tokenizer.smg import SmgFront  # (smg-grpc-proto is imported only when the service is on)
+
+        smg = SmgFront(cfg, text, client, model_dir, metrics, tracer)
     names = (SERVICE, *((smg.SERVICE,) if smg else ()))
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     for name in ("", *names):
