@@ -75,6 +75,8 @@ def w6(suite) -> dict:
                 out[variant] = one_pass(server.target, s, vocab)
             finally:
                 server.stop()
+            suite.doc["results"]["W6"] = out  # (kept if a timeout cuts the later variants)
+            suite.save()
             continue
         store = suite.args.out / "w6_kv_store"
         shutil.rmtree(store, ignore_errors=True)
@@ -88,6 +90,8 @@ def w6(suite) -> dict:
                                                 replay=sent if i == 2 else None)
             finally:
                 server.stop(timeout=120)
+            suite.doc["results"]["W6"] = out
+            suite.save()
         p1, p2 = out.get("disk_pass1"), out.get("disk_pass2")
         if p1 and p2 and "load" in p1 and "load" in p2:
             # After the restart nothing is in memory: what pass 2 does not compute of what the cold pass 1
