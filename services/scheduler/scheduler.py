@@ -9,6 +9,7 @@ every request with UNAVAILABLE until a new worker is ready), and the request (``
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -40,6 +41,7 @@ from services.scheduler.summary import Summary
 from services.scheduler.worker_link import WorkerLink
 
 log = get_logger("scheduler")
+CHECK_EVERY_STEP = os.environ.get("BANYAN_CHECK_INTEGRITY") == "1"  # (tests and debugging: the KV books every step)
 
 
 class Scheduler:
@@ -95,6 +97,8 @@ class Scheduler:
             table.flush()  # aborts of requests that are not in the next batch end their streams now
             if e.hicache is not None:
                 e.hicache.step()
+            if CHECK_EVERY_STEP:
+                e.kv.check_integrity(table.running)
             sched = e.batcher.build(table.running, table.waiting)
             if e.hicache is not None:  # tier copies go first: the batch may depend on them
                 e.hicache.flush(self.worker.send, sched)

@@ -17,7 +17,8 @@ through a device staging buffer and one DMA per run of host slots, timed by even
 On the CPU the "device" pool is host memory too and every copy is a synchronous index copy.
 
 ``BANYAN_HICACHE_FAULTS`` (tests only): ``kind:n,...`` fails the n-th op of that kind on this rank
-(backup, demote, load: a copy error; disk_write: the disk is full; disk_read: an I/O error).
+(backup, demote, load: a copy error; disk_write: the disk is full; disk_read: an I/O error);
+``delay:n`` acknowledges every CPU copy n polls late, as a GPU's run behind the loop.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ class Faults:
     def __init__(self, spec: str) -> None:
         self.due: dict[str, set[int]] = {}
         self.seen: dict[str, int] = {}
+        self.delay = 0  # ``delay:n``: every CPU copy is acknowledged n polls late (the GPU's asynchrony)
         for part in filter(None, (p.strip() for p in spec.split(","))):
             kind, _, n = part.partition(":")
+            if kind == "delay":
+                self.delay = int(n or 1)
+                continue
             self.due.setdefault(kind, set()).add(int(n or 1))
 
     def __call__(self, kind: str) -> bool:
@@ -85,6 +90,7 @@ class TierCopier:
         self.faults = faults or Faults("")
         self.cuda = kv.device.type == "cuda"
         self.inflight: list[_InFlight] = []
+        self.held: list[list] = []  # CPU copies whose ack waits ``faults.delay`` polls: [op id, seconds, polls]
         self.done: list[tuple[int, float]] = []
         self.failed: list[tuple[int, str]] = []
         self.loads: dict[int, Any] = {}  # load op id → its end event (``cache_ready`` waits for it)
@@ -132,7 +138,10 @@ class TierCopier:
                 self.host.data[h] = self.tok[d].reshape(len(d), -1)
             else:
                 self.tok[d] = self.host.data[h].view(-1, *self.row)
-            self.done.append((op.op_id, time.perf_counter() - t0))
+            if self.faults.delay:  # (tests: acknowledged some polls later, as a GPU's copies are)
+                self.held.append([op.op_id, time.perf_counter() - t0, self.faults.delay])
+            else:
+                self.done.append((op.op_id, time.perf_counter() - t0))
             return
         idx = to_device(dev.astype(np.int64), torch.int64, self.kv.device)  # (a writable copy of the wire's)
         marker = torch.cuda.Event()
@@ -187,6 +196,10 @@ class TierCopier:
     # ---- acknowledgements --------------------------------------------------------------------
     def poll(self) -> tuple[list[tuple[int, float]], list[tuple[int, str]]]:
         """Ops that ended since the last poll: ([(op id, seconds)], [(op id, why it failed)])."""
+        for h in self.held:
+            h[2] -= 1
+        self.done += [(op_id, s) for op_id, s, n in self.held if n <= 0]
+        self.held = [h for h in self.held if h[2] > 0]
         still = []
         for c in self.inflight:
             if c.end.query():
@@ -207,7 +220,7 @@ class TierCopier:
     @property
     def pending(self) -> bool:
         """Copies in flight (the loop polls for their end)."""
-        return bool(self.inflight) or (self.disk is not None and self.disk.pending)
+        return bool(self.inflight or self.held) or (self.disk is not None and self.disk.pending)
 
     def close(self, timeout: float) -> None:
         if self.disk is not None:
