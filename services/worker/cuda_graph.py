@@ -8,6 +8,8 @@ metadata is planned outside the graph (``AttentionBackend.prepare_graph``) into 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from services.worker.attention.base import AttentionBackend, AttentionBatch
@@ -54,10 +56,13 @@ class DecodeGraphs:
                               extend_lens=self._extend[:bs], out_slots=x[OUT_SLOTS], positions=x[POSITIONS],
                               prefix_lens_cpu=prefix_lens, extend_lens_cpu=[1] * bs)
 
-    def replay(self, batch: AttentionBatch) -> torch.Tensor:
-        """Run the graph of ``batch.num_reqs`` rows (the fixed buffers already filled) -> (bs, V)."""
+    def replay(self, batch: AttentionBatch, fence: Callable[[], None] | None = None) -> torch.Tensor:
+        """Run the graph of ``batch.num_reqs`` rows (the fixed buffers already filled) -> (bs, V);
+        ``fence`` is called between the attention plan and the launch (the stream's waits go there)."""
         bs = batch.num_reqs
         self.attn.prepare_graph(batch, bs)
+        if fence is not None:
+            fence()
         self._graphs[bs].replay()
         return self.logits[:bs]
 

@@ -247,11 +247,16 @@ class ModelRunner:
         that sample (in batch order), or of every new token with ``all_logits``."""
         return self._logits(b, all_logits, copy=True)
 
+    def _tier_fence(self, b: ForwardBatch) -> None:
+        """The compute stream waits for the host-tier copies this step depends on (demoted slots it
+        may overwrite, loads its requests read) — after the step's plan and table writes, so that
+        the plan's copy is not queued behind them (see ``FlashInferBackend.prepare``)."""
+        if self.tiers is not None:
+            self.tiers.copier.before_forward(b.cache_ready)
+
     def _logits(self, b: ForwardBatch, all_logits: bool, copy: bool) -> torch.Tensor:
         """``forward``; without ``copy``, a graph step's logits may be a view of the graph's output
         buffer, valid until the next step."""
-        if self.tiers is not None:  # (demoted slots this step may overwrite; loads its requests read)
-            self.tiers.copier.before_forward(b.cache_ready)
         self._admit(b)
         rows, prefix, extend = from_i32(b.rows), from_i32(b.prefix_lens), from_i32(b.extend_lens)
         ids, slots = from_i32(b.input_ids), from_i32(b.out_slots)
@@ -276,7 +281,7 @@ class ModelRunner:
                 self._resolve(inputs[IDS], inputs[ROWS])
             x = self.graphs.batch(self.req_to_token, bs, prefix.tolist())
             self.req_to_token[x.rows, x.positions] = x.out_slots.to(torch.int32)
-            logits = self.graphs.replay(x)[: len(sample)]  # the graph's output buffer
+            logits = self.graphs.replay(x, lambda: self._tier_fence(b))[: len(sample)]  # the graph's output buffer
             if all_logits or sample.all():
                 return logits.clone() if copy else logits
             return logits[to_device(np.flatnonzero(sample), torch.int64, self.device)]
@@ -293,6 +298,7 @@ class ModelRunner:
                                extend_lens=extend_d, out_slots=slots_d, positions=pos_d,
                                prefix_lens_cpu=prefix.tolist(), extend_lens_cpu=extend.tolist(), cascade=cascade)
         self.attn.prepare(batch)
+        self._tier_fence(b)
         hidden = self.model.forward(ids_d, pos_d, self.attn)  # (T, H)
         if b.score_rows:  # scoring requests: the logits of their prompt positions
             idx, targets, counts = score_positions(b)

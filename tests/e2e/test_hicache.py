@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -50,11 +51,17 @@ def conversations(stub) -> tuple[list[list[int]], list[pb.GenerateResponse]]:
     return outs, finals
 
 
-def run(server: Server) -> tuple[list[list[int]], pb.GetLoadResponse]:
+def run(server: Server, settle_s: float = 0.0) -> tuple[list[list[int]], pb.GetLoadResponse]:
+    """``settle_s``: how long the tier copies still in flight after the last answer may take to be
+    acknowledged (their locks hold pool slots until then)."""
     with server.channel() as ch:
         stub = pb_grpc.GenerationServiceStub(ch)
         outs, _ = conversations(stub)
+        deadline = time.monotonic() + settle_s
         load = stub.GetLoad(pb.GetLoadRequest())
+        while load.kv_free_tokens + load.kv_evictable_tokens != load.kv_pool_tokens and time.monotonic() < deadline:
+            time.sleep(0.05)
+            load = stub.GetLoad(pb.GetLoadRequest())
     assert load.num_running_requests == 0 and load.kv_free_tokens + load.kv_evictable_tokens == load.kv_pool_tokens
     return outs, load
 
@@ -100,6 +107,21 @@ def test_host_tier_serves_evicted_history_with_identical_outputs(model_dir, refe
         on.prefill_cached_tokens / (on.prefill_cached_tokens + on.prefill_computed_tokens), abs=0.02)
     assert metric(sched, "banyan:hicache_moved_bytes_total", direction="host_to_device") > 0
     assert metric(sched, "banyan:hicache_fetch_wait_seconds_count") >= turns_after_first
+
+
+def test_a_host_tier_smaller_than_the_pool_with_late_copies(model_dir, reference, tmp_path):
+    """W2H's shape on the H200 (a host tier smaller than the pool, so the pool demotes what the full
+    host could not back up) with every copy acknowledged 20 polls late, as a GPU's run behind the
+    loop, and the scheduler checking its KV books every loop: outputs unchanged, nothing fails."""
+    s = serve(model_dir, tmp_path / "server.log", "--hicache-ratio", "0.5",
+              env={"BANYAN_HICACHE_FAULTS": "delay:20", "BANYAN_CHECK_INTEGRITY": "1"})
+    try:
+        outs, on = run(s, settle_s=10)
+    finally:
+        assert s.stop() == 0, s.log_text()[-3000:]
+    assert outs == reference[0]
+    assert on.host_pool_tokens == 300 and on.tier_stored_tokens > 0 and on.tier_failures == 0
+    assert "Traceback" not in s.log_text()
 
 
 def test_write_back_with_failing_copies_recomputes_and_loses_nothing(model_dir, reference, tmp_path):

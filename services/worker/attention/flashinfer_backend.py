@@ -114,9 +114,36 @@ class FlashInferAttention(AttentionBackend):
         self._reads_pool = True
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
         self._run: Run = self._run_ragged
+        self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device
 
     # --- per step ------------------------------------------------------------------------------
+    # A FlashInfer plan is written on the host into its wrapper's pinned buffer, and the copy that
+    # takes it to the device is queued on the stream; nothing waits for that copy. With overlap
+    # scheduling step N+1 is planned while step N is queued, and N's copy can run late (N's stream
+    # may wait for host-tier copies first): planning N+1 must not overwrite the buffer before N's
+    # copy has read it — else N runs with N+1's plan (seen on the H200: a 98-s hang, then an illegal
+    # memory access). So each plan waits for the previous one's copy (normally done long since).
     def prepare(self, batch: AttentionBatch) -> None:
+        self._plan_fence()
+        self._prepare(batch)
+        self._planned()
+
+    def prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
+        self._plan_fence()
+        self._prepare_graph(batch, bs)
+        self._planned()
+
+    def _plan_fence(self) -> None:
+        if self._last_plan is not None:
+            self._last_plan.synchronize()
+            self._last_plan = None
+
+    def _planned(self) -> None:
+        if self.pool.device.type == "cuda":
+            self._last_plan = torch.cuda.Event()
+            self._last_plan.record()
+
+    def _prepare(self, batch: AttentionBatch) -> None:
         self._out_slots = batch.out_slots
         self._reads_pool = True
         prefix = np.asarray(batch.prefix_lens_cpu, dtype=np.int64)
@@ -230,7 +257,7 @@ class FlashInferAttention(AttentionBackend):
                 paged_kv_last_page_len_buffer=self._g_last_page_len[:bs],
             )
 
-    def prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
+    def _prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
         self._out_slots, self._reads_pool = batch.out_slots, True
         wrapper = self._graph_decode[bs]
