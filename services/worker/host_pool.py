@@ -67,8 +67,34 @@ class Faults:
 
 class HostPool:
     def __init__(self, num_slots: int, bytes_per_token: int, pin: bool) -> None:
-        self.data = torch.empty((num_slots, bytes_per_token), dtype=torch.uint8, pin_memory=pin)
+        self.registered = False
+        if pin:
+            self.data = self._registered((num_slots, bytes_per_token))
+        else:
+            self.data = torch.empty((num_slots, bytes_per_token), dtype=torch.uint8)
         self.array = self.data.numpy()
+
+    def _registered(self, shape: tuple[int, int]) -> torch.Tensor:
+        """Page-locked host memory of exactly this size: torch's pinned allocator rounds every block
+        up to a power of two (a 40 GiB tier would lock 64 GiB), so the memory is allocated pageable,
+        touched by all cores, and registered with CUDA; torch's allocator is the fallback."""
+        data = torch.empty(shape, dtype=torch.uint8)
+        try:
+            data.zero_()  # (faults the pages in, in parallel: registering them is then quick)
+            rt = torch.cuda.cudart()
+            err = rt.cudaHostRegister(data.data_ptr(), data.numel(), 0)
+            if err != rt.cudaError.success or not data.is_pinned():
+                raise RuntimeError(f"cudaHostRegister: {err}")
+        except Exception as e:
+            log.warning("host_kv_tier_register_failed", error=f"{type(e).__name__}: {e}")
+            return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        self.registered = True
+        return data
+
+    def close(self) -> None:
+        if self.registered:
+            torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
+            self.registered = False
 
     @property
     def num_slots(self) -> int:
@@ -225,6 +251,9 @@ class TierCopier:
     def close(self, timeout: float) -> None:
         if self.disk is not None:
             self.disk.close(timeout)
+        if self.cuda:
+            torch.cuda.synchronize(self.kv.device)  # (no copy may still use the host memory)
+        self.host.close()
 
 
 @dataclass
