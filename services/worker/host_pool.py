@@ -82,9 +82,12 @@ class HostPool:
         try:
             data.zero_()  # (faults the pages in, in parallel: registering them is then quick)
             rt = torch.cuda.cudart()
-            err = rt.cudaHostRegister(data.data_ptr(), data.numel(), 0)
-            if err != rt.cudaError.success or not data.is_pinned():
-                raise RuntimeError(f"cudaHostRegister: {err}")
+            code = int(rt.cudaHostRegister(data.data_ptr(), data.numel(), 0))  # (an enum: 0 is success)
+            if code != 0:
+                raise RuntimeError(f"cudaHostRegister returned error {code}")
+            if not data.is_pinned():
+                rt.cudaHostUnregister(data.data_ptr())
+                raise RuntimeError("the registered memory does not show as pinned")
         except Exception as e:
             log.warning("host_kv_tier_register_failed", error=f"{type(e).__name__}: {e}")
             return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
