@@ -7,7 +7,7 @@ evicted. Timestamps are a logical clock (one tick per match/insert), so LRU orde
 The device sizes count ``len(node.value)``: here every node's KV is in the pool, so that is its
 edge length; ``TieredRadixCache`` (tiers.py) keeps nodes whose KV left the pool (``value`` empty),
 which match never walks into, and overrides what differs (``node_type``, ``_split``,
-``_device_leaf``, ``insert``, ``evict``, ``check_integrity``).
+``_device_leaf``, ``insert``, ``_evict_leaf``, ``check_integrity``).
 """
 
 from __future__ import annotations
@@ -215,6 +215,8 @@ class RadixCache(PrefixCache):
         return not node.children
 
     def evict(self, num_tokens: int) -> int:
+        """Evict least recently used device leaves (``_evict_leaf``) until ``num_tokens`` are freed; a
+        parent that becomes a device leaf on the way is a candidate too. → tokens freed."""
         if num_tokens <= 0 or not self._leaves:
             return 0
         heap = [(leaf.last_access, leaf) for leaf in self._leaves]
@@ -225,20 +227,27 @@ class RadixCache(PrefixCache):
             if leaf not in self._leaves:
                 continue
             parent = leaf.parent
-            assert parent is not None
-            if self.listener is not None:
-                self.listener.removed(*self._path_key(leaf), leaf.depth - len(leaf.key), leaf.depth)
-            self._leaves.discard(leaf)
-            del parent.children[self._edge(leaf.key, 0)]
-            self._free_slots(leaf.value)
-            freed += len(leaf.key)
-            self._evictable -= len(leaf.key)
-            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
-                self._leaves.add(parent)
+            freed += self._evict_leaf(leaf)
+            if parent in self._leaves:
                 heapq.heappush(heap, (parent.last_access, parent))
-            elif parent.parent is None and not parent.children:
-                self._drop_empty_root(parent)
         return freed
+
+    def _evict_leaf(self, leaf: Node) -> int:
+        """Take an unlocked device leaf out of the tree, its slots freed (its parent may become a
+        leaf; an emptied namespace goes). → tokens freed."""
+        parent = leaf.parent
+        assert parent is not None
+        if self.listener is not None:
+            self.listener.removed(*self._path_key(leaf), leaf.depth - len(leaf.key), leaf.depth)
+        self._leaves.discard(leaf)
+        del parent.children[self._edge(leaf.key, 0)]
+        self._free_slots(leaf.value)
+        self._evictable -= len(leaf.key)
+        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+            self._leaves.add(parent)
+        elif parent.parent is None and not parent.children:
+            self._drop_empty_root(parent)
+        return len(leaf.key)
 
     def _path_key(self, node: Node) -> tuple[str, list[int]]:
         """(namespace, tokens from the root to the end of ``node``)."""

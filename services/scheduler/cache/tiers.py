@@ -176,21 +176,12 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         self._leaves.discard(node.parent)
 
     # ---- pool eviction ---------------------------------------------------------------------
-    def evict(self, num_tokens: int) -> int:
-        if num_tokens <= 0 or not self._leaves:
-            return 0
-        heap = [(leaf.last_access, leaf) for leaf in self._leaves]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            _, node = heapq.heappop(heap)
-            if node not in self._leaves:
-                continue
-            parent = node.parent
-            freed += self._leave_pool(node)
-            if parent.parent is not None and parent.value and not parent.lock_ref and self._device_leaf(parent):
-                self._leaves.add(parent)
-                heapq.heappush(heap, (parent.last_access, parent))
+    def _evict_leaf(self, node: TierNode) -> int:
+        """(``RadixCache.evict``'s step) ``node`` leaves the pool, its KV kept in another tier if it can."""
+        parent = node.parent
+        freed = self._leave_pool(node)
+        if parent.parent is not None and parent.value and not parent.lock_ref and self._device_leaf(parent):
+            self._leaves.add(parent)
         return freed
 
     def _leave_pool(self, node: TierNode) -> int:
