@@ -129,6 +129,12 @@ class SchedulerClient:
         self._changed.set()
 
     # ---- requests ------------------------------------------------------------------------------
+    def model_info(self) -> ModelInfo:
+        """The served model (every group's merged), or UNAVAILABLE before the engine is up."""
+        if self.info is None:
+            raise Unavailable("the model is not loaded yet")
+        return self.info
+
     def in_flight(self, rid: str) -> bool:
         return rid in self._streams
 

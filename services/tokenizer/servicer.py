@@ -6,10 +6,10 @@ import uuid
 
 import grpc
 
-from shared.errors import InvalidArgument, Unavailable
+from shared.errors import InvalidArgument
 from shared.logging import stage
 from shared.messages.common import Constraint, FinishReason
-from shared.messages.to_tokenizer import Load, ModelInfo
+from shared.messages.to_tokenizer import Load
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 from shared.tracing import Trace, Tracer
@@ -99,16 +99,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.scorer = Scorer(text, client)
         self.sessions = SessionFront(client)
 
-    def _info(self) -> ModelInfo:
-        if self.client.info is None:
-            raise Unavailable("the model is not loaded yet")
-        return self.client.info
-
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         rid = request.request_id or uuid.uuid4().hex
         trace = Trace.incoming(_traceparent(context))
         stage("received", rid, trace_id=trace.trace_id)
-        info = self._info()
+        info = self.client.model_info()
         prompt, sampling = _prompt(request), _sampling(request.sampling_params)
         kw = dict(request_id=request.request_id, cache_salt=request.cache_salt, prefix="sampling_params.",
                   priority=request.priority)
@@ -134,7 +129,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         stage("received", rid, trace_id=trace.trace_id, rpc="Score")
         if len(request.request_id) > validation.MAX_REQUEST_ID or len(request.cache_salt) > validation.MAX_CACHE_SALT:
             raise InvalidArgument("request_id and cache_salt must have at most 256 characters")
-        prompt_len, seqs = self.scorer.sequences(_prompt(request), list(request.continuations), self._info())
+        prompt_len, seqs = self.scorer.sequences(_prompt(request), list(request.continuations), self.client.model_info())
         scores = await self.scorer.score(rid, seqs, request.cache_salt, trace.traceparent)
         stage("sent", rid, trace_id=trace.trace_id, continuations=len(scores))
         return pb.ScoreResponse(request_id=rid, prompt_tokens=prompt_len, scores=[
@@ -152,7 +147,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         else:
             raise InvalidArgument("one of text or chat is required")
         add = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        ids = tokens.tokenize(self.text, prompt, self._info(), add_special_tokens=add)
+        ids = tokens.tokenize(self.text, prompt, self.client.model_info(), add_special_tokens=add)
         return pb.TokenizeResponse(token_ids=ids, tokens=self.text.tokens(ids))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
@@ -160,7 +155,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return pb.DetokenizeResponse(text=tokens.detokenize(self.text, list(request.token_ids), skip))
 
     async def GetModelInfo(self, request, context) -> pb.GetModelInfoResponse:
-        i = self._info()
+        i = self.client.model_info()
         return pb.GetModelInfoResponse(model=i.model, architecture=i.architecture, vocab_size=i.vocab_size,
                                        context_length=i.context_length, kv_pool_tokens=i.pool_size,
                                        max_running_requests=i.max_running_requests, device=i.device,
@@ -176,20 +171,20 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return pb.AbortResponse(found=found)
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context) -> pb.OpenSessionResponse:
-        self._info()
+        self.client.model_info()
         v = await self.sessions.open(request.ttl_seconds if request.HasField("ttl_seconds") else None,
                                      request.capacity if request.HasField("capacity") else None, request.cache_salt)
         stage("session_opened", v.session_id, capacity=v.capacity, ttl_s=v.ttl_s)
         return pb.OpenSessionResponse(session_id=v.session_id, ttl_seconds=int(v.ttl_s), capacity=v.capacity)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context) -> pb.CloseSessionResponse:
-        self._info()
+        self.client.model_info()
         tokens = await self.sessions.close(request.session_id)
         stage("session_closed", request.session_id, tokens=tokens)
         return pb.CloseSessionResponse(tokens=tokens)
 
     async def PinPrefix(self, request: pb.PinPrefixRequest, context) -> pb.PinPrefixResponse:
-        info = self._info()
+        info = self.client.model_info()
         if request.WhichOneof("input") is None:
             raise InvalidArgument("one of text, token_ids or chat is required")
         ids = validation.input_ids(_prompt(request, add_default=False), self.text, info)
@@ -200,13 +195,13 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return pb.PinPrefixResponse(pin_id=pin_id, tokens=len(ids), cached_tokens=cached)
 
     async def UnpinPrefix(self, request: pb.UnpinPrefixRequest, context) -> pb.UnpinPrefixResponse:
-        self._info()
+        self.client.model_info()
         tokens = await self.sessions.unpin(request.pin_id)
         stage("unpinned", request.pin_id, tokens=tokens)
         return pb.UnpinPrefixResponse(tokens=tokens)
 
     async def GetLoad(self, request, context) -> pb.GetLoadResponse:
-        self._info()
+        self.client.model_info()
         loads = await self.client.loads()
         resp = _load(total_load(loads))
         if len(loads) > 1:

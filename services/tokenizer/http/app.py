@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from shared.errors import InvalidArgument, Unavailable
+from shared.errors import InvalidArgument
 from shared.logging import stage
 from shared.messages.to_tokenizer import ModelInfo
 from shared.tracing import Trace, Tracer
@@ -83,9 +83,7 @@ class Frontend:
 
     def model(self, name: str = "") -> ModelInfo:
         """The served model's info; ``name`` must be empty, that model's name or an alias."""
-        info = self.client.info
-        if info is None:
-            raise Unavailable("the model is not loaded yet")
+        info = self.client.model_info()
         if name and name != info.model and name not in self.aliases:
             raise errors.ApiError(404, f"the model {name!r} does not exist: this server serves {info.model!r}",
                                   code="model_not_found", param="model")

@@ -89,11 +89,6 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         self._flushes: dict[str, asyncio.Future[FlushCacheDone]] = {}
         client.listeners[FlushCacheDone] = self._flushed
 
-    def _info(self) -> ModelInfo:
-        if self.client.info is None:
-            raise Unavailable("the model is not loaded yet")
-        return self.client.info
-
     # ---- generation ----------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         rid = request.request_id or uuid.uuid4().hex
@@ -101,7 +96,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         stage("received", rid, trace_id=trace.trace_id, rpc="smg")
         convert.check_supported(request)
         try:
-            p = validation.prepare(convert.prompt(request), convert.sampling(request), self.text, self._info(),
+            p = validation.prepare(convert.prompt(request), convert.sampling(request), self.text, self.client.model_info(),
                                    request_id=rid, prefix="sampling_params.", constraint=convert.constraint(request))
         except InvalidArgument as e:
             raise convert.smg_names(e) from None
@@ -154,7 +149,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         return pb.HealthCheckResponse(healthy=True, message="serving")
 
     async def GetModelInfo(self, request, context) -> pb.GetModelInfoResponse:
-        i, tok = self._info(), self.text.tokenizer
+        i, tok = self.client.model_info(), self.text.tokenizer
         return pb.GetModelInfoResponse(
             model_path=i.model, tokenizer_path=i.model, is_generation=True, served_model_name=i.model,
             max_context_length=i.context_length, vocab_size=i.vocab_size, supports_vision=False,
@@ -164,7 +159,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
             max_req_input_len=i.context_length - 1, architectures=[i.architecture])
 
     async def GetServerInfo(self, request, context) -> pb.GetServerInfoResponse:
-        i = self._info()
+        i = self.client.model_info()
         start = Timestamp()
         start.FromSeconds(int(self.started))
         groups = len(self.client.links)
@@ -183,7 +178,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         bad = sorted(sections - set(LOAD_SECTIONS))
         if bad:
             raise InvalidArgument(f"include: unknown section(s) {bad}; known: {list(LOAD_SECTIONS)}")
-        info, loads = self._info(), await self.client.loads()
+        info, loads = self.client.model_info(), await self.client.loads()
         ranks = range(len(loads))
         if request.HasField("dp_rank"):
             if request.dp_rank not in ranks:
@@ -204,7 +199,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         ``timeout_s`` > 0 the call waits up to that long for the groups to go idle."""
         if request.timeout_s < 0 or request.timeout_s != request.timeout_s:
             raise InvalidArgument(f"timeout_s must be >= 0, got {request.timeout_s}")
-        self._info()
+        self.client.model_info()
         deadline = time.monotonic() + request.timeout_s
         while True:
             answers = await asyncio.gather(*(self._flush(g) for g in range(len(self.client.links))))
@@ -247,7 +242,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         if self.relay is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                                 "KV events are off on this server (started with --disable-kv-events)")
-        self._info()
+        self.client.model_info()
         await context.send_initial_metadata(())  # the subscriber's call resolves before the first batch
         async for batch in self.relay.subscribe(request.start_sequence_number):
             yield batch
