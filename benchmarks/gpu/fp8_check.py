@@ -203,7 +203,6 @@ def graph_us(fn, calls: int) -> float:
 
 
 def make_runner(model: str, device: str, **cfg) -> ModelRunner:
-    # (context 32k: the pool is capped at 64 contexts, which at 4k bound both pools — the ratio read 1.0)
     cfg = {"device": device, "cuda_graph_max_bs": 8, "context_length": 32768, "mem_fraction_static": 0.85, **cfg}
     if device == "cpu":
         cfg.update(dtype="bfloat16", cuda_graph_max_bs=1)
