@@ -19,6 +19,7 @@
 #    capacity run, two 45-s mixed runs).
 #    $SUITE_ARGS go to the suite (e.g. "--hf-subset 64"), $SERVE_ARGS to banyan serve. A timeout
 #    (SIGTERM) stops the servers and prints the table of what finished; the JSON has it too.
+#    suite-x: the workloads in $SUITE_WORKLOADS under a $SUITE_T-s limit (default 520).
 #    suite-d: W2, W2H (W2 with the host tier) and W6 (multi-turn, GPU pool capped at 60k tokens: GPU tier
 #    only / + host tier / + disk tier and a restart), its own call (~10 min budget: if it runs out, split
 #    W6 with SUITE_ARGS="--w6-variants off,host" then "--w6-variants disk").
@@ -67,9 +68,10 @@ if [[ $STEPS == *serve* ]]; then
   tail -12 "$OUT/serve.log"
   echo "serve: $((SECONDS - t0)) s"
 fi
-if [[ $STEPS =~ suite(-[abcd])? ]]; then
+if [[ $STEPS =~ suite(-[abcdx])? ]]; then
   case ${BASH_REMATCH[0]} in suite-a) W=W1,W2,HF T=520 ;; suite-b) W=W3,W4,W5 T=520 ;; suite-c) W=W2,W2S,W7 T=520 ;;
     suite-d) W=W2,W2H,W6 T=520 ;;
+    suite-x) W=${SUITE_WORKLOADS:?suite-x needs SUITE_WORKLOADS} T=${SUITE_T:-520} ;;
     *) W=W1,W2,W3,W4,W5,HF T=1200 ;; esac
   t0=$SECONDS
   # shellcheck disable=SC2086  # word splitting of the extra flags is intended
