@@ -52,10 +52,12 @@ class SlotAllocator:
         return out
 
     def free(self, slots) -> None:
+        """Return ``slots`` (pushed highest first, so that ``alloc`` hands them out again in rising
+        runs: the host tier copies one run of consecutive slots per DMA)."""
         if self.page_size == 1:
-            self._free.extend(slots)
+            self._free.extend(sorted(slots, reverse=True))
         else:
-            self._free.extend({s // self.page_size for s in slots})
+            self._free.extend(sorted({s // self.page_size for s in slots}, reverse=True))
 
     def pages_of(self, slots) -> int:
         return len(slots) if self.page_size == 1 else len({s // self.page_size for s in slots})

@@ -23,8 +23,10 @@ On the CPU the "device" pool is host memory too and every copy is a synchronous 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +69,7 @@ class Faults:
 
 class HostPool:
     def __init__(self, num_slots: int, bytes_per_token: int, pin: bool) -> None:
-        self.registered = False
+        self._unregister: weakref.finalize | None = None
         if pin:
             self.data = self._registered((num_slots, bytes_per_token))
         else:
@@ -77,27 +79,33 @@ class HostPool:
     def _registered(self, shape: tuple[int, int]) -> torch.Tensor:
         """Page-locked host memory of exactly this size: torch's pinned allocator rounds every block
         up to a power of two (a 40 GiB tier would lock 64 GiB), so the memory is allocated pageable,
-        touched by all cores, and registered with CUDA; torch's allocator is the fallback."""
+        touched by all cores, and registered with CUDA; torch's allocator is the fallback. The
+        registration ends with the pool (``close`` or garbage collection), before the memory is
+        freed: a registration outliving its memory makes the next one at that address fail."""
         data = torch.empty(shape, dtype=torch.uint8)
         try:
             data.zero_()  # (faults the pages in, in parallel: registering them is then quick)
             rt = torch.cuda.cudart()
             code = int(rt.cudaHostRegister(data.data_ptr(), data.numel(), 0))  # (an enum: 0 is success)
             if code != 0:
+                _clear_cuda_error()  # (else the next kernel launch check reports it)
                 raise RuntimeError(f"cudaHostRegister returned error {code}")
+            self._unregister = weakref.finalize(self, _unregister, data)
             if not data.is_pinned():
-                rt.cudaHostUnregister(data.data_ptr())
+                self.close()
                 raise RuntimeError("the registered memory does not show as pinned")
         except Exception as e:
             log.warning("host_kv_tier_register_failed", error=f"{type(e).__name__}: {e}")
             return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-        self.registered = True
         return data
 
+    @property
+    def registered(self) -> bool:
+        return self._unregister is not None and self._unregister.alive
+
     def close(self) -> None:
-        if self.registered:
-            torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
-            self.registered = False
+        if self._unregister is not None:
+            self._unregister()  # (once: a finalizer runs at most once)
 
     @property
     def num_slots(self) -> int:
@@ -308,3 +316,19 @@ def _available_memory() -> int | None:
     except OSError:
         return None
     return None
+
+
+def _unregister(data: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(data.data_ptr())
+
+
+def _clear_cuda_error() -> None:
+    """Take a failed runtime call's error off the thread (``cudaGetLastError``): torch does not
+    expose it, so through the CUDA runtime library torch has loaded already (best effort)."""
+    major = (torch.version.cuda or "").split(".")[0]
+    for name in (f"libcudart.so.{major}", "libcudart.so"):
+        try:
+            ctypes.CDLL(name).cudaGetLastError()
+            return
+        except (OSError, AttributeError):
+            continue
