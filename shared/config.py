@@ -146,6 +146,9 @@ class SchedulerConfig(CommonConfig):
     priority_preemption_threshold: int = field(default=10, metadata={
         "help": "priority scheduling: a waiting request that cannot start preempts running requests whose "
                 "priority is at least this much lower (they keep their output and resume later; 0: never)"})
+    priority_prefill_cap: int = field(default=2048, metadata={
+        "help": "priority scheduling: prompt tokens a step gives requests below the highest priority present "
+                "(running or waiting), so that an urgent request's steps stay short (0: no cap)"})
     priority_aging_seconds: float = field(default=300.0, metadata={
         "help": "priority scheduling: a request that has waited this long goes ahead of every priority level and "
                 "is not preempted once running, so nothing starves (0: no aging)"})
@@ -199,6 +202,7 @@ class SchedulerConfig(CommonConfig):
         _check(self.page_size >= 1, "page_size must be >= 1")
         _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         _check(self.priority_preemption_threshold >= 0, "priority_preemption_threshold must be >= 0 (0: never preempt)")
+        _check(self.priority_prefill_cap >= 0, "priority_prefill_cap must be >= 0 (0: no cap)")
         _check(self.priority_aging_seconds >= 0, "priority_aging_seconds must be >= 0 (0: no aging)")
         _check(self.max_pinned_tokens >= 0, "max_pinned_tokens must be >= 0 (0: a quarter of the KV pool)")
         _check(self.cascade_min_group >= 2, "cascade_min_group must be >= 2")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 
@@ -42,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
                          "an OpenAI-compatible server's /v1/models, which Banyan reports)")
     ap.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
     ap.add_argument("--max-concurrency", type=int, default=0, help="0 = unlimited")
+    ap.add_argument("--priority", type=int, default=0,
+                    help="the requests' priority (higher = more urgent; served with --enable-priority-scheduling)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
     ap.add_argument("--seed", type=int, default=0)
@@ -116,6 +119,8 @@ async def _main(args) -> dict:
         finally:
             await backend.close()
     requests = build_requests(args)
+    if args.priority:
+        requests = [dataclasses.replace(r, priority=args.priority) for r in requests]
     backend = (GrpcBackend(args.target) if args.backend == "grpc"
                else OpenAIBackend(args.target, args.model, args.api_key))
     try:

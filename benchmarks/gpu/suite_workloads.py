@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -310,11 +315,6 @@ def w7_background(s: Sizes, vocab: int, num: int, seed: int = SEED_W7_BG) -> lis
             datasets.random_requests(num, (s.w7_bg_input,) * 2, (s.w7_bg_output,) * 2, vocab, seed)]
 
 
-def w7_interactive(s: Sizes, vocab: int, num: int, seed: int = SEED_W7_INT) -> list[BenchRequest]:
-    return [dataclasses.replace(r, priority=W7_PRIORITY) for r in
-            datasets.random_requests(num, (s.w7_int_input,) * 2, (s.w7_int_output,) * 2, vocab, seed)]
-
-
 def w7_capacity(target: str, s: Sizes, vocab: int) -> dict:
     """Background-shaped requests all at once: the request rate the server sustains for that shape."""
     summary, _ = serve_run(target, w7_background(s, vocab, s.w7_calib_num, SEED_W7_CALIB))
@@ -322,9 +322,35 @@ def w7_capacity(target: str, s: Sizes, vocab: int) -> dict:
             "completed": summary["completed"], "failed": summary["failed"]}
 
 
+def w7_client(target: str, s: Sizes, vocab: int, num: int, seed: int) -> tuple[subprocess.Popen, str]:
+    """The interactive users: ``banyan bench`` in a process of its own (their latencies are not
+    those of a client loop busy streaming ~10k background tokens a second): ``num`` random requests of
+    w7_int_input / w7_int_output tokens, priority ``W7_PRIORITY``, at ``w7_rate`` → (process, its JSON)."""
+    fd, out = tempfile.mkstemp(prefix="w7_interactive_", suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, "-m", "banyan", "bench", "--target", target, "--dataset", "random",
+           "--num-prompts", str(num), "--input-len", f"{s.w7_int_input}:{s.w7_int_input}",
+           "--output-len", f"{s.w7_int_output}:{s.w7_int_output}", "--vocab-size", str(vocab), "--seed", str(seed),
+           "--request-rate", str(s.w7_rate), "--priority", str(W7_PRIORITY), "--no-progress", "--out", out]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out
+
+
+def w7_client_result(client: tuple[subprocess.Popen, str]) -> dict:
+    p, out = client
+    try:
+        if p.wait() not in (0, 1):  # (1: some requests failed — counted in the summary)
+            raise RuntimeError(f"the W7 interactive client exited with {p.returncode}")
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        for path in (out, os.path.splitext(out)[0] + ".png"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 def w7_idle(target: str, s: Sizes, vocab: int) -> dict:
     """Interactive requests alone at their rate: their TTFT and ITL with nothing else running."""
-    summary, _ = serve_run(target, w7_interactive(s, vocab, s.w7_idle_num, SEED_W7_IDLE), rate=s.w7_rate)
+    summary = w7_client_result(w7_client(target, s, vocab, s.w7_idle_num, SEED_W7_IDLE))
     return {k: summary[k] for k in ("completed", "failed", "ttft_ms", "itl_ms", "output_throughput")}
 
 
@@ -332,21 +358,21 @@ def w7_mixed(target: str, s: Sizes, vocab: int, capacity_req_s: float) -> dict:
     """Background at w7_load x capacity and interactive at w7_rate, both Poisson, for w7_duration
     seconds of arrivals; measured until every request finished."""
     bg = w7_background(s, vocab, max(1, round(s.w7_load * capacity_req_s * s.w7_duration)))
-    fg = w7_interactive(s, vocab, max(1, round(s.w7_rate * s.w7_duration)))
 
-    async def go() -> tuple[dict, dict, float]:
+    async def go() -> tuple[dict, float]:
         backend = GrpcBackend(target)
         try:
             t0 = time.perf_counter()
-            bg_sum, fg_sum = await asyncio.gather(
-                bench_run(Recording(backend), bg, s.w7_load * capacity_req_s, 0, progress=False, seed=1),
-                bench_run(Recording(backend), fg, s.w7_rate, 0, progress=False, seed=2))
-            return bg_sum, fg_sum, time.perf_counter() - t0
+            return await bench_run(Recording(backend), bg, s.w7_load * capacity_req_s, 0, progress=False,
+                                   seed=1), t0
         finally:
             await backend.close()
 
     before = get_load(target)
-    bg_sum, fg_sum, wall = asyncio.run(go())
+    fg = w7_client(target, s, vocab, max(1, round(s.w7_rate * s.w7_duration)), SEED_W7_INT)
+    bg_sum, t0 = asyncio.run(go())
+    fg_sum = w7_client_result(fg)
+    wall = time.perf_counter() - t0
     after = get_load(target)
     tokens = bg_sum["total_output_tokens"] + fg_sum["total_output_tokens"]
     return {"background": brief(bg_sum), "interactive": brief(fg_sum), "wall_s": wall, "output_tok_s": tokens / wall,

@@ -7,7 +7,10 @@
    admitted in policy order under the step's token budget (``max_prefill_tokens``) and the
    per-request chunk size (``chunked_prefill_size``). Admission is optimistic: it reserves the
    whole prompt plus ``new_token_ratio`` × the expected decode length of every running request;
-   the ratio decays while decoding goes well and resets when a retraction happens.
+   the ratio decays while decoding goes well and resets when a retraction happens. With priority
+   scheduling the highest priority present goes first (its chunks, then admission in priority
+   order, then the chunks of the lower levels), and the lower levels share at most
+   ``low_priority_prefill`` prompt tokens a step: an urgent request's steps stay short.
 3. In-batch dedup: a waiting request whose uncached prefix is being computed by another request
    right now waits a step, then finds it in the cache (this is how n > 1 branches share a prompt).
 
@@ -61,6 +64,30 @@ class Limits:
     max_running: int
     max_prefill_tokens: int
     chunked_prefill_size: int
+    # priority scheduling: prompt tokens a step gives requests below the highest priority present (None:
+    # priority scheduling off — one level, nothing capped)
+    low_priority_prefill: int | None = None
+
+
+class _Budget:
+    """A step's prompt tokens: ``total`` for all, at most ``low`` of them for requests below ``top``."""
+
+    def __init__(self, total: int, top: float, low: int | None) -> None:
+        self.total, self.top, self.low = total, top, low
+
+    def left(self, r: Req) -> int:
+        if self.low is not None and _level(r) < self.top:
+            return min(self.total, self.low)
+        return self.total
+
+    def take(self, r: Req, n: int) -> None:
+        self.total -= n
+        if self.low is not None and _level(r) < self.top:
+            self.low -= n
+
+
+def _level(r: Req) -> float:
+    return float("inf") if r.aged else r.priority
 
 
 class Batcher:
@@ -85,21 +112,41 @@ class Batcher:
             if r.status is Status.RUNNING:
                 plan.add(r, self.kv, 1)
         self.new_token_ratio = max(MIN_RATIO, self.new_token_ratio - RATIO_DECAY)
-        budget, cap = self.limits.max_prefill_tokens, self.limits.chunked_prefill_size
+        budget = self._budget(running, waiting)
         scratch = PrefixSet()  # prompts being computed this step (in-batch dedup)
         for r in self._prefilled:  # (overlap: computed by the step in flight, not in the cache yet)
             if r.status is Status.RUNNING:
                 scratch.add(r.ns, r.tokens(0, min(r.num_computed, r.known_len)))
-        for r in running:
-            if r.to_compute > 1:
-                if r.num_computed < len(r.prompt):  # (a jump-forward chunk is its own: nobody waits for it)
-                    scratch.add(r.ns, r.prefix_key())
-                if budget > 0:
-                    budget -= plan.add(r, self.kv, min(r.to_compute, cap, budget))
-        new_reqs = self._admit(running, waiting, scratch, budget, plan)
+        chunks = [r for r in running if r.to_compute > 1]
+        for r in chunks:
+            if r.num_computed < len(r.prompt):  # (a jump-forward chunk is its own: nobody waits for it)
+                scratch.add(r.ns, r.prefix_key())
+        # the highest priority present first (its chunks, then its admissions), then the lower levels
+        # under their cap, the same way (one level — priority scheduling off — chunks, then admission)
+        self._chunks([r for r in chunks if _level(r) >= budget.top], budget, plan)
+        new_reqs = self._admit(running, waiting, scratch, budget, plan, top=True)
+        low = [r for r in chunks if _level(r) < budget.top]
+        if low or (waiting and budget.low):
+            self._chunks(low, budget, plan)
+            new_reqs += self._admit(running, waiting, scratch, budget, plan, top=False)
         if not plan.reqs:
             return None
         return self._emit(plan, new_reqs)
+
+    def _budget(self, running: list[Req], waiting: deque[Req]) -> _Budget:
+        low = self.limits.low_priority_prefill
+        if low is None or not (running or waiting):
+            return _Budget(self.limits.max_prefill_tokens, float("-inf"), None)
+        top = max(max((_level(r) for r in running), default=float("-inf")),
+                  max((_level(r) for r in waiting), default=float("-inf")))
+        return _Budget(self.limits.max_prefill_tokens, top, low or None)  # (0: levels ordered, nothing capped)
+
+    def _chunks(self, reqs: list[Req], budget: _Budget, plan: _Plan) -> None:
+        """The next chunk of each running request still computing its prompt (or a jump-forward)."""
+        for r in reqs:
+            n = min(r.to_compute, self.limits.chunked_prefill_size, budget.left(r))
+            if n > 0:
+                budget.take(r, plan.add(r, self.kv, n))
 
     # ---- decode memory ---------------------------------------------------------------------
     def _make_room_for_decode(self, decoding: list[Req], running: list[Req], waiting: deque[Req]) -> None:
@@ -149,15 +196,21 @@ class Batcher:
         """Slots a waiting request with ``hit`` cached tokens is expected to take once admitted."""
         return r.seq_len - hit + min(r.remaining_new_tokens, DECODE_CLIP) * self.new_token_ratio
 
-    def _admit(self, running: list[Req], waiting: deque[Req], scratch: PrefixSet, budget: int,
-               plan: _Plan) -> list[NewReq]:
+    def _admit(self, running: list[Req], waiting: deque[Req], scratch: PrefixSet, budget: _Budget,
+               plan: _Plan, top: bool) -> list[NewReq]:
+        """Admit waiting requests in policy order: those of the highest level present (``top``), or
+        those below it."""
         lim, kv = self.limits, self.kv
         new_reqs: list[NewReq] = []
-        if not waiting or budget <= 0:
+        if not waiting or budget.total <= 0:
             return new_reqs
         headroom = kv.available() - self._reserved(running)
         for r in self.policy.order(waiting, kv):
-            if budget <= 0 or len(running) >= lim.max_running or kv.rows.num_free == 0:
+            if (_level(r) >= budget.top) != top:
+                if top:
+                    break  # (priority order: the rest are below the top level)
+                continue
+            if budget.left(r) <= 0 or len(running) >= lim.max_running or kv.rows.num_free == 0:
                 break
             if r.pending:
                 continue  # retracted while its last token was in flight: resumes once that arrives
@@ -186,7 +239,7 @@ class Batcher:
                 plan.queue_s.append(queue_ms / 1e3)
             stage("scheduled", r.rid, trace_id=r.trace_id, index=r.index, queue_ms=round(queue_ms, 3),
                   prompt_tokens=len(r.prompt), cached_tokens=len(r.slots), retractions=r.retractions)
-            budget -= plan.add(r, kv, min(r.to_compute, lim.chunked_prefill_size, budget))
+            budget.take(r, plan.add(r, kv, min(r.to_compute, lim.chunked_prefill_size, budget.left(r))))
         return new_reqs
 
     def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:

@@ -63,8 +63,9 @@ class EngineSession:
             policy = PriorityPolicy(policy, cfg.priority_aging_seconds)
             if cfg.priority_preemption_threshold:
                 preemptor = Preemptor(policy, cfg.priority_preemption_threshold)
-        batcher = Batcher(kv, policy, Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size), cascade,
-                          counters, preemptor)
+        limits = Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size,
+                        cfg.priority_prefill_cap if cfg.enable_priority_scheduling else None)
+        batcher = Batcher(kv, policy, limits, cascade, counters, preemptor)
         budget = PinBudget(budget_limit(cfg.max_pinned_tokens, kv.pool_size))
         info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,
                          context_length=w.context_length, pool_size=kv.pool_size,

@@ -32,11 +32,12 @@ def req(prompt, priority=0, max_new=64, rid="r", at=0.0) -> Req:
     return r
 
 
-def batcher(pool=4096, rows=64, policy="fcfs", threshold=10, aging=0.0, clock=None, max_running=None):
+def batcher(pool=4096, rows=64, policy="fcfs", threshold=10, aging=0.0, clock=None, max_running=None, cap=None,
+            prefill=1024, chunk=1024):
     kv = KVManager(pool, rows)
     order = PriorityPolicy(POLICIES[policy](), aging, clock or Clock())
     pre = Preemptor(order, threshold) if threshold else None
-    return Batcher(kv, order, Limits(max_running or rows, 1024, 1024), preemptor=pre)
+    return Batcher(kv, order, Limits(max_running or rows, prefill, chunk, cap), preemptor=pre)
 
 
 def step(b: Batcher, running, waiting, token=5):
@@ -184,3 +185,29 @@ def test_shedding_picks_the_lowest_priority_newest_requests_that_never_started()
 
 def test_aged_level_is_above_every_priority():
     assert AGED > 10**9
+
+
+def test_the_highest_level_gets_the_step_first_and_lower_levels_share_the_cap():
+    b = batcher(pool=20000, cap=256, prefill=1024, chunk=1024)
+    running, waiting = [], deque([req(range(1000, 3000), 0, rid="bg1"), req(range(3000, 5000), 0, rid="bg2")])
+    s = step(b, running, waiting)  # one level: no cap (the budget as without priorities)
+    assert rids(s.reqs) == ["bg1"] and s.extend == [1024]
+    waiting.append(req(range(6000, 6600), 10, rid="urgent"))
+    s = step(b, running, waiting)  # the urgent prompt goes first; bg1's next chunk gets what the cap leaves
+    assert rids(s.reqs) == ["urgent", "bg1"] and s.extend == [600, 256]
+    s = step(b, running, waiting)  # the urgent request decodes: the background shares 256 tokens a step
+    assert rids(s.reqs) == ["urgent", "bg1"] and s.extend == [1, 256] and s.prefill_tokens == 256
+    for r in [r for r in running if r.rid == "urgent"]:
+        running.remove(r)
+        b.kv.release(r)
+    s = step(b, running, waiting)  # the urgent request is gone: the whole budget again (bg1's last 464, then bg2)
+    assert rids(s.reqs) == ["bg1", "bg2"] and s.extend == [464, 560]
+
+
+def test_without_a_cap_levels_are_still_served_in_order():
+    b = batcher(pool=20000, cap=0, prefill=1024, chunk=1024)
+    running, waiting = [], deque([req(range(1000, 3000), 0, rid="bg")])
+    step(b, running, waiting)
+    waiting.append(req(range(6000, 6600), 10, rid="urgent"))
+    s = step(b, running, waiting)
+    assert rids(s.reqs) == ["urgent", "bg"] and s.extend == [600, 424]
