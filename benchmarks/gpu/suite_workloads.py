@@ -389,7 +389,9 @@ def w7(start, s: Sizes, vocab: int) -> dict:
         capacity = w7_capacity(on.target, s, vocab)
         print(f"[suite] W7 capacity {capacity['capacity_req_s']:.2f} req/s", flush=True)
         idle = w7_idle(on.target, s, vocab)
+        _say("idle", idle)
         res_on = w7_mixed(on.target, s, vocab, capacity["capacity_req_s"])
+        _say("priority on", res_on["interactive"], res_on["output_tok_s"])
     finally:
         on.stop()
     off = start("w7_plain")
@@ -398,6 +400,14 @@ def w7(start, s: Sizes, vocab: int) -> dict:
     finally:
         off.stop()
     return w7_summary(capacity, idle, res_on, res_off)
+
+
+def _say(what: str, x: dict, tok_s: float | None = None) -> None:
+    """A W7 run's interactive latencies as soon as they are known (the log keeps them if a time
+    limit cuts the workload short)."""
+    t, i = x["ttft_ms"], x["itl_ms"]
+    print(f"[suite] W7 {what}: interactive TTFT p50/p99 {t['p50']:.1f}/{t['p99']:.1f} ms, ITL p50/p99 "
+          f"{i['p50']:.1f}/{i['p99']:.1f} ms" + (f", output {tok_s:,.0f} tok/s" if tok_s else ""), flush=True)
 
 
 def w7_summary(capacity: dict, idle: dict, on: dict, off: dict) -> dict:
