@@ -11,7 +11,7 @@ own process first, then ``banyan serve`` (extra flags after ``--``) for
   W5  Poisson arrivals at three rates (W2 lengths, 200 requests each): TTFT/ITL p50/p99
   HF  HF ``generate`` (static batches) and continuous batching on W1 and the first W2 requests
   W7  (--workloads W7 only) priority: background at 1.5x capacity + interactive 2 req/s, priority on vs
-      off: interactive TTFT p99, ITL p99 vs alone, total tok/s (suite_workloads.w7)
+      off: interactive TTFT p99, ITL p99 vs alone, total tok/s (suite_w7.py)
   W6, W2H (only when named): multi-turn on a capped GPU pool, host / disk KV tiers; W2 with the host
       tier, W2S: W2 without the SMG gRPC service (suite_w6.py)
 
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 
 from benchmarks.gpu import suite_report as report  # noqa: E402
-from benchmarks.gpu import suite_w6  # noqa: E402
+from benchmarks.gpu import suite_w6, suite_w7  # noqa: E402
 from benchmarks.gpu import suite_workloads as wl  # noqa: E402
 from benchmarks.gpu.make_model import build  # noqa: E402
 
@@ -333,7 +333,7 @@ class Suite:
             self.serve_workloads()
             suite_w6.run(self)
             if "W7" in self.workloads:
-                self.phase("W7", lambda: wl.w7(self.server, self.sizes, self.facts["vocab"]), store="W7")
+                self.phase("W7", lambda: suite_w7.w7(self.server, self.sizes, self.facts["vocab"]), store="W7")
         except KeyboardInterrupt:  # SIGTERM too (a timeout): the servers are stopped, report what finished
             self.failed = True
             self.doc["interrupted"] = True
