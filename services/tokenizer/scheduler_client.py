@@ -25,7 +25,7 @@ from typing import Any
 import zmq.asyncio
 
 from shared.config import ConfigError
-from shared.errors import AlreadyExists, Unavailable
+from shared.errors import BY_WIRE_CODE, AlreadyExists, Internal, Unavailable
 from shared.logging import get_logger, stage
 from shared.messages.common import ErrorCode, FinishReason
 from shared.messages.to_scheduler import AbortReq, GenerateReq, TokenizerHello
@@ -195,6 +195,27 @@ class SchedulerClient:
         """Outputs of all branches as they come (a branch's queued-up outputs merged into one:
         ``merging.py``); the caller stops when every branch is done."""
         return merged(queue)
+
+    async def final(self, req: GenerateReq, route: Route | None = None,
+                    abandoned: Callable[[], None] | None = None) -> TokenOut:
+        """Run a request that streams nothing the caller wants (no output tokens: a pin, a scoring
+        pass) to its end → its last output; an error ends it with its wire code's exception. A caller
+        that goes away first aborts it (and calls ``abandoned``)."""
+        queue, done = self.submit(req, route), False
+        try:
+            async for out in self.stream(queue):
+                if out.finish is not None:
+                    done = True
+                    if out.finish is FinishReason.ERROR:
+                        raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
+                    return out
+        finally:
+            if not done:
+                self.abort(req.rid)
+                if abandoned is not None:
+                    abandoned()
+            self.release(req.rid)
+        raise Internal(f"the stream of {req.rid} ended early")
 
     # ---- load ----------------------------------------------------------------------------------
     async def loads(self, timeout: float = 5.0) -> list[Load]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from shared.errors import BY_WIRE_CODE, Internal, InvalidArgument
-from shared.messages.common import FinishReason, SamplingParams
+from shared.errors import Internal, InvalidArgument
+from shared.messages.common import SamplingParams
 from shared.messages.to_scheduler import GenerateReq
 from shared.messages.to_tokenizer import ModelInfo
 from services.tokenizer import validation
@@ -83,25 +83,11 @@ class Scorer:
         route = self.client.route(seqs[0][0], cache_ns)  # one group for all: they share the prompt's KV
 
         async def one(i: int, ids: list[int], start: int) -> Scored:
-            sub = f"{rid}.{i}"
             params = SamplingParams(temperature=0.0, max_new_tokens=0, prompt_logprobs_from=start)
-            queue = self.client.submit(GenerateReq(rid=sub, input_ids=ids, params=params, cache_ns=cache_ns,
-                                                   traceparent=traceparent), route)
-            done = False
-            try:
-                async for out in self.client.stream(queue):
-                    if out.finish is FinishReason.ERROR:
-                        done = True
-                        raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
-                    if out.finish:
-                        done = True
-                        if len(out.prompt_logprobs) != len(ids) - start:
-                            raise Internal(f"expected {len(ids) - start} prompt logprobs, got {len(out.prompt_logprobs)}")
-                        return Scored(ids[start:], list(out.prompt_logprobs), out.cached_tokens)
-            finally:
-                if not done:
-                    self.client.abort(sub)
-                self.client.release(sub)
-            raise Internal("scoring stream ended early")
+            out = await self.client.final(GenerateReq(rid=f"{rid}.{i}", input_ids=ids, params=params,
+                                                      cache_ns=cache_ns, traceparent=traceparent), route)
+            if len(out.prompt_logprobs) != len(ids) - start:
+                raise Internal(f"expected {len(ids) - start} prompt logprobs, got {len(out.prompt_logprobs)}")
+            return Scored(ids[start:], list(out.prompt_logprobs), out.cached_tokens)
 
         return list(await asyncio.gather(*(one(i, ids, s) for i, (ids, s) in enumerate(seqs))))

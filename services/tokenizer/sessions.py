@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from shared.errors import BY_WIRE_CODE, Internal, InvalidArgument
+from shared.errors import Internal, InvalidArgument
 from shared.messages.common import FinishReason, SamplingParams
 from shared.messages.to_scheduler import GenerateReq, PinSpec, SessionOp, SessionOpKind, UnpinReq
 from shared.messages.to_tokenizer import SessionView
@@ -94,27 +94,15 @@ class SessionFront:
     async def _pin_one(self, g: int, pin_id: str, ids: list[int], ttl: int, ns: str, traceparent: str) -> int:
         rid = f"{pin_id}@{g}"
         params = SamplingParams(temperature=0.0, max_new_tokens=0)
-        queue = self.client.submit(GenerateReq(rid=rid, input_ids=ids, params=params, cache_ns=ns,
-                                               traceparent=traceparent, pin=PinSpec(ttl_s=float(ttl))),
-                                   Route(g, 0, "pin"))
-        done = False
-        try:
-            async for out in self.client.stream(queue):
-                if out.finish is FinishReason.ERROR:
-                    done = True
-                    raise BY_WIRE_CODE.get(out.error_code, Internal)(out.error)
-                if out.finish is FinishReason.LENGTH:
-                    done = True
-                    return out.cached_tokens
-                if out.finish is not None:
-                    done = True
-                    raise Internal(f"pinning ended with {out.finish}")
-        finally:
-            if not done:  # the caller went away: stop it, and unpin it should it have completed meanwhile
-                self.client.abort(rid)  # (the scheduler takes both in order; the unpin's answer is dropped)
-                self.client.links[g].q.send(UnpinReq(token="", pin_id=rid))
-            self.client.release(rid)
-        raise Internal("the pin's stream ended early")
+        req = GenerateReq(rid=rid, input_ids=ids, params=params, cache_ns=ns, traceparent=traceparent,
+                          pin=PinSpec(ttl_s=float(ttl)))
+        # a caller gone: unpin it too, should it complete meanwhile (the scheduler takes the abort and
+        # the unpin in order; the unpin's answer is dropped)
+        out = await self.client.final(req, Route(g, 0, "pin"),
+                                      lambda: self.client.links[g].q.send(UnpinReq(token="", pin_id=rid)))
+        if out.finish is not FinishReason.LENGTH:
+            raise Internal(f"pinning ended with {out.finish}")
+        return out.cached_tokens
 
     async def unpin(self, pin_id: str) -> int:
         """→ the tokens it held pinned (in one group)."""
