@@ -239,6 +239,9 @@ class WorkerConfig(CommonConfig):
                 "load; activations scaled per token at run time; embeddings and lm_head stay in --dtype)"})
     cuda_graph_max_bs: int = field(default=512, metadata={"help": "largest decode batch replayed as a CUDA graph"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run every step eagerly"})
+    disable_small_m_kernel: bool = field(default=False, metadata={
+        "help": "never use Banyan's decode-size linear kernel (by default used for the weight shapes where it "
+                "measured faster than the library at start-up)"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (one worker process each)"})
     tp_rank: int = field(default=0, metadata={"help": "this worker's tensor-parallel rank (0 talks to the scheduler)"})
     dist_init_addr: str = field(default="", metadata={"help": "host:port of rank 0's torch.distributed store (tp > 1)"})

@@ -4,7 +4,8 @@
 # `pip download --no-deps --only-binary=:all: --python-version 3.12 ... smg-grpc-proto==0.4.28`) — all
 # git-ignored, carried with the tree):
 #
-#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c|suite-d] [hicache]
+#   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c|suite-d|suite-x] [hicache]
+#                                   [small-m]
 #                                                                                      (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
@@ -25,6 +26,7 @@
 #    W6 with SUITE_ARGS="--w6-variants off,host" then "--w6-variants disk").
 # 6. hicache: the hierarchical cache's GPU tests (copy stream, demote ordering, outputs with the host
 #    tier = without) and benchmarks/gpu/hicache_copy.py (copy GB/s, what copies cost concurrent GEMMs).
+# 7. small-m: benchmarks/gpu/small_m_bench.py (decode-size linears: cuBLAS / _scaled_mm vs Banyan's kernel).
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/banyan-gpu}
@@ -93,6 +95,11 @@ if [[ $STEPS == *hicache* ]]; then
   grep -E "passed|failed|Error|assert" "$OUT/hicache_tests.log" | grep -v "^PASSED" | tail -15
   timeout 180 python3 -m benchmarks.gpu.hicache_copy --out "$OUT/hicache_copy.json" 2>&1 | tail -12 || status=1
   echo "hicache: $((SECONDS - t0)) s"
+fi
+if [[ $STEPS == *small-m* ]]; then
+  t0=$SECONDS
+  timeout 240 python3 -m benchmarks.gpu.small_m_bench --out "$OUT/small_m.json" 2>&1 | tail -30 || status=1
+  echo "small-m: $((SECONDS - t0)) s"
 fi
 [[ -f $OUT/parity.json ]] && cat "$OUT/parity.json"
 exit $status

@@ -31,6 +31,7 @@ from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
+from services.worker.kernels import tune_small_m
 from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
@@ -102,6 +103,8 @@ class ModelRunner:
         kernels = {}
         if self.device.type == "cuda" and (self.quant is not None or self.kv_dtype != self.dtype):
             kernels = enable_cuda_kernels(self.device)  # the fused FP8 kernels, where they check out
+        if self.device.type == "cuda" and not cfg.disable_small_m_kernel:
+            kernels["small_m"] = tune_small_m(self.model, self.dtype)
         self.context_length = cfg.context_length or self.spec.context_length
         kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads, cfg.mem_fraction_static)
@@ -137,7 +140,7 @@ class ModelRunner:
                  device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), pool_size=self.pool_size,
                  kv_cache_dtype=self.kv_cache_dtype, kv_bytes_per_token=self.kv.bytes_per_token,
                  kv_scales=scales.source if scales else None, quantization=self.quantization,
-                 weight_gib=round(self.weight_bytes / 2**30, 3), fp8_kernels=kernels or None,
+                 weight_gib=round(self.weight_bytes / 2**30, 3), kernels=kernels or None,
                  context_length=self.context_length, attention=self.backend, tp_rank=self.tp.rank,
                  tp_size=self.tp.size, cuda_graph_bs=self.graphs.batch_sizes if self.graphs else [])
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from services.worker.models.ops import current_ops
 from services.worker.tp import TPGroup
+from services.worker import kernels
 from services.worker.quant import fp8_linears_enabled
 from services.worker.quant.fp8 import FP8, QuantizedWeight, fp8_linear, load_fp8_rows
 
@@ -79,7 +80,15 @@ class _Linear(nn.Module):
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.fp8:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
+        cfg = kernels.small_m_config(x, self.weight)  # (decode sizes, where the kernel measured faster)
+        if cfg is not None:
+            y = kernels.small_m_linear(x, self.weight, None, cfg)
+            return y if bias is None else y + bias
         return F.linear(x, self.weight, bias)
+
+    def quantized(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, its per-row scale or None)."""
+        return self.weight, self.weight_scale if self.fp8 else None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from services.worker import kernels
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 _TINY = 1e-12  # scale floor: an all-zero row quantizes to zeros
@@ -129,7 +131,18 @@ def check_scaled_mm(device: torch.device) -> bool:
 
 def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
     """y = x W^T (+ b) with W ≈ weight * scale[:, None] (weight (N, K) e4m3, scale (N,) fp32) and x
-    quantized per token; x (T, K) → y (T, N) in x's dtype."""
+    quantized per token; x (T, K) → y (T, N) in x's dtype. At decode sizes, for weight shapes where
+    it measured faster at start-up, the weight-only kernel instead (``kernels/small_m.py``: x is not
+    quantized)."""
+    cfg = kernels.small_m_config(x, weight)
+    if cfg is not None:
+        y = kernels.small_m_linear(x, weight, scale, cfg)
+        return y if bias is None else y + bias
+    return library_fp8_linear(x, weight, scale, bias)
+
+
+def library_fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``fp8_linear`` through the libraries: ``torch._scaled_mm`` on CUDA, else dequantize and multiply."""
     n, k = weight.shape
     if x.is_cuda and _scaled_mm and x.dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % 16 == 0:
         xq, xs = _act_quant(x)

@@ -1,0 +1,100 @@
+"""Linear layers at decode sizes on one GPU (issue 18: GEMV at ≥ 90 % of copy bandwidth at M = 1–8;
+issue 20: FP8 weights at M = 1): for each Llama-3.1-8B weight shape and M in 1, 2, 4, 8, 16, the
+time of cuBLAS bf16 (``F.linear``), Banyan's small-M kernel on the bf16 weight, the FP8 library
+path (per-token quantization + ``torch._scaled_mm``) and the small-M kernel on the e4m3 weight
+(weight-only), as µs, weight GB/s and % of 4.3 TB/s; also what ``tune`` picks per shape. Prints a
+table, writes JSON.
+
+    python -m benchmarks.gpu.small_m_bench --out /tmp/banyan-gpu/small_m.json       # ~1 min (compiles)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+
+from services.worker import kernels  # noqa: E402
+from services.worker.kernels import small_m as sm  # noqa: E402
+from services.worker.quant.fp8 import library_fp8_linear, quantize_rows  # noqa: E402
+
+HBM = 4.3e12
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def timed(fn, reps: int = 200) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()  # (replayed: launch overhead out of the figure, as in a decode step)
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="small_m.json")
+    ap.add_argument("--ms", default="1,2,4,8,16")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rows, picks = [], {}
+    for name, (n, k) in SHAPES.items():
+        w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
+        q, s = (t.to(dev) for t in quantize_rows(w.float().cpu()))
+        kernels.choices.clear()
+        picks[name] = {**sm.tune([(w, None)], lambda x, w, s: F.linear(x, w), torch.bfloat16),
+                       **sm.tune([(q, s)], library_fp8_linear, torch.bfloat16)}
+        for m in (int(v) for v in args.ms.split(",")):
+            x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
+            row = {"shape": name, "n": n, "k": k, "m": m}
+            for label, fn, nbytes in (
+                    ("cublas_bf16", lambda: F.linear(x, w), w.numel() * 2),
+                    *[(f"kernel_bf16_{c.block_n}x{c.block_k}s{c.split_k}w{c.warps}", lambda c=c: sm.linear(x, w, None, c),
+                       w.numel() * 2) for c in sm.CONFIGS],
+                    ("scaled_mm_fp8", lambda: library_fp8_linear(x, q, s), q.numel()),
+                    *[(f"kernel_fp8_{c.block_n}x{c.block_k}s{c.split_k}w{c.warps}", lambda c=c: sm.linear(x, q, s, c),
+                       q.numel()) for c in sm.CONFIGS]):
+                try:
+                    t = timed(fn)
+                    row[label] = {"us": round(t * 1e6, 2), "gb_s": round(nbytes / t / 1e9, 1),
+                                  "of_hbm": round(nbytes / t / HBM, 3)}
+                except Exception as e:  # (a config the compiler rejects: recorded, not fatal)
+                    row[label] = {"error": f"{type(e).__name__}: {e}"[:200]}
+            rows.append(row)
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows, "tune": picks,
+           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+
+    def best(row, prefix):
+        got = [(v["us"], k) for k, v in row.items() if k.startswith(prefix) and isinstance(v, dict) and "us" in v]
+        return min(got) if got else (float("nan"), "-")
+
+    print("| shape | M | cuBLAS bf16 µs (% HBM) | best kernel bf16 µs (% HBM) | _scaled_mm FP8 µs | best kernel FP8 µs (% HBM) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        cb, kb, sf, kf = (r["cublas_bf16"], best(r, "kernel_bf16"), r["scaled_mm_fp8"], best(r, "kernel_fp8"))
+        pct = lambda v: f"{v['us']:.1f} ({v['of_hbm']:.0%})" if "us" in v else "error"  # noqa: E731
+        print(f"| {r['shape']} | {r['m']} | {pct(cb)} | {kb[0]:.1f} ({r.get(kb[1], {}).get('of_hbm', 0):.0%}) | "
+              f"{sf.get('us', float('nan')):.1f} | {kf[0]:.1f} ({r.get(kf[1], {}).get('of_hbm', 0):.0%}) |")
+    print("tune:", json.dumps(picks, indent=1))
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

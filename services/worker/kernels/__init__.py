@@ -1,0 +1,42 @@
+"""Our own CUDA kernels (Triton), each used only where a start-up check on the device found it
+correct and faster than the library path it would replace.
+
+- ``small_m.py``: linear layers at decode batch sizes (weight-streaming, bf16 or weight-only FP8).
+
+This module is the light part the layers call on every step (no Triton import: CPU installs may
+lack it): which weight shapes use a kernel, as ``small_m.tune`` measured them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAX_M = 16  # rows up to which a linear may take the small-M kernel
+choices: dict[tuple[int, int, torch.dtype], object] = {}  # (N, K, weight dtype) → small_m.Config
+
+
+def small_m_config(x: torch.Tensor, w: torch.Tensor):
+    """The small-M kernel's config for ``x @ w.T`` (None: the library path)."""
+    if not choices or x.dim() != 2 or x.shape[0] > MAX_M:
+        return None
+    return choices.get((w.shape[0], w.shape[1], w.dtype))
+
+
+def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, cfg) -> torch.Tensor:
+    from services.worker.kernels.small_m import linear
+
+    return linear(x, w, scale, cfg)
+
+
+def tune_small_m(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] | str:
+    """Measure the small-M kernel against the library for each linear weight shape of ``model`` (on
+    its CUDA device) and use it where it wins → what was chosen, per shape (logged at start-up)."""
+    try:
+        from services.worker.kernels import small_m as sm
+    except ImportError as e:  # (Triton not installed: the library path)
+        return f"unavailable: {e}"
+    try:
+        return sm.tune_model(model, dtype)
+    except Exception as e:  # a compiler or driver problem: the library path, which is correct
+        choices.clear()
+        return f"failed: {type(e).__name__}: {e}"[:300]

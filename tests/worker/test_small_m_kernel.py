@@ -1,0 +1,70 @@
+"""The decode-size linear kernel (``kernels/small_m.py``) in Triton's interpreter on the CPU: bf16-
+shaped and e4m3 weights with per-row scales, every config (split over K with atomics, or not),
+M from 1 to 16, N and K not multiples of the blocks, a strided activation; and the dispatch: a
+layer takes the kernel only for a weight shape ``kernels.choices`` holds. Float32 activations here
+(the interpreter has no bf16 matmul); the GPU path is timed and checked at start-up (``tune``).
+Skipped visibly where Triton is not installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.worker import kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = r"""
+import torch
+from services.worker.kernels import small_m as sm
+from services.worker.quant.fp8 import quantize_rows
+
+g = torch.Generator().manual_seed(0)
+for n, k in ((40, 300), (64, 1024)):
+    w = torch.randn(n, k, generator=g)
+    q, s = quantize_rows(w)
+    for m in (1, 3, 16):
+        x = torch.randn(m, k + 8, generator=g)[:, :k]  # a strided view
+        want_plain = x @ w.t()
+        want_q = (x @ q.float().t()) * s
+        for cfg in sm.CONFIGS:
+            got = sm.linear(x, w, None, cfg)
+            assert got.shape == (m, n) and got.dtype == torch.float32
+            assert torch.allclose(got, want_plain, rtol=1e-4, atol=1e-3), (n, k, m, cfg, (got - want_plain).abs().max())
+            got = sm.linear(x, q, s, cfg)
+            assert torch.allclose(got, want_q, rtol=1e-4, atol=1e-3), (n, k, m, cfg, (got - want_q).abs().max())
+print("small-m ok")
+"""
+
+
+@pytest.mark.timeout(600)
+def test_small_m_kernel_in_the_interpreter() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    assert r.returncode == 0 and "small-m ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_a_layer_takes_the_kernel_only_for_a_chosen_shape(monkeypatch) -> None:
+    from services.worker.models.layers import ColumnParallelLinear
+    from services.worker.tp import TPGroup
+
+    calls = []
+    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg: calls.append(cfg) or x @ w.t())
+    monkeypatch.setattr(kernels, "choices", {})
+    lin = ColumnParallelLinear(32, 48, bias=False, tp=TPGroup())
+    lin.weight.data.normal_()
+    x = torch.randn(4, 32)
+    want = x @ lin.weight.t()
+    assert torch.allclose(lin(x), want) and calls == []  # nothing chosen: the library
+    kernels.choices[(48, 32, lin.weight.dtype)] = "cfg"
+    assert torch.allclose(lin(x), want) and calls == ["cfg"]  # chosen: the kernel, at M ≤ MAX_M
+    big = torch.randn(kernels.MAX_M + 1, 32)
+    assert torch.allclose(lin(big), big @ lin.weight.t()) and calls == ["cfg"]  # more rows: the library
+    kernels.choices.clear()
+    kernels.choices[(48, 33, lin.weight.dtype)] = "other"
+    assert torch.allclose(lin(x), want) and calls == ["cfg"]  # another shape chosen: not this one
