@@ -31,7 +31,7 @@ Tensor = torch.Tensor
 @triton.jit
 def _small_m_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
                     HAS_SCALE: tl.constexpr, ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, K_PER_SPLIT: tl.constexpr):
+                    BLOCK_K: tl.constexpr, K_PER_SPLIT):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -81,7 +81,8 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(k, per_split))
     _small_m_kernel[grid](x, w, scale if scale is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
                           HAS_SCALE=scale is not None, ATOMIC=split > 1, BLOCK_M=16, BLOCK_N=cfg.block_n,
-                          BLOCK_K=cfg.block_k, K_PER_SPLIT=per_split, num_warps=cfg.warps, num_stages=cfg.stages)
+                          BLOCK_K=cfg.block_k, K_PER_SPLIT=per_split, num_warps=cfg.warps,
+                          num_stages=cfg.stages)  # (K_PER_SPLIT a run-time value: one compile per config)
     return y.to(x.dtype) if split > 1 else y
 
 
