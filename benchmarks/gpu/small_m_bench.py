@@ -64,10 +64,10 @@ def main() -> int:
             row = {"shape": name, "n": n, "k": k, "m": m}
             for label, fn, nbytes in (
                     ("cublas_bf16", lambda: F.linear(x, w), w.numel() * 2),
-                    *[(f"kernel_bf16_{c.block_n}x{c.block_k}s{c.split_k}w{c.warps}", lambda c=c: sm.linear(x, w, None, c),
+                    *[(f"kernel_bf16_{c.block_n}x{c.block_k}w{c.warps}s{c.stages}", lambda c=c: sm.linear(x, w, None, c),
                        w.numel() * 2) for c in sm.CONFIGS],
                     ("scaled_mm_fp8", lambda: library_fp8_linear(x, q, s), q.numel()),
-                    *[(f"kernel_fp8_{c.block_n}x{c.block_k}s{c.split_k}w{c.warps}", lambda c=c: sm.linear(x, q, s, c),
+                    *[(f"kernel_fp8_{c.block_n}x{c.block_k}w{c.warps}s{c.stages}", lambda c=c: sm.linear(x, q, s, c),
                        q.numel()) for c in sm.CONFIGS]):
                 try:
                     t = timed(fn)

@@ -1,6 +1,6 @@
 """The decode-size linear kernel (``kernels/small_m.py``) in Triton's interpreter on the CPU: bf16-
-shaped and e4m3 weights with per-row scales, every config (split over K with atomics, or not),
-M from 1 to 16, N and K not multiples of the blocks, a strided activation; and the dispatch: a
+shaped and e4m3 weights with per-row scales, every config, M from 1 to 16 (each row's result
+independent of M, bit for bit), N and K not multiples of the blocks, a strided activation; and the dispatch: a
 layer takes the kernel only for a weight shape ``kernels.choices`` holds. Float32 activations here
 (the interpreter has no bf16 matmul); the GPU path is timed and checked at start-up (``tune``).
 Skipped visibly where Triton is not installed."""
@@ -33,6 +33,7 @@ for n, k in ((40, 300), (64, 1024)):
         want_q = (x @ q.float().t()) * s
         for cfg in sm.CONFIGS:
             got = sm.linear(x, w, None, cfg)
+            assert torch.equal(sm.linear(x[:1], w, None, cfg), got[:1])  # row 0 alone: the same bits
             assert got.shape == (m, n) and got.dtype == torch.float32
             assert torch.allclose(got, want_plain, rtol=1e-4, atol=1e-3), (n, k, m, cfg, (got - want_plain).abs().max())
             got = sm.linear(x, q, s, cfg)

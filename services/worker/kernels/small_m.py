@@ -7,8 +7,10 @@ and FP8 weights through ``torch._scaled_mm`` pay a per-token activation quantiza
 element type (bf16/fp16, or e4m3 dequantized in registers with its per-row scale: weight-only FP8,
 the activations stay in their dtype), with the M rows padded to one 16-row tensor-core tile.
 
-Grid: one program per ``BLOCK_N`` output rows (× ``SPLIT_K`` slices of K, summed with atomics into
-a float32 buffer when the output rows alone would not fill the GPU). ``tune`` times a few configs
+Grid: one program per ``BLOCK_N`` output rows, each reading its rows' whole K (no split-K: atomics
+would sum in a different order each run, and greedy outputs must not depend on it — each output row
+is also computed the same way whatever M is, so a padded graph batch and an eager one agree
+bit for bit). ``tune`` times a few configs
 against the library path for each weight shape of the model at start-up and records the winner per
 (N, K); ``linear`` is used only for shapes where the kernel won (``kernels.choices``): never slower.
 """
@@ -30,15 +32,12 @@ Tensor = torch.Tensor
 
 @triton.jit
 def _small_m_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
-                    HAS_SCALE: tl.constexpr, ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, K_PER_SPLIT):
+                    HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo = pid_k * K_PER_SPLIT
-    for k0 in range(k_lo, k_lo + K_PER_SPLIT, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
                     other=0.0)
@@ -47,24 +46,19 @@ def _small_m_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_x, stride_w, str
         acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
     if HAS_SCALE:
         acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
-    out = y_ptr + rm[:, None] * stride_y + rn[None, :]
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    if ATOMIC:
-        tl.atomic_add(out, acc, mask=mask)
-    else:
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @dataclass(frozen=True)
 class Config:
     block_n: int
     block_k: int
-    split_k: int = 1
     warps: int = 4
     stages: int = 3
 
 
-CONFIGS = (Config(16, 256), Config(32, 256), Config(16, 512, warps=8), Config(32, 256, split_k=4))
+CONFIGS = (Config(16, 256), Config(32, 256), Config(16, 512, warps=8), Config(64, 128, stages=4))
 
 
 def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[1]) -> Tensor:
@@ -74,16 +68,12 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     assert m <= MAX_M and w.shape[1] == k and w.stride(1) == 1
     if x.stride(1) != 1:
         x = x.contiguous()
-    split = cfg.split_k if k >= cfg.split_k * cfg.block_k else 1
-    per_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
-    y = (torch.zeros if split > 1 else torch.empty)((m, n), dtype=torch.float32 if split > 1 else x.dtype,
-                                                    device=x.device)
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(k, per_split))
-    _small_m_kernel[grid](x, w, scale if scale is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-                          HAS_SCALE=scale is not None, ATOMIC=split > 1, BLOCK_M=16, BLOCK_N=cfg.block_n,
-                          BLOCK_K=cfg.block_k, K_PER_SPLIT=per_split, num_warps=cfg.warps,
-                          num_stages=cfg.stages)  # (K_PER_SPLIT a run-time value: one compile per config)
-    return y.to(x.dtype) if split > 1 else y
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _small_m_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x, w, scale if scale is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        HAS_SCALE=scale is not None, BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
+        num_stages=cfg.stages)
+    return y
 
 
 # --- which shapes use it: measured on the device at start-up -------------------------------------------
