@@ -112,7 +112,7 @@ class StepApplier:
             if reason is not None:
                 table.report(r, reason)
             else:
-                table.emit(r.replica, token_out(r))
+                table.emit(r.replica, token_out(r), r.priority)
 
     def _accept(self, r: Req, tok: int) -> FinishReason | None:
         """Advance the matcher; STOP when the grammar ended (EOS taken, or nothing but EOS left)."""

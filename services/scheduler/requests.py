@@ -37,6 +37,7 @@ class RequestTable:
         self.running: list[Req] = []
         self._aborts: list[Req] = []
         self._outbox: dict[bytes, list[TokenOut]] = {}
+        self._urgent: dict[bytes, list[tuple[int, int, TokenOut]]] = {}  # (priority > 0, order, output)
         self._send = send
 
     def __contains__(self, rid: str) -> bool:
@@ -93,7 +94,7 @@ class RequestTable:
     def report(self, r: Req, reason: FinishReason, error: str = "", code: ErrorCode | None = None) -> None:
         """The final TokenOut, stage line and span of a request that ended."""
         self.emit(r.replica, token_out(r, finish=reason, error=error, error_code=code, prompt_tokens=len(r.prompt),
-                                       completion_tokens=len(r.output)))
+                                       completion_tokens=len(r.output)), r.priority)
         stage("finished", r.rid, trace_id=r.trace_id, index=r.index, finish_reason=reason,
               completion_tokens=len(r.output), cached_tokens=r.cached_tokens, e2e_ms=round(r.wait_ms(), 3))
         if r.span is not None:
@@ -111,8 +112,16 @@ class RequestTable:
         return len(live)
 
     # ---- outbox ------------------------------------------------------------------------------
-    def emit(self, ident: bytes, out: TokenOut) -> None:
-        self._outbox.setdefault(ident, []).append(out)
+    def emit(self, ident: bytes, out: TokenOut, priority: int = 0) -> None:
+        """Queue ``out`` for replica ``ident``. In a step's batch the outputs of requests above
+        priority 0 go first, highest first (the replica handles them in order: under load an urgent
+        request's token does not wait behind hundreds of background ones)."""
+        box = self._outbox.setdefault(ident, [])
+        if priority > 0:
+            urgent = self._urgent.setdefault(ident, [])
+            urgent.append((priority, len(urgent), out))
+        else:
+            box.append(out)
 
     def reject(self, ident: bytes, rid: str, n: int, code: ErrorCode, error: str) -> None:
         """Refuse a new request at once (every branch ends with the error)."""
@@ -122,5 +131,8 @@ class RequestTable:
 
     def flush(self) -> None:
         for ident, outs in self._outbox.items():
+            urgent = self._urgent.pop(ident, None)
+            if urgent:  # (highest first; in emission order within a level)
+                outs = [o for _, _, o in sorted(urgent, key=lambda u: (-u[0], u[1]))] + outs
             self._send(ident, TokenOutBatch(outs=outs))
         self._outbox.clear()

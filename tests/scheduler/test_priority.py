@@ -211,3 +211,18 @@ def test_without_a_cap_levels_are_still_served_in_order():
     waiting.append(req(range(6000, 6600), 10, rid="urgent"))
     s = step(b, running, waiting)
     assert rids(s.reqs) == ["urgent", "bg"] and s.extend == [600, 424]
+
+
+def test_a_steps_outputs_go_out_urgent_first():
+    from shared.messages.to_tokenizer import TokenOut
+
+    sent = []
+    table = RequestTable(lambda ident, msg: sent.append((ident, [o.rid for o in msg.outs])))
+    for rid, prio in (("bg1", 0), ("hi1", 10), ("bg2", 0), ("mid", 5), ("hi2", 10), ("neg", -3)):
+        table.emit(b"t", TokenOut(rid=rid), prio)
+    table.emit(b"u", TokenOut(rid="only-urgent"), 7)
+    table.flush()
+    assert sent == [(b"t", ["hi1", "hi2", "mid", "bg1", "bg2", "neg"]), (b"u", ["only-urgent"])]
+    table.emit(b"t", TokenOut(rid="next"))
+    table.flush()
+    assert sent[-1] == (b"t", ["next"])  # (nothing left over from the last step)
