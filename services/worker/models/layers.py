@@ -215,8 +215,17 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """(N, H) -> (N, V) float32, into ``out`` (N, V) when given (a CUDA graph's shared buffer)."""
-        logits = self.tp.all_gather(F.linear(hidden, self.weight))[:, : self.vocab_size]  # (N, V)
+        cfg = kernels.small_m_config(hidden, self.weight)  # (decode sizes, where the kernel measured faster)
+        if cfg is not None:
+            local = kernels.small_m_linear(hidden, self.weight, None, cfg)
+        else:
+            local = F.linear(hidden, self.weight)
+        logits = self.tp.all_gather(local)[:, : self.vocab_size]  # (N, V)
         return logits.float() if out is None else out.copy_(logits)
+
+    def quantized(self) -> tuple[torch.Tensor, None]:
+        """(weight, no scale): what ``kernels.tune_small_m`` times."""
+        return self.weight, None
 
 
 class RMSNorm(nn.Module):
