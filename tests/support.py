@@ -19,6 +19,15 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, max_position_embeddings=1024)
 
 
+def run_in_triton_interpreter(script: str, done: str, timeout: float = 280) -> None:
+    """Run ``script`` (Python source) in a fresh interpreter with ``TRITON_INTERPRET=1`` (Triton's
+    kernels on the CPU) and check that it printed ``done``."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0 and done in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
 def make_tiny_model(arch: str, out: Path, tokenizer_dir: str, seed: int = 0, max_positions: int = 1024) -> Path:
     """Save a tiny random-weight model of ``arch`` (llama | qwen2 | qwen3) with the given tokenizer."""
     import torch

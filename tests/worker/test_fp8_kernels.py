@@ -6,14 +6,11 @@ benchmarks/gpu/fp8_check.py. Skipped visibly where Triton is not installed."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import run_in_triton_interpreter
+
 SCRIPT = r"""
 import torch
 from services.worker.quant import triton_kernels as tk
@@ -49,6 +46,4 @@ print("kernels ok")
 @pytest.mark.timeout(300)
 def test_triton_kernels_in_the_interpreter() -> None:
     pytest.importorskip("triton", reason="Triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
-    assert r.returncode == 0 and "kernels ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+    run_in_triton_interpreter(SCRIPT, "kernels ok", timeout=280)

@@ -7,17 +7,13 @@ Skipped visibly where Triton is not installed."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from services.worker import kernels
+from tests.support import run_in_triton_interpreter
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import torch
 from services.worker.kernels import small_m as sm
@@ -45,9 +41,7 @@ print("small-m ok")
 @pytest.mark.timeout(600)
 def test_small_m_kernel_in_the_interpreter() -> None:
     pytest.importorskip("triton", reason="Triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
-    assert r.returncode == 0 and "small-m ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+    run_in_triton_interpreter(SCRIPT, "small-m ok", timeout=580)
 
 
 def test_a_layer_takes_the_kernel_only_for_a_chosen_shape(monkeypatch) -> None:
