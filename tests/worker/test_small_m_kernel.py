@@ -7,7 +7,6 @@ Skipped visibly where Triton is not installed."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
