@@ -56,7 +56,7 @@ def main() -> int:
     for name, (n, k) in SHAPES.items():
         w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
         q, s = (t.to(dev) for t in quantize_rows(w.float().cpu()))
-        kernels.choices.clear()
+        kernels.reset()
         picks[name] = {**sm.tune([(w, None)], lambda x, w, s: F.linear(x, w), torch.bfloat16),
                        **sm.tune([(q, s)], library_fp8_linear, torch.bfloat16)}
         for m in (int(v) for v in args.ms.split(",")):

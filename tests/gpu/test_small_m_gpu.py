@@ -41,7 +41,7 @@ def test_tune_records_only_correct_faster_choices_and_graphs_replay_them() -> No
     from services.worker.models.layers import ColumnParallelLinear
     from services.worker.tp import TPGroup
 
-    kernels.choices.clear()
+    kernels.reset()
     try:
         lin = ColumnParallelLinear(4096, 6144, bias=False, tp=TPGroup()).cuda().to(torch.bfloat16)
         lin.weight.data.normal_(0, 0.02)
@@ -63,4 +63,4 @@ def test_tune_records_only_correct_faster_choices_and_graphs_replay_them() -> No
         assert torch.equal(out, eager)
         assert torch.allclose(eager.float(), F.linear(x, lin.weight).float(), rtol=2e-2, atol=2e-2)
     finally:
-        kernels.choices.clear()
+        kernels.reset()

@@ -62,3 +62,42 @@ def test_a_layer_takes_the_kernel_only_for_a_chosen_shape(monkeypatch) -> None:
     kernels.choices.clear()
     kernels.choices[(48, 33, lin.weight.dtype)] = "other"
     assert torch.allclose(lin(x), want) and calls == ["cfg"]  # another shape chosen: not this one
+
+
+def test_tune_decides_once_per_shape_and_only_for_a_correct_faster_kernel(monkeypatch) -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from services.worker.kernels import small_m as sm
+
+    kernels.reset()
+    state = {"k": 5e-6, "lib": 10e-6, "ok": True, "last": ""}
+
+    def kernel(x, w, s, cfg):
+        state["last"] = "k"
+        return x @ w.t() if state["ok"] else x @ w.t() + 1
+
+    def library(x, w, s):
+        state["last"] = "lib"
+        return x @ w.t()
+
+    def timed(fn):
+        fn()
+        return state[state["last"]]
+
+    monkeypatch.setattr(sm, "_time", timed)
+    monkeypatch.setattr(sm, "linear", kernel)
+    w = torch.randn(48, 32)
+    try:
+        report = sm.tune([(w, None), (w, None)], library, torch.float32)
+        assert list(report) == ["48x32 float32"] and report["48x32 float32"].startswith("kernel")
+        assert kernels.choices[(48, 32, torch.float32)] == sm.CONFIGS[0]
+        state.update(k=50e-6, ok=False)  # slower and wrong now: the decision made stands (once per process)
+        assert sm.tune([(w, None)], library, torch.float32) == report
+        assert kernels.choices[(48, 32, torch.float32)] == sm.CONFIGS[0]
+        kernels.reset()  # decided again: wrong, so the library
+        assert sm.tune([(w, None)], library, torch.float32)["48x32 float32"].startswith("library")
+        assert not kernels.choices
+        kernels.reset()
+        state.update(k=9.9e-6, ok=True)  # correct but < 3 % faster: the library
+        assert sm.tune([(w, None)], library, torch.float32)["48x32 float32"].startswith("library")
+    finally:
+        kernels.reset()

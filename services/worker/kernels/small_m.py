@@ -99,9 +99,13 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
     for w, s in weights:
         n, k = w.shape
         key = (n, k, w.dtype)
+        name = f"{n}x{k} {str(w.dtype).removeprefix('torch.')}"
         if key in seen:
             continue
         seen.add(key)
+        if key in kernels.tuned:  # (decided earlier in this process: kept)
+            report[name] = kernels.tuned[key]
+            continue
         xs = [torch.randn(m, k, dtype=dtype, device=w.device) / k**0.5 for m in (1, MAX_M)]
         wants = [library(x, w, s).float() for x in xs]
         base = [_time(lambda x=x: library(x, w, s)) for x in xs]
@@ -117,9 +121,9 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
                 best, best_t = cfg, t
         if best is not None:
             kernels.choices[key] = best
-        name = f"{n}x{k} {str(w.dtype).removeprefix('torch.')}"
-        report[name] = (f"kernel {best_t[0] * 1e6:.1f} us vs library {base[0] * 1e6:.1f} us ({best})" if best
-                        else f"library {base[0] * 1e6:.1f} us")
+        report[name] = kernels.tuned[key] = (
+            f"kernel {best_t[0] * 1e6:.1f} us vs library {base[0] * 1e6:.1f} us ({best})" if best
+            else f"library {base[0] * 1e6:.1f} us")
     return report
 
 
