@@ -40,6 +40,8 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
 def tune_small_m(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] | str:
     """Measure the small-M kernel against the library for each linear weight shape of ``model`` (on
     its CUDA device) and use it where it wins → what was chosen, per shape (logged at start-up)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"not used with {dtype} activations"  # (its tensor-core dot would round float32 as TF32)
     try:
         from services.worker.kernels import small_m as sm
     except ImportError as e:  # (Triton not installed: the library path)
