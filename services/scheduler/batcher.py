@@ -124,11 +124,11 @@ class Batcher:
         # the highest priority present first (its chunks, then its admissions), then the lower levels
         # under their cap, the same way (one level — priority scheduling off — chunks, then admission)
         self._chunks([r for r in chunks if _level(r) >= budget.top], budget, plan)
-        new_reqs = self._admit(running, waiting, scratch, budget, plan, top=True)
-        low = [r for r in chunks if _level(r) < budget.top]
-        if low or (waiting and budget.low):
-            self._chunks(low, budget, plan)
-            new_reqs += self._admit(running, waiting, scratch, budget, plan, top=False)
+        new_reqs, blocked = self._admit(running, waiting, scratch, budget, plan, top=True)
+        if budget.top > float("-inf"):  # (levels: priority scheduling)
+            self._chunks([r for r in chunks if _level(r) < budget.top], budget, plan)
+            if not blocked:  # (a top-level request that does not fit yet is not overtaken by lower ones)
+                new_reqs += self._admit(running, waiting, scratch, budget, plan, top=False)[0]
         if not plan.reqs:
             return None
         return self._emit(plan, new_reqs)
@@ -197,13 +197,13 @@ class Batcher:
         return r.seq_len - hit + min(r.remaining_new_tokens, DECODE_CLIP) * self.new_token_ratio
 
     def _admit(self, running: list[Req], waiting: deque[Req], scratch: PrefixSet, budget: _Budget,
-               plan: _Plan, top: bool) -> list[NewReq]:
+               plan: _Plan, top: bool) -> tuple[list[NewReq], bool]:
         """Admit waiting requests in policy order: those of the highest level present (``top``), or
-        those below it."""
+        those below it → (their NewReqs, whether one that could run stopped admission: no room)."""
         lim, kv = self.limits, self.kv
         new_reqs: list[NewReq] = []
         if not waiting or budget.total <= 0:
-            return new_reqs
+            return new_reqs, False
         headroom = kv.available() - self._reserved(running)
         for r in self.policy.order(waiting, kv):
             if (_level(r) >= budget.top) != top:
@@ -211,7 +211,7 @@ class Batcher:
                     break  # (priority order: the rest are below the top level)
                 continue
             if budget.left(r) <= 0 or len(running) >= lim.max_running or kv.rows.num_free == 0:
-                break
+                return new_reqs, True
             if r.pending:
                 continue  # retracted while its last token was in flight: resumes once that arrives
             if not kv.ready(r):
@@ -223,7 +223,7 @@ class Batcher:
                 continue  # its prefix is being computed right now: take it from the cache next step
             cost = self.admission_cost(r, hit)
             if cost > headroom:
-                break  # keep the order: later requests do not overtake a head that does not fit
+                return new_reqs, True  # keep the order: later requests do not overtake a head that does not fit
             before = kv.available()
             waiting.remove(r)
             kv.admit(r)
@@ -240,7 +240,7 @@ class Batcher:
             stage("scheduled", r.rid, trace_id=r.trace_id, index=r.index, queue_ms=round(queue_ms, 3),
                   prompt_tokens=len(r.prompt), cached_tokens=len(r.slots), retractions=r.retractions)
             budget.take(r, plan.add(r, kv, min(r.to_compute, lim.chunked_prefill_size, budget.left(r))))
-        return new_reqs
+        return new_reqs, False
 
     def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:
         c = self.counters

@@ -226,3 +226,20 @@ def test_a_steps_outputs_go_out_urgent_first():
     table.emit(b"t", TokenOut(rid="next"))
     table.flush()
     assert sent[-1] == (b"t", ["next"])  # (nothing left over from the last step)
+
+
+def test_lower_levels_are_admitted_after_the_top_one_with_or_without_a_cap():
+    for cap in (0, 256):
+        b = batcher(pool=20000, cap=cap, prefill=1024, chunk=1024)
+        running, waiting = [], deque([req(range(6000, 6100), 10, rid="urgent"), req(range(1000, 1200), 0, rid="bg")])
+        s = step(b, running, waiting)  # no lower-level chunk running: the background is admitted all the same
+        assert rids(s.reqs) == ["urgent", "bg"] and s.extend == [100, 200], cap
+
+
+def test_a_top_level_request_that_does_not_fit_is_not_overtaken_by_lower_ones():
+    b = batcher(pool=1200, cap=256, prefill=1024, chunk=1024, threshold=0)  # (no preemption)
+    running, waiting = [], deque([req(range(1000, 1700), 0, max_new=8, rid="bg-running")])
+    step(b, running, waiting)
+    waiting.extend([req(range(6000, 6700), 10, max_new=8, rid="urgent"), req(range(2000, 2050), 0, max_new=8, rid="bg")])
+    s = step(b, running, waiting)  # the urgent prompt does not fit next to the running one: nobody is admitted
+    assert rids(s.reqs) == ["bg-running"] and rids(waiting) == ["urgent", "bg"]
