@@ -124,11 +124,12 @@ class Batcher:
         # the highest priority present first (its chunks, then its admissions), then the lower levels
         # under their cap, the same way (one level — priority scheduling off — chunks, then admission)
         self._chunks([r for r in chunks if _level(r) >= budget.top], budget, plan)
-        new_reqs, blocked = self._admit(running, waiting, scratch, budget, plan, top=True)
+        order = self.policy.order(waiting, self.kv) if waiting and budget.total > 0 else []  # (once a step)
+        new_reqs, blocked = self._admit(order, running, waiting, scratch, budget, plan, top=True)
         if budget.top > float("-inf"):  # (levels: priority scheduling)
             self._chunks([r for r in chunks if _level(r) < budget.top], budget, plan)
             if not blocked:  # (a top-level request that does not fit yet is not overtaken by lower ones)
-                new_reqs += self._admit(running, waiting, scratch, budget, plan, top=False)[0]
+                new_reqs += self._admit(order, running, waiting, scratch, budget, plan, top=False)[0]
         if not plan.reqs:
             return None
         return self._emit(plan, new_reqs)
@@ -196,16 +197,18 @@ class Batcher:
         """Slots a waiting request with ``hit`` cached tokens is expected to take once admitted."""
         return r.seq_len - hit + min(r.remaining_new_tokens, DECODE_CLIP) * self.new_token_ratio
 
-    def _admit(self, running: list[Req], waiting: deque[Req], scratch: PrefixSet, budget: _Budget,
-               plan: _Plan, top: bool) -> tuple[list[NewReq], bool]:
-        """Admit waiting requests in policy order: those of the highest level present (``top``), or
-        those below it → (their NewReqs, whether one that could run stopped admission: no room)."""
+    def _admit(self, order: list[Req], running: list[Req], waiting: deque[Req], scratch: PrefixSet,
+               budget: _Budget, plan: _Plan, top: bool) -> tuple[list[NewReq], bool]:
+        """Admit waiting requests in ``order`` (the policy's, taken once a step): those of the highest
+        level present (``top``), or those below it → (their NewReqs, whether one that could run
+        stopped admission: no room). Requests the first pass admitted are of the top level: the
+        second pass skips them."""
         lim, kv = self.limits, self.kv
         new_reqs: list[NewReq] = []
         if not waiting or budget.total <= 0:
             return new_reqs, False
         headroom = kv.available() - self._reserved(running)
-        for r in self.policy.order(waiting, kv):
+        for r in order:
             if (_level(r) >= budget.top) != top:
                 if top:
                     break  # (priority order: the rest are below the top level)

@@ -99,10 +99,6 @@ class HostPool:
             return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         return data
 
-    @property
-    def registered(self) -> bool:
-        return self._unregister is not None and self._unregister.alive
-
     def close(self) -> None:
         if self._unregister is not None:
             self._unregister()  # (once: a finalizer runs at most once)

@@ -37,6 +37,17 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
     return linear(x, w, scale, cfg)
 
 
+def try_small_m(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``x @ w.T`` (× ``scale`` per row, + ``bias``) through the small-M kernel where it was chosen
+    for ``w``'s shape at this size; None: the caller's library path."""
+    cfg = small_m_config(x, w)
+    if cfg is None:
+        return None
+    y = small_m_linear(x, w, scale, cfg)
+    return y if bias is None else y + bias
+
+
 def tune_small_m(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] | str:
     """Measure the small-M kernel against the library for each linear weight shape of ``model`` (on
     its CUDA device) and use it where it wins → what was chosen, per shape (logged at start-up)."""

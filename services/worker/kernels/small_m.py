@@ -10,9 +10,9 @@ the activations stay in their dtype), with the M rows padded to one 16-row tenso
 Grid: one program per ``BLOCK_N`` output rows, each reading its rows' whole K (no split-K: atomics
 would sum in a different order each run, and greedy outputs must not depend on it — each output row
 is also computed the same way whatever M is, so a padded graph batch and an eager one agree
-bit for bit). ``tune`` times a few configs
-against the library path for each weight shape of the model at start-up and records the winner per
-(N, K); ``linear`` is used only for shapes where the kernel won (``kernels.choices``): never slower.
+bit for bit). ``tune`` times a few configs against the library path for each weight shape of the
+model at start-up and records the winner per (N, K); ``linear`` is used only for shapes where the
+kernel won (``kernels.choices``): never slower.
 """
 
 from __future__ import annotations

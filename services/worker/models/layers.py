@@ -80,11 +80,8 @@ class _Linear(nn.Module):
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.fp8:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
-        cfg = kernels.small_m_config(x, self.weight)  # (decode sizes, where the kernel measured faster)
-        if cfg is not None:
-            y = kernels.small_m_linear(x, self.weight, None, cfg)
-            return y if bias is None else y + bias
-        return F.linear(x, self.weight, bias)
+        y = kernels.try_small_m(x, self.weight, None, bias)  # (decode sizes, where the kernel measured faster)
+        return y if y is not None else F.linear(x, self.weight, bias)
 
     def quantized(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight, its per-row scale or None)."""
@@ -215,10 +212,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """(N, H) -> (N, V) float32, into ``out`` (N, V) when given (a CUDA graph's shared buffer)."""
-        cfg = kernels.small_m_config(hidden, self.weight)  # (decode sizes, where the kernel measured faster)
-        if cfg is not None:
-            local = kernels.small_m_linear(hidden, self.weight, None, cfg)
-        else:
+        local = kernels.try_small_m(hidden, self.weight)  # (decode sizes, where the kernel measured faster)
+        if local is None:
             local = F.linear(hidden, self.weight)
         logits = self.tp.all_gather(local)[:, : self.vocab_size]  # (N, V)
         return logits.float() if out is None else out.copy_(logits)

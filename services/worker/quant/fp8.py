@@ -134,11 +134,8 @@ def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) ->
     quantized per token; x (T, K) → y (T, N) in x's dtype. At decode sizes, for weight shapes where
     it measured faster at start-up, the weight-only kernel instead (``kernels/small_m.py``: x is not
     quantized)."""
-    cfg = kernels.small_m_config(x, weight)
-    if cfg is not None:
-        y = kernels.small_m_linear(x, weight, scale, cfg)
-        return y if bias is None else y + bias
-    return library_fp8_linear(x, weight, scale, bias)
+    y = kernels.try_small_m(x, weight, scale, bias)
+    return y if y is not None else library_fp8_linear(x, weight, scale, bias)
 
 
 def library_fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
