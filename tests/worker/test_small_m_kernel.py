@@ -1,7 +1,8 @@
 """The decode-size linear kernel (``kernels/small_m.py``) in Triton's interpreter on the CPU: bf16-
-shaped and e4m3 weights with per-row scales, every config, M from 1 to 16 (each row's result
-independent of M, bit for bit), N and K not multiples of the blocks, a strided activation; and the dispatch: a
-layer takes the kernel only for a weight shape ``kernels.choices`` holds. Float32 activations here
+shaped and e4m3 weights with per-row scales, every config (tensor-core and CUDA-core, K split or
+not), M from 1 to 16 (each row's result independent of M for a config, bit for bit), N and K not
+multiples of the blocks, a strided activation; and the dispatch: a layer takes the kernel only for a
+weight shape and M range ``kernels.choices`` holds. Float32 activations here
 (the interpreter has no bf16 matmul); the GPU path is timed and checked at start-up (``tune``).
 Skipped visibly where Triton is not installed."""
 
@@ -55,13 +56,16 @@ def test_a_layer_takes_the_kernel_only_for_a_chosen_shape(monkeypatch) -> None:
     x = torch.randn(4, 32)
     want = x @ lin.weight.t()
     assert torch.allclose(lin(x), want) and calls == []  # nothing chosen: the library
-    kernels.choices[(48, 32, lin.weight.dtype)] = "cfg"
-    assert torch.allclose(lin(x), want) and calls == ["cfg"]  # chosen: the kernel, at M ≤ MAX_M
+    kernels.choices[(48, 32, lin.weight.dtype)] = ((1, "one"), (4, None), (kernels.MAX_M, "many"))
+    assert torch.allclose(lin(x), want) and calls == []  # M = 4: that range's choice is the library
+    assert torch.allclose(lin(x[:1]), want[:1]) and calls == ["one"]  # M = 1: its range's config
+    five = torch.randn(5, 32)
+    assert torch.allclose(lin(five), five @ lin.weight.t()) and calls == ["one", "many"]
     big = torch.randn(kernels.MAX_M + 1, 32)
-    assert torch.allclose(lin(big), big @ lin.weight.t()) and calls == ["cfg"]  # more rows: the library
+    assert torch.allclose(lin(big), big @ lin.weight.t()) and calls == ["one", "many"]  # more rows: the library
     kernels.choices.clear()
-    kernels.choices[(48, 33, lin.weight.dtype)] = "other"
-    assert torch.allclose(lin(x), want) and calls == ["cfg"]  # another shape chosen: not this one
+    kernels.choices[(48, 33, lin.weight.dtype)] = ((kernels.MAX_M, "other"),)
+    assert torch.allclose(lin(x), want) and calls == ["one", "many"]  # another shape chosen: not this one
 
 
 def test_tune_decides_once_per_shape_and_only_for_a_correct_faster_kernel(monkeypatch) -> None:
@@ -79,8 +83,8 @@ def test_tune_decides_once_per_shape_and_only_for_a_correct_faster_kernel(monkey
         state["last"] = "lib"
         return x @ w.t()
 
-    def timed(fn):
-        fn()
+    def timed(fn_for, copies):
+        fn_for(0)
         return state[state["last"]]
 
     monkeypatch.setattr(sm, "_time", timed)
@@ -88,16 +92,18 @@ def test_tune_decides_once_per_shape_and_only_for_a_correct_faster_kernel(monkey
     w = torch.randn(48, 32)
     try:
         report = sm.tune([(w, None), (w, None)], library, torch.float32)
-        assert list(report) == ["48x32 float32"] and report["48x32 float32"].startswith("kernel")
-        assert kernels.choices[(48, 32, torch.float32)] == sm.CONFIGS[0]
+        assert list(report) == ["48x32 float32"] and "library" in report["48x32 float32"]
+        want = tuple((top, sm.CONFIGS[0]) for top in kernels.BUCKETS)
+        assert kernels.choices[(48, 32, torch.float32)] == want
         state.update(k=50e-6, ok=False)  # slower and wrong now: the decision made stands (once per process)
         assert sm.tune([(w, None)], library, torch.float32) == report
-        assert kernels.choices[(48, 32, torch.float32)] == sm.CONFIGS[0]
+        assert kernels.choices[(48, 32, torch.float32)] == want
         kernels.reset()  # decided again: wrong, so the library
-        assert sm.tune([(w, None)], library, torch.float32)["48x32 float32"].startswith("library")
+        assert sm.tune([(w, None)], library, torch.float32)["48x32 float32"].count("library") == len(kernels.BUCKETS)
         assert not kernels.choices
         kernels.reset()
         state.update(k=9.9e-6, ok=True)  # correct but < 3 % faster: the library
-        assert sm.tune([(w, None)], library, torch.float32)["48x32 float32"].startswith("library")
+        assert "dot" not in sm.tune([(w, None)], library, torch.float32)["48x32 float32"]
+        assert not kernels.choices
     finally:
         kernels.reset()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 
 MAX_M = 16  # rows up to which a linear may take the small-M kernel
-choices: dict[tuple[int, int, torch.dtype], object] = {}  # (N, K, weight dtype) → small_m.Config
+BUCKETS = (1, 4, MAX_M)  # M ranges (1, 2–4, 5–16) with a choice of their own, each timed at its top
+# (N, K, weight dtype) → ((top M of a range, small_m.Config or None for the library), ...) rising
+choices: dict[tuple[int, int, torch.dtype], tuple] = {}
 # what ``small_m.tune`` decided per shape, once per process: every runner of the process (graphs and
 # eager steps, a second model) uses the same kernel for a shape, whatever the timing noise of a re-run
 tuned: dict[tuple[int, int, torch.dtype], str] = {}
@@ -28,7 +30,11 @@ def small_m_config(x: torch.Tensor, w: torch.Tensor):
     """The small-M kernel's config for ``x @ w.T`` (None: the library path)."""
     if not choices or x.dim() != 2 or x.shape[0] > MAX_M:
         return None
-    return choices.get((w.shape[0], w.shape[1], w.dtype))
+    m = x.shape[0]
+    for top, cfg in choices.get((w.shape[0], w.shape[1], w.dtype), ()):
+        if m <= top:
+            return cfg
+    return None
 
 
 def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, cfg) -> torch.Tensor:
