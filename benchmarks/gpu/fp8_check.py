@@ -374,6 +374,9 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir", type=Path, default=Path("/tmp/llama8b-fp8"))
     ap.add_argument("--budget-s", type=float, default=250, help="skip the checkpoint section past this many seconds")
     ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU: the script's logic, no speed")
+    ap.add_argument("--init", choices=("hf", "conditioned"), default="hf",
+                    help="how a missing --model is drawn (make_model.py: conditioned = errors that do not grow "
+                         "layer by layer, for the accuracy figures)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     from benchmarks.gpu.make_model import build
@@ -386,8 +389,9 @@ def main() -> None:
         args.model = str(build(Path("/tmp/fp8_smoke_model"), None, device="cpu", **SMOKE_MODEL))
         args.checkpoint_dir = Path("/tmp/fp8_smoke_model-fp8")
     elif not (Path(args.model) / "config.json").exists():
-        build(Path(args.model), Path(args.tokenizer))
-    R.update(date=time.strftime("%Y-%m-%d %H:%M"), torch=torch.__version__, model=args.model, device=device,
+        build(Path(args.model), Path(args.tokenizer), init=args.init)
+    R.update(date=time.strftime("%Y-%m-%d %H:%M"), torch=torch.__version__, model=args.model, init=args.init,
+             device=device,
              gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     section("kernels", kernels, dev)

@@ -9,8 +9,11 @@ scale applied at the end: weight-only FP8, the activations stay in their dtype).
 
 - ``dot``: the M rows padded to one 16-row tensor-core tile (``tl.dot``), a program per ``block_n``
   output rows;
+- ``swap``: the same tile product as W x^T, the weight tile (widened in registers when e4m3) the
+  tensor cores' A operand, which Hopper reads from registers (the B operand goes through shared
+  memory: the small x rather than the weight);
 - ``fma``: CUDA cores, ``m_tile`` rows a program (1–4), small ``block_n`` so that many programs
-  keep many weight loads in flight (what a GEMV at M = 1 needs; the tensor-core tile wastes 15/16).
+  keep many weight loads in flight (measured: only the 4-row, K-1024 tile ever won, FP8 at M = 1).
 
 Either may split K in ``split`` parts, each program writing float32 partial sums that a second
 kernel adds **in a fixed order** (no atomics: greedy outputs must not change from run to run). For a
@@ -36,24 +39,31 @@ Tensor = torch.Tensor
 
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_w, stride_out,
-                   HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, PARTIAL: tl.constexpr,
+                   HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr, PARTIAL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < k_hi),
                     other=0.0)
         w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :],
                     mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
-        if USE_DOT:
+        if SWAP:  # y^T = W x^T: the weight, widened in registers, is the A operand (no shared-memory trip)
+            acc_t += tl.dot(w.to(x_ptr.dtype.element_ty), tl.trans(x))
+        elif USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
         else:
             acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
+    if SWAP:
+        acc = tl.trans(acc_t)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
     if PARTIAL:  # (split, M, N) float32, summed by _sum_kernel
         tl.store(out_ptr + (pid_s * M + rm[:, None]) * N + rn[None, :], acc, mask=out_mask)
@@ -85,15 +95,17 @@ class Config:
     stages: int = 3
     split: int = 1  # K in this many parts, added by a second kernel in a fixed order
     m_tile: int = 16  # rows a program: 16 = one tensor-core tile (tl.dot); fewer = CUDA-core FMAs
+    swap: bool = False  # (tensor cores) W x^T rather than x W^T: the weight tile is the A operand
 
     def __str__(self) -> str:
-        kind = "dot" if self.m_tile == 16 else f"fma{self.m_tile}"
+        kind = ("swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
         return f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}"
 
 
-CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(16, 256, stages=4, split=4),
-           Config(8, 512, stages=4, m_tile=1), Config(4, 1024, m_tile=1), Config(16, 256, stages=4, m_tile=1),
-           Config(8, 256, m_tile=4))
+CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(32, 128, stages=4, split=4),
+           Config(4, 1024, m_tile=1), Config(64, 128, stages=4, split=2, swap=True),
+           Config(64, 256, split=4, swap=True), Config(32, 256, split=2, swap=True),
+           Config(128, 128, warps=8, split=4, swap=True))
 
 
 def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[0]) -> Tensor:
@@ -110,7 +122,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     s = scale if scale is not None else w
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.m_tile))
     _linear_kernel[grid](x, w, s, out, m, n, k, k_per_split, x.stride(0), w.stride(0), out.stride(-2),
-                         HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, PARTIAL=split > 1,
+                         HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap, PARTIAL=split > 1,
                          BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
                          num_stages=cfg.stages)
     if split > 1:
