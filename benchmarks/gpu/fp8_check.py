@@ -277,6 +277,7 @@ def runners(model: str, device: str) -> dict:
                 res["fp8_lm_head_too_vs_bf16"] = agreement(workload(r, vocab), logits["bf16"])
                 res["lm_head_bytes"] = head.weight.numel() * head.weight.element_size()
             out[name] = res
+            r.__dict__.clear()  # (whatever still refers to the runner: its pool, graphs and weights go now)
             del r
         except Exception as e:
             traceback.print_exc()
