@@ -266,6 +266,7 @@ def runners(model: str, device: str) -> dict:
                 graphs, r.graphs = r.graphs, None
                 res["graphs_vs_eager_rel_err"] = agreement(logits[name], workload(r, vocab))["rel_err"]
                 r.graphs = graphs
+                del graphs  # (a local left holding the graphs kept the whole runner's memory: 2026-12-02)
             if name == "fp8_weights" and "bf16" in logits:  # what if lm_head were FP8 too (eager: graphs have it)
                 r.graphs, head = None, r.model.lm_head
                 q, s = quantize_rows(head.weight.data)
@@ -276,8 +277,8 @@ def runners(model: str, device: str) -> dict:
                 head.forward = fp8_head
                 res["fp8_lm_head_too_vs_bf16"] = agreement(workload(r, vocab), logits["bf16"])
                 res["lm_head_bytes"] = head.weight.numel() * head.weight.element_size()
+                del head, fp8_head
             out[name] = res
-            r.__dict__.clear()  # (whatever still refers to the runner: its pool, graphs and weights go now)
             del r
         except Exception as e:
             traceback.print_exc()
