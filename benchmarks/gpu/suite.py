@@ -126,10 +126,8 @@ def sizes_from(args) -> wl.Sizes:
 
 def environment(args, model: str) -> dict:
     def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
+        dist = next(iter(metadata.distributions(name=pkg)), None)
+        return dist.version if dist is not None else None
 
     def git(*a: str) -> str:
         r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
