@@ -1,6 +1,6 @@
 """The decode-size linear kernel (``kernels/small_m.py``) in Triton's interpreter on the CPU: bf16-
-shaped and e4m3 weights with per-row scales, every config (tensor-core and CUDA-core, K split or
-not), M from 1 to 16 (each row's result independent of M for a config, bit for bit), N and K not
+shaped and e4m3 weights with per-row scales, every config (tensor-core, swapped, CUDA-core, FP8 tensor-core; K split
+or not), M from 1 to 16 (each row's result independent of M for a config, bit for bit), N and K not
 multiples of the blocks, a strided activation; and the dispatch: a layer takes the kernel only for a
 weight shape and M range ``kernels.choices`` holds. Float32 activations here
 (the interpreter has no bf16 matmul); the GPU path is timed and checked at start-up (``tune``).
@@ -17,7 +17,7 @@ from tests.support import run_in_triton_interpreter
 SCRIPT = r"""
 import torch
 from services.worker.kernels import small_m as sm
-from services.worker.quant.fp8 import quantize_rows
+from services.worker.quant.fp8 import library_fp8_linear, quantize_rows
 
 g = torch.Generator().manual_seed(0)
 for n, k in ((40, 300), (64, 1024)):
@@ -28,6 +28,13 @@ for n, k in ((40, 300), (64, 1024)):
         want_plain = x @ w.t()
         want_q = (x @ q.float().t()) * s
         for cfg in sm.CONFIGS:
+            if cfg.fp8:  # FP8 tensor cores: e4m3 weights only; x quantized per row and K tile
+                got = sm.linear(x, q, s, cfg)
+                assert torch.equal(sm.linear(x[:1], q, s, cfg), got[:1])
+                rms = lambda d: d.pow(2).mean().sqrt()  # noqa: E731
+                err, lib = rms(got - want_q), rms(library_fp8_linear(x, q, s) - want_q)
+                assert err <= 1.5 * lib and err < 0.06 * rms(want_q), (n, k, m, cfg, err, lib)
+                continue
             got = sm.linear(x, w, None, cfg)
             assert torch.equal(sm.linear(x[:1], w, None, cfg), got[:1])  # row 0 alone: the same bits
             assert got.shape == (m, n) and got.dtype == torch.float32

@@ -5,7 +5,7 @@ library paths are not built for it: cuBLAS's bf16 GEMV reaches 70–95 % of copy
 H200 (the small shapes worst), and FP8 weights through ``torch._scaled_mm`` pay a per-token
 activation quantization and run *slower* than bf16 at M = 1 (docs/perf.md). These kernels stream
 the weight once, whatever its element type (bf16/fp16, or e4m3 widened in registers and its per-row
-scale applied at the end: weight-only FP8, the activations stay in their dtype). Two ways to multiply:
+scale applied at the end: weight-only FP8, the activations stay in their dtype). Three ways to multiply:
 
 - ``dot``: the M rows padded to one 16-row tensor-core tile (``tl.dot``), a program per ``block_n``
   output rows;
@@ -15,8 +15,11 @@ scale applied at the end: weight-only FP8, the activations stay in their dtype).
 - ``fma``: CUDA cores, ``m_tile`` rows a program (1–4), small ``block_n`` so that many programs
   keep many weight loads in flight (measured: only the 4-row, K-1024 tile ever won, FP8 at M = 1).
 
-Either may split K in ``split`` parts, each program writing float32 partial sums that a second
-kernel adds **in a fixed order** (no atomics: greedy outputs must not change from run to run). For a
+For e4m3 weights a ``dot`` config may also run on the FP8 tensor cores (``fp8``): each K tile of x
+is quantized in registers (its own scale per row: finer than the library's per-token scale) and
+the weight tile goes to the tensor cores as loaded, unwidened (measured: widening it, not reading
+it, bounded the weight-only FP8 configs). Any config may split K in ``split`` parts, each program
+writing float32 partial sums that a second kernel adds **in a fixed order** (no atomics: greedy outputs must not change from run to run). For a
 given config each output row is computed the same way whatever M is, bit for bit. ``tune`` times
 every config against the library path for each weight shape of the model at start-up, per range of
 M (``BUCKETS``), inside CUDA graphs (as decode runs) over weight copies larger than the L2 cache,
@@ -38,8 +41,22 @@ Tensor = torch.Tensor
 
 
 @triton.jit
+def _round_to_e4m3(v):
+    """v (|v| ≤ 448) rounded to the nearest e4m3 value (ties away from zero), as float32: the
+    conversion that follows is then exact on every implementation (Triton's interpreter rounds
+    float32 → e4m3 wrongly where the mantissa carries into the exponent)."""
+    a = tl.abs(v)
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 255) - 127, -6)  # binade; -6: subnormals
+    step = ((e + 124) << 23).to(tl.float32, bitcast=True)  # 2^(e-3): 3 mantissa bits
+    inv = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3-e)
+    r = tl.floor(a * inv + 0.5) * step
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_w, stride_out,
-                   HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr, PARTIAL: tl.constexpr,
+                   HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr, FP8_DOT: tl.constexpr,
+                   PARTIAL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -56,7 +73,12 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
                     other=0.0)
         w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :],
                     mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
-        if SWAP:  # y^T = W x^T: the weight, widened in registers, is the A operand (no shared-memory trip)
+        if FP8_DOT:  # e4m3 x e4m3 on the tensor cores: x scaled per row of this K tile (448: e4m3's max)
+            xf = x.to(tl.float32)
+            sx = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-12) / 448.0
+            xq = _round_to_e4m3(xf / sx[:, None]).to(w_ptr.dtype.element_ty)
+            acc += tl.dot(xq, tl.trans(w)) * sx[:, None]
+        elif SWAP:  # y^T = W x^T: the weight, widened in registers, is the A operand (no shared-memory trip)
             acc_t += tl.dot(w.to(x_ptr.dtype.element_ty), tl.trans(x))
         elif USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
@@ -96,23 +118,24 @@ class Config:
     split: int = 1  # K in this many parts, added by a second kernel in a fixed order
     m_tile: int = 16  # rows a program: 16 = one tensor-core tile (tl.dot); fewer = CUDA-core FMAs
     swap: bool = False  # (tensor cores) W x^T rather than x W^T: the weight tile is the A operand
+    fp8: bool = False  # (e4m3 weights only) FP8 tensor cores, x quantized per row and K tile in registers
 
     def __str__(self) -> str:
-        kind = ("swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
+        kind = ("f8dot" if self.fp8 else "swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
         return f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}"
 
 
 CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(32, 128, stages=4, split=4),
-           Config(4, 1024, m_tile=1), Config(64, 128, stages=4, split=2, swap=True),
-           Config(64, 256, split=4, swap=True), Config(32, 256, split=2, swap=True),
-           Config(128, 128, warps=8, split=4, swap=True))
+           Config(4, 1024, m_tile=1), Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True),
+           Config(32, 256, split=2, fp8=True), Config(64, 128, stages=4, split=2, fp8=True),
+           Config(32, 128, stages=4, split=4, fp8=True))
 
 
 def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[0]) -> Tensor:
     """x (M ≤ MAX_M, K) @ w (N, K)^T, times ``scale`` (N,) per output row if given → (M, N) in x's dtype."""
     m, k = x.shape
     n = w.shape[0]
-    assert m <= MAX_M and w.shape[1] == k and w.stride(1) == 1
+    assert m <= MAX_M and w.shape[1] == k and w.stride(1) == 1 and (not cfg.fp8 or w.dtype == torch.float8_e4m3fn)
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -122,7 +145,8 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     s = scale if scale is not None else w
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.m_tile))
     _linear_kernel[grid](x, w, s, out, m, n, k, k_per_split, x.stride(0), w.stride(0), out.stride(-2),
-                         HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap, PARTIAL=split > 1,
+                         HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap, FP8_DOT=cfg.fp8,
+                         PARTIAL=split > 1,
                          BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
                          num_stages=cfg.stages)
     if split > 1:
@@ -161,7 +185,8 @@ def _time(fn_for, copies: int, reps: int = 3) -> float:
 def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtype) -> dict[str, str]:
     """For each distinct (N, K, dtype) of ``weights`` ((weight, scale or None) pairs on a CUDA
     device) and each M range of ``BUCKETS`` (timed at its largest M): the fastest config that is
-    correct (against float32 on the dequantized weight) and ≥ 3 % faster than the library path
+    correct (against float32 on the dequantized weight; FP8 tensor-core configs, which quantize the
+    activations: an RMS error within 1.5× the library's) and ≥ 3 % faster than the library path
     (``library(x, w, scale)``), else the library. → {"NxK dtype": what won, per M range}."""
     report: dict[str, str] = {}
     for w, s in weights:
@@ -181,11 +206,17 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
         for top in BUCKETS:
             x = torch.randn(top, k, dtype=dtype, device=w.device) / k**0.5
             want = x.float() @ deq.t()
+            lib_err = _rms(library(x, w, s).float() - want)
             base = _time(lambda i: library(x, ws[i], s), copies)
             best, best_t = None, base / 1.03
             for cfg in CONFIGS:
+                if cfg.fp8 and w.dtype != torch.float8_e4m3fn:
+                    continue
                 try:
-                    if not _close(linear(x, w, s, cfg).float(), want):
+                    got = linear(x, w, s, cfg).float()
+                    # weight-only configs: float32 on the dequantized weight; FP8 tensor-core configs
+                    # (activations quantized too): about as accurate as the library path they replace
+                    if not (_close(got, want) if not cfg.fp8 else _rms(got - want) <= 1.5 * lib_err):
                         continue
                     t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg), copies)
                 except Exception:  # (a config the compiler rejects on this device)
@@ -199,6 +230,10 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
             kernels.choices[key] = tuple(picks)
         report[name] = kernels.tuned[key] = "; ".join(said)
     return report
+
+
+def _rms(t: Tensor) -> float:
+    return float(t.float().pow(2).mean().sqrt())
 
 
 def _close(got: Tensor, want: Tensor) -> bool:
