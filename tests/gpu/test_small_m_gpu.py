@@ -33,6 +33,10 @@ def test_every_config_matches_the_library_on_the_device() -> None:
                     got = sm.linear(x, q, s, cfg).float()
                     assert (got - want_q).pow(2).mean().sqrt() <= 1.5 * lib_rms, (n, k, m, cfg)
                     continue
+                h = torch.randn(m, 2 * k, generator=g).to(torch.bfloat16).cuda()  # [gate | up]
+                act = (F.silu(h[:, :k].float()) * h[:, k:].float()).to(torch.bfloat16)
+                fused = sm.linear(h, w, None, cfg, silu_mul=True).float()
+                assert torch.allclose(fused, F.linear(act.float(), w.float()), rtol=2e-2, atol=2e-2), (n, k, m, cfg)
                 got = sm.linear(x, w, None, cfg)
                 assert got.dtype == torch.bfloat16 and got.shape == (m, n)
                 assert torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2), (n, k, m, cfg)

@@ -37,6 +37,10 @@ for n, k in ((40, 300), (64, 1024)):
                 continue
             got = sm.linear(x, w, None, cfg)
             assert torch.equal(sm.linear(x[:1], w, None, cfg), got[:1])  # row 0 alone: the same bits
+            h = torch.randn(m, 2 * k, generator=g)  # [gate | up]: the activation fused into the read
+            fused = sm.linear(h, w, None, cfg, silu_mul=True)
+            want_f = (torch.nn.functional.silu(h[:, :k]) * h[:, k:]) @ w.t()
+            assert torch.allclose(fused, want_f, rtol=1e-4, atol=1e-3), (n, k, m, cfg, (fused - want_f).abs().max())
             assert got.shape == (m, n) and got.dtype == torch.float32
             assert torch.allclose(got, want_plain, rtol=1e-4, atol=1e-3), (n, k, m, cfg, (got - want_plain).abs().max())
             got = sm.linear(x, q, s, cfg)
@@ -56,7 +60,7 @@ def test_a_layer_takes_the_kernel_only_for_a_chosen_shape(monkeypatch) -> None:
     from services.worker.tp import TPGroup
 
     calls = []
-    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg: calls.append(cfg) or x @ w.t())
+    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg, silu_mul=False: calls.append(cfg) or x @ w.t())
     monkeypatch.setattr(kernels, "choices", {})
     lin = ColumnParallelLinear(32, 48, bias=False, tp=TPGroup())
     lin.weight.data.normal_()
@@ -82,7 +86,7 @@ def test_tune_decides_once_per_shape_and_only_for_a_correct_faster_kernel(monkey
     kernels.reset()
     state = {"k": 5e-6, "lib": 10e-6, "ok": True, "last": ""}
 
-    def kernel(x, w, s, cfg):
+    def kernel(x, w, s, cfg, silu_mul=False):
         state["last"] = "k"
         return x @ w.t() if state["ok"] else x @ w.t() + 1
 
@@ -114,3 +118,32 @@ def test_tune_decides_once_per_shape_and_only_for_a_correct_faster_kernel(monkey
         assert not kernels.choices
     finally:
         kernels.reset()
+
+
+def test_a_down_projection_fuses_the_activation_only_where_chosen(monkeypatch) -> None:
+    from services.worker.models.layers import RowParallelLinear, SiluAndMul
+    from services.worker.tp import TPGroup
+
+    calls = []
+
+    def fake(x, w, s, cfg, silu_mul=False):
+        calls.append((cfg, silu_mul))
+        if silu_mul:
+            gate, up = x.chunk(2, dim=-1)
+            x = torch.nn.functional.silu(gate) * up
+        return x @ w.t()
+
+    monkeypatch.setattr(kernels, "small_m_linear", fake)
+    monkeypatch.setattr(kernels, "choices", {})
+    down, act = RowParallelLinear(32, 24, bias=False, tp=TPGroup()), SiluAndMul()
+    down.weight.data.normal_()
+    h = torch.randn(3, 64)
+    want = down(act(h))
+    assert torch.allclose(down.forward_silu_mul(h, act), want) and calls == []  # nothing chosen
+    kernels.choices[(24, 32, down.weight.dtype)] = ((kernels.MAX_M, "plain"),)  # the plain read only
+    assert torch.allclose(down.forward_silu_mul(h, act), want) and calls == [("plain", False)]
+    kernels.choices[(24, 32, down.weight.dtype, "silu_mul")] = ((kernels.MAX_M, "fused"),)
+    assert torch.allclose(down.forward_silu_mul(h, act), want) and calls[-1] == ("fused", True)
+    big = torch.randn(kernels.MAX_M + 1, 64)
+    n = len(calls)
+    assert torch.allclose(down.forward_silu_mul(big, act), down(act(big))) and len(calls) == n  # the library

@@ -13,7 +13,7 @@ import torch
 
 MAX_M = 16  # rows up to which a linear may take the small-M kernel
 BUCKETS = (1, 4, MAX_M)  # M ranges (1, 2–4, 5–16) with a choice of their own, each timed at its top
-# (N, K, weight dtype) → ((top M of a range, small_m.Config or None for the library), ...) rising
+# (N, K, weight dtype[, "silu_mul"]) → ((top M of a range, small_m.Config or None), ...) rising
 choices: dict[tuple[int, int, torch.dtype], tuple] = {}
 # what ``small_m.tune`` decided per shape, once per process: every runner of the process (graphs and
 # eager steps, a second model) uses the same kernel for a shape, whatever the timing noise of a re-run
@@ -26,31 +26,34 @@ def reset() -> None:
     tuned.clear()
 
 
-def small_m_config(x: torch.Tensor, w: torch.Tensor):
-    """The small-M kernel's config for ``x @ w.T`` (None: the library path)."""
+def small_m_config(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False):
+    """The small-M kernel's config for ``x @ w.T`` (with ``silu_mul``: for silu(gate) · up of x =
+    [gate | up]) at x's number of rows (None: the library path)."""
     if not choices or x.dim() != 2 or x.shape[0] > MAX_M:
         return None
     m = x.shape[0]
-    for top, cfg in choices.get((w.shape[0], w.shape[1], w.dtype), ()):
+    for top, cfg in choices.get((w.shape[0], w.shape[1], w.dtype) + (("silu_mul",) if silu_mul else ()), ()):
         if m <= top:
             return cfg
     return None
 
 
-def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, cfg) -> torch.Tensor:
+def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, cfg,
+                   silu_mul: bool = False) -> torch.Tensor:
     from services.worker.kernels.small_m import linear
 
-    return linear(x, w, scale, cfg)
+    return linear(x, w, scale, cfg, silu_mul)
 
 
 def try_small_m(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """``x @ w.T`` (× ``scale`` per row, + ``bias``) through the small-M kernel where it was chosen
-    for ``w``'s shape at this size; None: the caller's library path."""
-    cfg = small_m_config(x, w)
+                bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor | None:
+    """``x @ w.T`` (× ``scale`` per row, + ``bias``; with ``silu_mul``, of silu(gate) · up for x =
+    [gate | up]) through the small-M kernel where it was chosen for ``w``'s shape at this size;
+    None: the caller's library path."""
+    cfg = small_m_config(x, w, silu_mul)
     if cfg is None:
         return None
-    y = small_m_linear(x, w, scale, cfg)
+    y = small_m_linear(x, w, scale, cfg, silu_mul)
     return y if bias is None else y + bias
 
 

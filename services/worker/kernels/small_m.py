@@ -56,7 +56,7 @@ def _round_to_e4m3(v):
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_w, stride_out,
                    HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr, FP8_DOT: tl.constexpr,
-                   PARTIAL: tl.constexpr,
+                   PARTIAL: tl.constexpr, SILU_MUL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -69,8 +69,14 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < k_hi),
-                    other=0.0)
+        x_at = x_ptr + rm[:, None] * stride_x + rk[None, :]
+        x_mask = (rm[:, None] < M) & (rk[None, :] < k_hi)
+        if SILU_MUL:  # x = silu(gate) · up from the gate_up projection's (M, 2K) output, as SiluAndMul rounds it
+            gate = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_at + K, mask=x_mask, other=0.0).to(tl.float32)
+            x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
+        else:
+            x = tl.load(x_at, mask=x_mask, other=0.0)
         w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :],
                     mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
         if FP8_DOT:  # e4m3 x e4m3 on the tensor cores: x scaled per row of this K tile (448: e4m3's max)
@@ -131,11 +137,13 @@ CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2),
            Config(32, 128, stages=4, split=4, fp8=True))
 
 
-def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[0]) -> Tensor:
-    """x (M ≤ MAX_M, K) @ w (N, K)^T, times ``scale`` (N,) per output row if given → (M, N) in x's dtype."""
-    m, k = x.shape
+def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[0], silu_mul: bool = False) -> Tensor:
+    """x (M ≤ MAX_M, K) @ w (N, K)^T, times ``scale`` (N,) per output row if given → (M, N) in x's dtype.
+    ``silu_mul``: x is (M, 2K), [gate | up], and the product is taken with silu(gate) · up (the
+    activation fused into the weight's read: one kernel less a layer)."""
+    m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
-    assert m <= MAX_M and w.shape[1] == k and w.stride(1) == 1 and (not cfg.fp8 or w.dtype == torch.float8_e4m3fn)
+    assert m <= MAX_M and x.shape[1] == (2 * k if silu_mul else k) and w.stride(1) == 1 and (not cfg.fp8 or w.dtype == torch.float8_e4m3fn)
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -146,7 +154,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.m_tile))
     _linear_kernel[grid](x, w, s, out, m, n, k, k_per_split, x.stride(0), w.stride(0), out.stride(-2),
                          HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap, FP8_DOT=cfg.fp8,
-                         PARTIAL=split > 1,
+                         PARTIAL=split > 1, SILU_MUL=silu_mul,
                          BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
                          num_stages=cfg.stages)
     if split > 1:
@@ -182,17 +190,19 @@ def _time(fn_for, copies: int, reps: int = 3) -> float:
     return start.elapsed_time(end) / 1e3 / (reps * calls)
 
 
-def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtype) -> dict[str, str]:
+def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtype, act=None) -> dict[str, str]:
     """For each distinct (N, K, dtype) of ``weights`` ((weight, scale or None) pairs on a CUDA
     device) and each M range of ``BUCKETS`` (timed at its largest M): the fastest config that is
     correct (against float32 on the dequantized weight; FP8 tensor-core configs, which quantize the
     activations: an RMS error within 1.5× the library's) and ≥ 3 % faster than the library path
-    (``library(x, w, scale)``), else the library. → {"NxK dtype": what won, per M range}."""
+    (``library(x, w, scale)``), else the library. With ``act`` (SiluAndMul: (M, 2K) → (M, K)) the
+    weights are read after it: the fused kernel (``silu_mul``) against ``act`` then the library.
+    → {"NxK dtype": what won, per M range}."""
     report: dict[str, str] = {}
     for w, s in weights:
         n, k = w.shape
-        key = (n, k, w.dtype)
-        name = f"{n}x{k} {str(w.dtype).removeprefix('torch.')}"
+        key = (n, k, w.dtype) + (("silu_mul",) if act is not None else ())
+        name = f"{n}x{k} {str(w.dtype).removeprefix('torch.')}" + (" after silu_mul" if act is not None else "")
         if name in report:
             continue
         if key in kernels.tuned:  # (decided earlier in this process: kept)
@@ -202,23 +212,24 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
         copies = max(1, min(16, -(-L2_SPAN // nbytes)))
         ws = [w] + [w.clone() for _ in range(copies - 1)]
         deq = w.float() if s is None else w.float() * s.float()[:, None]
+        lib = library if act is None else (lambda x, w, s: library(act(x), w, s))
         picks, said = [], []
         for top in BUCKETS:
-            x = torch.randn(top, k, dtype=dtype, device=w.device) / k**0.5
-            want = x.float() @ deq.t()
-            lib_err = _rms(library(x, w, s).float() - want)
-            base = _time(lambda i: library(x, ws[i], s), copies)
+            x = torch.randn(top, 2 * k if act is not None else k, dtype=dtype, device=w.device) / k**0.5
+            want = (x if act is None else act(x)).float() @ deq.t()
+            lib_err = _rms(lib(x, w, s).float() - want)
+            base = _time(lambda i: lib(x, ws[i], s), copies)
             best, best_t = None, base / 1.03
             for cfg in CONFIGS:
                 if cfg.fp8 and w.dtype != torch.float8_e4m3fn:
                     continue
                 try:
-                    got = linear(x, w, s, cfg).float()
+                    got = linear(x, w, s, cfg, act is not None).float()
                     # weight-only configs: float32 on the dequantized weight; FP8 tensor-core configs
                     # (activations quantized too): about as accurate as the library path they replace
                     if not (_close(got, want) if not cfg.fp8 else _rms(got - want) <= 1.5 * lib_err):
                         continue
-                    t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg), copies)
+                    t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg, act is not None), copies)
                 except Exception:  # (a config the compiler rejects on this device)
                     continue
                 if t < best_t:
@@ -242,15 +253,24 @@ def _close(got: Tensor, want: Tensor) -> bool:
 
 def tune_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
     """``tune`` over the model's linear layers (those with ``quantized()``: weight, scale or None),
-    against cuBLAS (bf16/fp16 weights) or the FP8 library path (e4m3 weights)."""
+    against cuBLAS (bf16/fp16 weights) or the FP8 library path (e4m3 weights); the projections that
+    read a SiluAndMul's output (``silu_mul_input``) also with the activation fused in."""
     import torch.nn.functional as F
 
+    from services.worker.models.ops import current_ops
     from services.worker.quant.fp8 import FP8, library_fp8_linear
 
-    weights = [mod.quantized() for mod in model.modules() if hasattr(mod, "quantized")]
-    fp8 = [(w, s) for w, s in weights if w.dtype == FP8]
-    plain = [(w, None) for w, s in weights if w.dtype != FP8 and w.dim() == 2]
+    def by_dtype(weights):
+        return ([(w, s) for w, s in weights if w.dtype == FP8],
+                [(w, None) for w, s in weights if w.dtype != FP8 and w.dim() == 2])
+
+    mods = [mod for mod in model.modules() if hasattr(mod, "quantized")]
+    fp8, plain = by_dtype([mod.quantized() for mod in mods])
+    fp8_act, plain_act = by_dtype([mod.quantized() for mod in mods if getattr(mod, "silu_mul_input", False)])
+    act = current_ops().silu_and_mul
     with torch.inference_mode():
         report = tune(plain, lambda x, w, s: F.linear(x, w), dtype)
         report.update(tune(fp8, library_fp8_linear, dtype))
+        report.update(tune(plain_act, lambda x, w, s: F.linear(x, w), dtype, act))
+        report.update(tune(fp8_act, library_fp8_linear, dtype, act))
     return report

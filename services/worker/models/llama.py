@@ -64,9 +64,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], cfg.mlp_bias, tp)
         self.act = SiluAndMul()
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, tp)
+        self.down_proj.silu_mul_input = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        return self.down_proj.forward_silu_mul(self.gate_up_proj(x), self.act)
 
 
 class LlamaDecoderLayer(nn.Module):
