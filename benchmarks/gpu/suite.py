@@ -254,17 +254,7 @@ class Suite:
                 self.phase(w, fns[w], store=w)
                 after = self.counters(server)
                 if before is not None and after is not None:
-                    idle, busy = after["idle"] - before["idle"], after["busy"] - before["busy"]
-                    self.doc["gpu_idle"][w] = idle / (idle + busy) if idle + busy > 0 else None
-                    res = self.doc["results"].get(w)
-                    if w == "W3" and isinstance(res, dict) and "cascade_steps" in after:
-                        res["cascade_steps"] = after["cascade_steps"] - before.get("cascade_steps", 0)
-                    for kind in ("fill", "wait"):  # grammar bitmask time per constrained step
-                        n = after.get(f"mask_{kind}_count", 0) - before.get(f"mask_{kind}_count", 0)
-                        if n and isinstance(res, dict):
-                            sec = after[f"mask_{kind}_sum"] - before.get(f"mask_{kind}_sum", 0)
-                            res[f"mask_{kind}_ms_per_step"] = sec / n * 1e3
-                            res[f"mask_{kind}_steps"] = n
+                    self.doc["gpu_idle"][w] = report.worker_delta(self.doc["results"].get(w), w, before, after)
         finally:
             server.stop()
         if "W3" in todo and "error" not in self.doc["results"]["W3"]:

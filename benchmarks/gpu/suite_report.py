@@ -119,12 +119,51 @@ def worker_counters(server) -> dict | None:
                 sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
         if fam.name == "banyan:cascade_steps":  # steps run with shared-prefix attention groups (not the
             sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))  # _created family)
+        if fam.name in ("banyan:step_device_seconds", "banyan:step_idle_seconds", "banyan:step_tokens"):
+            what = fam.name.split("_", 1)[1].split("_")[0]  # device / idle / tokens, by the step's kind
+            for smp in fam.samples:
+                kind = smp.labels.get("kind")
+                if kind and not smp.name.endswith("_created") and not smp.name.endswith("_bucket"):
+                    part = "count" if smp.name.endswith("_count") else "total"
+                    sums[f"step|{kind}|{what}_{part}"] = smp.value
         if "grammar_mask_" in fam.name:  # histograms: seconds and count of the steps with a bitmask
             kind = "fill" if "fill" in fam.name else "wait"
             for smp in fam.samples:
                 if smp.name.endswith("_sum") or smp.name.endswith("_count"):
                     sums[f"mask_{kind}{smp.name[smp.name.rindex('_'):]}"] = smp.value
     return sums if found else None
+
+
+def worker_delta(res, workload: str, before: dict, after: dict) -> float | None:
+    """What the worker's counters say of one workload (``worker_counters`` before and after it),
+    added to its results ``res``: steps by kind, W3's shared-prefix steps, the grammar bitmask's
+    fill and wait per constrained step. → the GPU's idle share."""
+    idle, busy = after["idle"] - before["idle"], after["busy"] - before["busy"]
+    if isinstance(res, dict):
+        res["steps_by_kind"] = steps_by_kind(before, after)
+        if workload == "W3" and "cascade_steps" in after:
+            res["cascade_steps"] = after["cascade_steps"] - before.get("cascade_steps", 0)
+        for kind in ("fill", "wait"):  # grammar bitmask time per constrained step
+            n = after.get(f"mask_{kind}_count", 0) - before.get(f"mask_{kind}_count", 0)
+            if n:
+                res[f"mask_{kind}_ms_per_step"] = (after[f"mask_{kind}_sum"] - before.get(f"mask_{kind}_sum", 0)) / n * 1e3
+                res[f"mask_{kind}_steps"] = n
+    return idle / (idle + busy) if idle + busy > 0 else None
+
+
+def steps_by_kind(before: dict, after: dict) -> dict:
+    """The worker's steps during one workload, by kind (``worker_counters`` before and after it):
+    {kind: steps, device ms per step, idle ms before them in all, tokens}."""
+    out = {}
+    for key in after:
+        if key.startswith("step|") and key.endswith("|device_count"):
+            kind = key.split("|")[1]
+            d = {k: after.get(f"step|{kind}|{k}", 0.0) - before.get(f"step|{kind}|{k}", 0.0)
+                 for k in ("device_count", "device_total", "idle_total", "tokens_total")}
+            if d["device_count"] > 0:
+                out[kind] = {"steps": int(d["device_count"]), "device_ms_mean": d["device_total"] / d["device_count"] * 1e3,
+                             "idle_ms": d["idle_total"] * 1e3, "tokens": int(d["tokens_total"])}
+    return out
 
 
 # ---------------------------------------------------------------- table
@@ -270,6 +309,11 @@ def table(doc: dict) -> str:
         off, on = _get(r, "W2S", "output_throughput"), _get(r, "W2", "output_throughput")
         row("W2S: W2 with the SMG gRPC service off (--disable-smg-grpc): output tok/s · W2 (service on) ÷ off",
             f"{_n(off)} · {_pct(_ratio(on, off))}", goal_key="w2s_ratio", value=_ratio(on, off))
+    for w in ("W1", "W2", "W3", "W4", "W5"):
+        kinds = _get(r, w, "steps_by_kind")
+        if isinstance(kinds, dict) and kinds:
+            row(f"{w} steps by kind: count × device ms (idle ms before them, in all)", " · ".join(
+                f"{k} {v['steps']} × {v['device_ms_mean']:.2f} ({v['idle_ms']:.0f})" for k, v in sorted(kinds.items())))
     idle = doc.get("gpu_idle") or {}  # (the goal holds for every workload: the worst one is judged)
     main = max((v for w, v in idle.items() if v is not None and w in ("W1", "W2", "W3", "W4", "W5")), default=None)
     detail = ", ".join(f"{w} {_pct(v)}" for w, v in idle.items() if v is not None)

@@ -39,6 +39,13 @@ class WorkerMetrics:
         self.kv_bytes = Gauge("banyan:kv_pool_bytes_per_token", "KV bytes per token (all layers, this rank's heads)",
                               ["kv_cache_dtype"], registry=r)
         self.weights = Gauge("banyan:weight_bytes", "Bytes of this rank's weights", ["quantization"], registry=r)
+        kinds = "kind: decode_graph / decode_eager (decodes only), mixed (decodes and prompt chunks), prefill"
+        self.step_device = Histogram("banyan:step_device_seconds", f"Device time per step, by {kinds}", ["kind"],
+                                     buckets=FORWARD_BUCKETS, registry=r)
+        self.step_idle = Counter("banyan:step_idle_seconds", f"Device idle time before a step, by {kinds}", ["kind"],
+                                 registry=r)
+        self.step_tokens = Counter("banyan:step_tokens", f"Tokens computed, by the step's {kinds}", ["kind"],
+                                   registry=r)
         self._server = None
 
     def model(self, pool_tokens: int, kv_bytes_per_token: int, kv_cache_dtype: str, weight_bytes: int,
@@ -55,8 +62,12 @@ class WorkerMetrics:
             log.info("metrics_listening", port=port)
 
     def step(self, seconds: float, batch_size: int, tokens: int, busy: float = 0.0, idle: float = 0.0,
-             cascade: bool = False) -> None:
+             cascade: bool = False, kind: str = "") -> None:
         self.forward.observe(seconds)
+        if kind:
+            self.step_device.labels(kind).observe(busy)
+            self.step_idle.labels(kind).inc(idle)
+            self.step_tokens.labels(kind).inc(tokens)
         if cascade:
             self.cascade.inc()
         self.busy.inc(busy)

@@ -61,6 +61,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def step_kind(extend: np.ndarray, graph: bool) -> str:
+    """What a step is, for the per-kind step metrics: decodes only (one new token a row), replayed
+    from a CUDA graph or run eagerly; prompt chunks only; or both in one step."""
+    decode = extend == 1
+    if decode.all():
+        return "decode_graph" if graph else "decode_eager"
+    return "mixed" if decode.any() else "prefill"
+
+
 @dataclass(eq=False)
 class Launched:
     """A step queued on the device (``ModelRunner.launch``), not yet finished."""
@@ -74,6 +83,7 @@ class Launched:
     host: HostCopy | None = None
     end: Any = None
     awaits_mask: bool = False
+    kind: str = ""  # decode_graph / decode_eager / mixed / prefill (``step_kind``)
 
     def __post_init__(self) -> None:
         b = self.batch
@@ -209,7 +219,7 @@ class ModelRunner:
         sample = from_i32(b.emits).astype(bool)
         start = self.timer.start()
         logits = self._logits(b, all_logits=False, copy=False)
-        launched = Launched(b, sample, start, logits, self._scores)
+        launched = Launched(b, sample, start, logits, self._scores, kind=self._kind)
         if not launched.awaits_mask:
             self.sample(launched, b.bitmask)
         return launched
@@ -269,6 +279,7 @@ class ModelRunner:
         self._scores = {}
         eager = b.score_rows or b.cascade_group  # (graphs: no scoring positions, no shared-prefix groups)
         bs = self.graphs.size_for(n) if self.graphs is not None and t == n and not eager else None
+        self._kind = step_kind(extend, graph=bs is not None)
         if bs is not None:  # pure decode: pad to the graph's size with the padding row
             pad = bs - n
             ids, slots, positions, rows, prefix = (np.pad(a, (0, pad)) for a in (ids, slots, positions, rows, prefix))

@@ -193,7 +193,7 @@ class _Steps:
         seconds = time.perf_counter() - self._t0
         self.q.send(StepOutput(step_id=b.step_id, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
         self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s,
-                          cascade=bool(b.cascade_group))
+                          cascade=bool(b.cascade_group), kind=launched.kind)
 
     def _wait_mask(self, step: int) -> StepMask | None:
         while True:

@@ -91,6 +91,9 @@ def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
         json.loads((out / "hf_requests.json").read_text())["w2"][i]["output_len"] for i in range(4))
     assert doc["limits"]["w1_floor_ms_per_token"] > 0 and doc["limits"]["w2"]["output_tok_s_ceiling"] > 0
     assert all(v is None or 0 <= v <= 1 for v in doc["gpu_idle"].values())
+    kinds = w2["steps_by_kind"]  # the worker's steps during W2, by kind: its prompts and its decodes
+    assert kinds["prefill"]["steps"] > 0 and kinds["decode_eager"]["steps"] > 0 and "decode_graph" not in kinds
+    assert all(v["device_ms_mean"] > 0 and v["tokens"] >= v["steps"] for v in kinds.values())
     table = (out / "suite_t.md").read_text()
     assert stdout.rstrip().endswith(table.rstrip()) and table.count("\n| W") >= 10 and "TINY" in table
 
