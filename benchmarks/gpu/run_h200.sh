@@ -5,7 +5,7 @@
 # git-ignored, carried with the tree):
 #
 #   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c|suite-d|suite-x] [hicache]
-#                                   [small-m]
+#                                   [small-m] [fp8]
 #                                                                                      (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
@@ -27,7 +27,10 @@
 # 6. hicache: the hierarchical cache's GPU tests (copy stream, demote ordering, outputs with the host
 #    tier = without) and benchmarks/gpu/hicache_copy.py (copy GB/s, what copies cost concurrent GEMMs).
 # 7. small-m: benchmarks/gpu/small_m_bench.py (decode-size linears: cuBLAS / _scaled_mm vs Banyan's kernel).
-# Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last.
+# 8. fp8: fp8_check.py on a conditioned model (/tmp/llama8b-cond: accuracy figures that mean something),
+#    then W1 and W2 with FP8 weights and with the FP8 KV cache (~7 min).
+# Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last. When more than 8 files
+# would come back (the device tool's limit), everything is packed into $OUT/results.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/banyan-gpu}
 MODEL=${BANYAN_GPU_MODEL:-/tmp/llama8b}
@@ -101,5 +104,23 @@ if [[ $STEPS == *small-m* ]]; then
   timeout 240 python3 -m benchmarks.gpu.small_m_bench --out "$OUT/small_m.json" 2>&1 | tail -30 || status=1
   echo "small-m: $((SECONDS - t0)) s"
 fi
+if [[ $STEPS == *fp8* ]]; then
+  t0=$SECONDS
+  timeout 120 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b-cond --tokenizer .assets/llama3 --init conditioned \
+    2>&1 | tail -1
+  timeout 240 python3 -m benchmarks.gpu.fp8_check --model /tmp/llama8b-cond --init conditioned --out "$OUT/fp8_check.json" \
+    >"$OUT/fp8_check.log" 2>&1 || status=1
+  sed -n '/^JSON/,/^gemm qkv M=1/p' "$OUT/fp8_check.log"
+  for v in "fp8w --quantization fp8" "fp8kv --kv-cache-dtype fp8_e4m3"; do
+    # shellcheck disable=SC2086  # the flag and its value
+    timeout 170 python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads W1,W2 --tag "W1-W2-${v%% *}" \
+      -- ${v#* } >"$OUT/suite_${v%% *}.log" 2>&1 || status=1
+    grep -h '^| W[12] \(batch\|offline\)' "$OUT/suite/suite_W1-W2-${v%% *}.md" 2>/dev/null
+  done
+  echo "fp8: $((SECONDS - t0)) s"
+fi
 [[ -f $OUT/parity.json ]] && cat "$OUT/parity.json"
+if (( $(find "$OUT" -type f | wc -l) > 8 )); then  # (the device tool returns 8 files at most)
+  tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/"
+fi
 exit $status
