@@ -46,6 +46,7 @@ class Sizes:
     w4_input: int = 256
     w4_output: int = 128
     w4_concurrency: int = 64
+    w4_b1_num: int = 16  # the first W4 requests again one at a time (batch-1 JSON overhead); 0: not run
     w5_num: int = 200
     w5_rates: tuple[str, ...] = ("4", "8", "16")  # req/s, or "x0.5": that fraction of W2's req/s
     # more shared-prefix shapes (groups x per group x system; question and output as W3), cascade on and
@@ -81,7 +82,7 @@ class Sizes:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, int) and v < (0 if f.name in ("hf_subset", "w4_concurrency") else 1):
+            if isinstance(v, int) and v < (0 if f.name in ("hf_subset", "w4_concurrency", "w4_b1_num") else 1):
                 raise ValueError(f"{f.name} must be positive, got {v}")
         for lo, hi in (self.w2_input, self.w2_output):
             if not 1 <= lo <= hi:
@@ -282,6 +283,13 @@ def w4(target: str, s: Sizes, vocab: int) -> dict:
     out["ratio"] = c["output_throughput"] / u["output_throughput"] if u["output_throughput"] else 0.0
     out["jump_forward_tokens"] = c["load"]["jump_forward_tokens"]
     out["mean_output_tokens"] = statistics.fmean(produced)
+    if s.w4_b1_num:  # batch 1: the first requests one at a time, constrained then their twins
+        k = min(s.w4_b1_num, len(reqs))
+        con, _ = serve_run(target, reqs[:k], concurrency=1, ignore_eos=False)
+        unc, _ = serve_run(target, twin[:k], concurrency=1, ignore_eos=True)
+        out["batch1"] = {"requests": k, "constrained": brief(con), "unconstrained": brief(unc)}
+        cb, ub = (x["output_throughput"] for x in (out["batch1"]["constrained"], out["batch1"]["unconstrained"]))
+        out["batch1"]["overhead"] = ub / cb - 1 if cb else None  # time per output token, constrained ÷ not − 1
     return out
 
 

@@ -21,7 +21,7 @@ from benchmarks.gpu.suite_workloads import Sizes
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA3 = next((t for t in TOKENIZERS if (t / "tokenizer.json").exists()), None)  # .assets/ or the team folder
 SMALL = ["--length-scale", "0.05", "--w4-output", "24", "--w1-runs", "2", "--w2-num", "8", "--w3-groups", "2",
-         "--w3-per-group", "3", "--w4-num", "4", "--w5-num", "3", "--w5-rates", "50,x0.5", "--hf-subset", "4",
+         "--w3-per-group", "3", "--w4-num", "4", "--w4-b1-num", "2", "--w5-num", "3", "--w5-rates", "50,x0.5", "--hf-subset", "4",
          "--hf-batch", "2", "--hf-w1-runs", "1", "--w3-extra", "2x3x64"]
 
 
@@ -78,6 +78,10 @@ def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
     assert w4["constrained"]["failed"] == 0 and w4["unconstrained"]["failed"] == 0 and w4["same_lengths"]
     assert w4["unconstrained"]["total_output_tokens"] == w4["constrained"]["total_output_tokens"]
     assert w4["ratio"] > 0 and w4["jump_forward_tokens"] >= 0
+    b1 = w4["batch1"]  # the first two requests one at a time, constrained and their twins
+    assert b1["requests"] == 2 and b1["constrained"]["completed"] == b1["unconstrained"]["completed"] == 2
+    assert b1["overhead"] == pytest.approx(
+        b1["unconstrained"]["output_throughput"] / b1["constrained"]["output_throughput"] - 1)
     rates = res["W5"]["rates"]
     assert [r["spec"] for r in rates] == ["50", "x0.5"] and rates[1]["rate"] == pytest.approx(
         0.5 * w2["request_throughput"])
