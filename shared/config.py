@@ -149,6 +149,10 @@ class SchedulerConfig(CommonConfig):
     priority_prefill_cap: int = field(default=2048, metadata={
         "help": "priority scheduling: prompt tokens a step gives requests below the highest priority present "
                 "(running or waiting), so that an urgent request's steps stay short (0: no cap)"})
+    disable_priority_urgent_steps: bool = field(default=False, metadata={
+        "help": "priority scheduling: do not give a newly admitted top-priority request a step of its own (by "
+                "default the step that admits it leaves lower-priority decodes and chunks out, at most every "
+                "other step, so its first token is not behind a full batch)"})
     priority_aging_seconds: float = field(default=300.0, metadata={
         "help": "priority scheduling: a request that has waited this long goes ahead of every priority level and "
                 "is not preempted once running, so nothing starves (0: no aging)"})

@@ -58,7 +58,7 @@ COUNTS = ("w2_num", "w3_groups", "w4_num", "w5_num", "w7_duration", "w7_calib_nu
 LENGTHS = ("w1_input", "w1_output", "w2_input", "w2_output", "w3_system", "w3_question", "w3_output", "w4_input",
            "w4_output", "w7_bg_input", "w7_bg_output", "w7_int_input", "w7_int_output", "w6_system", "w6_user",
            "w6_output", "w6_pool")
-TUPLES = ("w5_rates", "w3_extra", "w6_variants")
+TUPLES = ("w5_rates", "w3_extra", "w6_variants", "w7_priority_flags")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
                             "comma-separated ('' for none; default 64x16x2048,8x32x8192)")
         elif f.name == "w6_variants":
             ap.add_argument("--w6-variants", default=None, help="W6 servers: off,host,disk (default all three)")
+        elif f.name == "w7_priority_flags":
+            ap.add_argument("--w7-priority-flags", default=None, help="more `banyan serve` flags for W7's priority-on "
+                            "server, comma-separated: --w7-priority-flags=--priority-prefill-cap,512")
         elif isinstance(f.default, float):
             ap.add_argument("--" + f.name.replace("_", "-"), type=float, default=None, help=f"default {f.default}")
         else:

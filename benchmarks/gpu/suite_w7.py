@@ -102,7 +102,7 @@ def w7(start, s: Sizes, vocab: int) -> dict:
     """Capacity, the interactive requests alone, and the mixed traffic on a server with priority
     scheduling; the same mixed traffic on one without. ``start(name, *flags)`` starts a warmed-up
     server (a ``tests.support.Server``)."""
-    on = start("w7_priority", "--enable-priority-scheduling")
+    on = start("w7_priority", "--enable-priority-scheduling", *s.w7_priority_flags)
     try:
         capacity = w7_capacity(on.target, s, vocab)
         print(f"[suite] W7 capacity {capacity['capacity_req_s']:.2f} req/s", flush=True)

@@ -67,6 +67,9 @@ class Limits:
     # priority scheduling: prompt tokens a step gives requests below the highest priority present (None:
     # priority scheduling off — one level, nothing capped)
     low_priority_prefill: int | None = None
+    # priority scheduling: the step that admits a top-level request leaves the lower levels out (not two
+    # steps in a row), so its first token does not wait for a full batch of theirs
+    urgent_steps: bool = False
 
 
 class _Budget:
@@ -99,6 +102,7 @@ class Batcher:
         self.counters = counters if counters is not None else kv.counters  # step ids, retractions, cascade totals
         self.new_token_ratio = INIT_RATIO
         self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
+        self._urgent_last = False  # the last batch was an urgent step (``Limits.urgent_steps``)
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
         plan = _Plan()
@@ -108,11 +112,14 @@ class Batcher:
         # that token will be its last; it finishes when the token arrives)
         decoding = [r for r in running if r.to_compute == 1 and (r.remaining_new_tokens > 0 or not r.in_flight)]
         self._make_room_for_decode(decoding, running, waiting)
+        budget = self._budget(running, waiting)
+        # an urgent step? the lower levels' decodes wait until the top level's admissions are known
+        held = [r for r in decoding if _level(r) < budget.top] if self._urgent_possible(decoding, waiting, budget) \
+            else []
         for r in decoding:
-            if r.status is Status.RUNNING:
+            if r.status is Status.RUNNING and not (held and _level(r) < budget.top):
                 plan.add(r, self.kv, 1)
         self.new_token_ratio = max(MIN_RATIO, self.new_token_ratio - RATIO_DECAY)
-        budget = self._budget(running, waiting)
         scratch = PrefixSet()  # prompts being computed this step (in-batch dedup)
         for r in self._prefilled:  # (overlap: computed by the step in flight, not in the cache yet)
             if r.status is Status.RUNNING:
@@ -126,6 +133,12 @@ class Batcher:
         self._chunks([r for r in chunks if _level(r) >= budget.top], budget, plan)
         order = self.policy.order(waiting, self.kv) if waiting and budget.total > 0 else []  # (once a step)
         new_reqs, blocked = self._admit(order, running, waiting, scratch, budget, plan, top=True)
+        self._urgent_last = bool(held and new_reqs)
+        if self._urgent_last and plan.reqs:  # the admitted request's step: the lower levels wait for the next one
+            return self._emit(plan, new_reqs)
+        for r in held:  # (no top-level request could start: the lower levels decode as usual)
+            if r.status is Status.RUNNING:
+                plan.add(r, self.kv, 1)
         if budget.top > float("-inf"):  # (levels: priority scheduling)
             self._chunks([r for r in chunks if _level(r) < budget.top], budget, plan)
             if not blocked:  # (a top-level request that does not fit yet is not overtaken by lower ones)
@@ -133,6 +146,11 @@ class Batcher:
         if not plan.reqs:
             return None
         return self._emit(plan, new_reqs)
+
+    def _urgent_possible(self, decoding: list[Req], waiting: deque[Req], budget: _Budget) -> bool:
+        """A top-level request waits while lower-level ones decode (and the last step was not urgent)."""
+        return (self.limits.urgent_steps and not self._urgent_last and budget.top > float("-inf")
+                and any(_level(r) >= budget.top for r in waiting) and any(_level(r) < budget.top for r in decoding))
 
     def _budget(self, running: list[Req], waiting: deque[Req]) -> _Budget:
         low = self.limits.low_priority_prefill

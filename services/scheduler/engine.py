@@ -64,7 +64,8 @@ class EngineSession:
             if cfg.priority_preemption_threshold:
                 preemptor = Preemptor(policy, cfg.priority_preemption_threshold)
         limits = Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size,
-                        cfg.priority_prefill_cap if cfg.enable_priority_scheduling else None)
+                        cfg.priority_prefill_cap if cfg.enable_priority_scheduling else None,
+                        cfg.enable_priority_scheduling and not cfg.disable_priority_urgent_steps)
         batcher = Batcher(kv, policy, limits, cascade, counters, preemptor)
         budget = PinBudget(budget_limit(cfg.max_pinned_tokens, kv.pool_size))
         info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,

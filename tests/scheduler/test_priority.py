@@ -33,11 +33,11 @@ def req(prompt, priority=0, max_new=64, rid="r", at=0.0) -> Req:
 
 
 def batcher(pool=4096, rows=64, policy="fcfs", threshold=10, aging=0.0, clock=None, max_running=None, cap=None,
-            prefill=1024, chunk=1024):
+            prefill=1024, chunk=1024, urgent=False):
     kv = KVManager(pool, rows)
     order = PriorityPolicy(POLICIES[policy](), aging, clock or Clock())
     pre = Preemptor(order, threshold) if threshold else None
-    return Batcher(kv, order, Limits(max_running or rows, prefill, chunk, cap), preemptor=pre)
+    return Batcher(kv, order, Limits(max_running or rows, prefill, chunk, cap, urgent), preemptor=pre)
 
 
 def step(b: Batcher, running, waiting, token=5):
@@ -243,3 +243,33 @@ def test_a_top_level_request_that_does_not_fit_is_not_overtaken_by_lower_ones():
     waiting.extend([req(range(6000, 6700), 10, max_new=8, rid="urgent"), req(range(2000, 2050), 0, max_new=8, rid="bg")])
     s = step(b, running, waiting)  # the urgent prompt does not fit next to the running one: nobody is admitted
     assert rids(s.reqs) == ["bg-running"] and rids(waiting) == ["urgent", "bg"]
+
+
+def test_an_urgent_request_gets_a_step_without_the_lower_levels_at_most_every_other_step():
+    b = batcher(cap=2048, urgent=True, threshold=0)
+    running, waiting = [], deque([req(range(i * 100, i * 100 + 50), 0, max_new=64, rid=f"bg{i}") for i in range(4)])
+    step(b, running, waiting)  # the background prefills
+    assert rids(running) == ["bg0", "bg1", "bg2", "bg3"]
+    step(b, running, waiting)  # ... and decodes
+    waiting.extend([req(range(900, 960), 10, rid="hi1"), req(range(960, 990), 10, rid="hi2")])
+    s = step(b, running, waiting)  # the urgent step: their prompts alone
+    assert rids(s.reqs) == ["hi1", "hi2"] and all(n > 1 for n in s.extend)
+    s = step(b, running, waiting)  # the next: everyone decodes (the lower levels wait one step at most)
+    assert sorted(rids(s.reqs)) == ["bg0", "bg1", "bg2", "bg3", "hi1", "hi2"] and set(s.extend) == {1}
+    waiting.append(req(range(1000, 1040), 10, rid="hi3"))
+    s = step(b, running, waiting)  # another urgent arrival: its own step again, the top level decoding in it
+    assert sorted(rids(s.reqs)) == ["hi1", "hi2", "hi3"]
+    waiting.append(req(range(1100, 1140), 10, rid="hi4"))
+    s = step(b, running, waiting)  # but never two in a row: hi4 joins a full step
+    assert sorted(rids(s.reqs)) == ["bg0", "bg1", "bg2", "bg3", "hi1", "hi2", "hi3", "hi4"]
+
+
+def test_no_urgent_step_when_the_urgent_request_cannot_start_or_the_flag_is_off():
+    for urgent, max_running in ((True, 4), (False, 64)):
+        b = batcher(cap=2048, urgent=urgent, threshold=0, max_running=max_running)
+        running, waiting = [], deque([req(range(i * 100, i * 100 + 50), 0, rid=f"bg{i}") for i in range(4)])
+        step(b, running, waiting)
+        waiting.append(req(range(900, 960), 10, rid="hi"))
+        s = step(b, running, waiting)  # full (4 running) or the flag off: the background decodes as usual
+        assert {"bg0", "bg1", "bg2", "bg3"} <= set(rids(s.reqs))
+        assert ("hi" in rids(s.reqs)) == (max_running > 4)
