@@ -12,7 +12,8 @@ Sections, each on its own (a failure prints its error and the rest still runs):
  3. gemm: torch._scaled_mm (row-wise scales, with and without the per-token activation quantization)
     vs the bf16 GEMM at M = 1, 8, 64, 256 on the 8B shapes (µs per call, in CUDA graphs, weights
     cycled through copies larger than L2)
- 4. runners (the worker's ModelRunner, CUDA graphs to batch 8): bf16 / FP8 KV / FP8 weights, each at
+ 4. runners (the worker's ModelRunner, CUDA graphs to batch 8): bf16 / FP8 KV / FP8 weights / FP8 weights
+    with FP8 embeddings and lm_head (--fp8-vocab), each at
     --mem-fraction-static 0.85: KV pool tokens (ratio), weight bytes (ratio), batch-1 decode graph
     replay (W1-like), and logits of 8 x (128 + 128 prompt tokens, 16 teacher-forced decode steps;
     the second chunk and the decodes read the pool) → top-1 agreement with bf16 on positions where
@@ -252,7 +253,8 @@ def w1(runner: ModelRunner, vocab: int) -> dict:
 
 def runners(model: str, device: str) -> dict:
     out, logits = {}, {}
-    for name, cfg in (("bf16", {}), ("fp8_kv", {"kv_cache_dtype": "fp8_e4m3"}), ("fp8_weights", {"quantization": "fp8"})):
+    for name, cfg in (("bf16", {}), ("fp8_kv", {"kv_cache_dtype": "fp8_e4m3"}), ("fp8_weights", {"quantization": "fp8"}),
+                      ("fp8_weights_vocab", {"quantization": "fp8", "fp8_vocab": True})):
         try:
             t0 = time.perf_counter()
             r = make_runner(model, device, **cfg)
@@ -291,6 +293,8 @@ def runners(model: str, device: str) -> dict:
     b, k, w = out.get("bf16", {}), out.get("fp8_kv", {}), out.get("fp8_weights", {})
     if "pool_tokens" in b and "pool_tokens" in k:
         out["pool_ratio_fp8_kv"] = k["pool_tokens"] / b["pool_tokens"]
+    if "weight_bytes" in b and "weight_bytes" in out.get("fp8_weights_vocab", {}):
+        out["weight_ratio_fp8_vocab"] = out["fp8_weights_vocab"]["weight_bytes"] / b["weight_bytes"]
     if "weight_bytes" in b and "weight_bytes" in w:
         out["weight_ratio_fp8"] = w["weight_bytes"] / b["weight_bytes"]
         if "lm_head_bytes" in w:  # embeddings and lm_head in FP8 too (what if): each at half its bf16 bytes

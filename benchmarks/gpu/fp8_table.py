@@ -13,6 +13,11 @@ def table(R: dict, shapes) -> str:
              run.get("fp8_weights", {}).get("vs_bf16", {}).get("top1_agreement")),
             ("  + FP8 lm_head too (what if)", run.get("fp8_weights", {}).get("fp8_lm_head_too_vs_bf16", {}).get(
                 "top1_agreement")),
+            ("FP8 weights + --fp8-vocab: top-1 agreement with bf16",
+             run.get("fp8_weights_vocab", {}).get("vs_bf16", {}).get("top1_agreement")),
+            ("weight bytes with --fp8-vocab, FP8 / bf16 (goal ≤ 0.52)", run.get("weight_ratio_fp8_vocab")),
+            ("batch-1 decode replay ms, FP8 weights + --fp8-vocab",
+             run.get("fp8_weights_vocab", {}).get("w1", {}).get("replay_ms")),
             ("weight bytes, FP8 / bf16 (goal ≤ 0.52)", run.get("weight_ratio_fp8")),
             ("  with lm_head + embeddings FP8 too (what if)", run.get("weight_ratio_fp8_with_head_and_embed")),
             ("batch-1 decode replay ms, bf16", run.get("bf16", {}).get("w1", {}).get("replay_ms")),

@@ -108,7 +108,7 @@ class ModelRunner:
         torch.manual_seed(cfg.seed)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, self.tp,
-                                           flashinfer_ops() if fused else TORCH_OPS, cfg.quantization)
+                                           flashinfer_ops() if fused else TORCH_OPS, cfg.quantization, cfg.fp8_vocab)
         self.quant = self.model.quant
         kernels = {}
         if self.device.type == "cuda" and (self.quant is not None or self.kv_dtype != self.dtype):

@@ -25,10 +25,11 @@ from services.worker.quant.fp8 import FP8
 
 TP = 2
 SEQS_LENGTHS, CHUNKS = [40, 24], [[15, 25], [6, 6, 6] + [1] * 6]  # chunked prefill next to decode steps
-VARIANTS = {  # name -> (checkpoint layout or "" for the bf16 one quantized at load, kv cache dtype)
-    "fp8-tensor": ("fp8-tensor", None),
-    "ct-channel-fp8kv": ("ct-channel", FP8),
-    "online": ("", None),
+VARIANTS = {  # name -> (checkpoint layout or "" for the bf16 one quantized at load, kv cache dtype, --fp8-vocab)
+    "fp8-tensor": ("fp8-tensor", None, False),
+    "ct-channel-fp8kv": ("ct-channel", FP8, False),
+    "online": ("", None, False),
+    "online-vocab": ("", None, True),  # the embeddings and lm_head too: vocabulary rows split by rank
 }
 
 
@@ -41,11 +42,12 @@ def _rank_main(rank: int, port: int, dirs: dict[str, Path], out: Path) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     try:
         torch.set_num_threads(1)
-        for name, (layout, kv) in VARIANTS.items():
+        for name, (layout, kv, vocab) in VARIANTS.items():
             quant = "" if layout else "fp8"
-            model, _ = load_model(dirs[name], torch.float32, "cpu", TPGroup(rank, TP), quantization=quant)
+            model, _ = load_model(dirs[name], torch.float32, "cpu", TPGroup(rank, TP), quantization=quant,
+                                  fp8_vocab=vocab)
             logits = run_schedule(dirs[name], random_seqs(SEQS_LENGTHS, vocab=509), CHUNKS, TPGroup(rank, TP),
-                                  quantization=quant, kv_dtype=kv)
+                                  quantization=quant, kv_dtype=kv, fp8_vocab=vocab)
             torch.save({"shards": _shards(model), "logits": logits}, out / f"{name}_rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -54,6 +56,12 @@ def _rank_main(rank: int, port: int, dirs: dict[str, Path], out: Path) -> None:
 def _expected(full: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str, rank: int, cfg) -> tuple:
     w, s = full[name]
     hd = cfg.head_dim
+    if name.endswith(("embed_tokens", "lm_head")):  # vocabulary rows: this rank's, the last shard padded
+        per = -(-w.shape[0] // TP)
+        rows = torch.arange(rank * per, min((rank + 1) * per, w.shape[0]))
+        pad = per - len(rows)
+        return (torch.cat([w[rows], torch.zeros(pad, w.shape[1], dtype=w.dtype)]),
+                torch.cat([s[rows], torch.zeros(pad, dtype=s.dtype)]))
     if name.endswith("qkv_proj"):
         q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
         parts = [(0, q), (q, kv), (q + kv, kv)]
@@ -71,17 +79,18 @@ def test_fp8_tp2_shards_and_logits(tmp_path: Path) -> None:
     src = tmp_path / "bf16"
     hf = save_tiny_model(tiny_config("llama", vocab_size=509), src)
     dirs = {name: make_fp8_checkpoint(src, tmp_path / name, layout) if layout else src
-            for name, (layout, _) in VARIANTS.items()}
+            for name, (layout, _, _) in VARIANTS.items()}
     mp.spawn(_rank_main, args=(_free_port(), dirs, tmp_path), nprocs=TP, join=True)
 
     seqs = random_seqs(SEQS_LENGTHS, vocab=509)
     with torch.inference_mode():
         ref = torch.cat([hf(torch.tensor([s])).logits[0] for s in seqs])
-    for name, (layout, kv) in VARIANTS.items():
+    for name, (layout, kv, vocab) in VARIANTS.items():
         quant = "" if layout else "fp8"
-        model, _ = load_model(dirs[name], torch.float32, "cpu", quantization=quant)
+        model, _ = load_model(dirs[name], torch.float32, "cpu", quantization=quant, fp8_vocab=vocab)
         full, cfg = _shards(model), model.config
-        one = torch.cat(run_schedule(dirs[name], seqs, CHUNKS, quantization=quant, kv_dtype=kv))
+        assert vocab == ("model.embed_tokens" in full and "lm_head" in full)
+        one = torch.cat(run_schedule(dirs[name], seqs, CHUNKS, quantization=quant, kv_dtype=kv, fp8_vocab=vocab))
         for rank in range(TP):
             got = torch.load(tmp_path / f"{name}_rank{rank}.pt")
             assert got["shards"].keys() == full.keys()

@@ -116,6 +116,29 @@ def test_online_quantization_matches_hf_and_halves_weight_bytes(tiny) -> None:
     assert n >= 12 and rel <= REL_ERR and top1 >= TOP1, (arch, rel, top1, n)
 
 
+def test_fp8_vocab_quantizes_the_embeddings_and_lm_head_too(tiny) -> None:
+    arch, src, hf = tiny
+    model, _ = load_model(src, torch.float32, "cpu", quantization="fp8", fp8_vocab=True)
+    linears_only, _ = load_model(src, torch.float32, "cpu", quantization="fp8")
+    full, _ = load_model(src, torch.float32, "cpu")
+    emb, head = model.model.embed_tokens, model.lm_head
+    assert emb.weight.dtype == head.weight.dtype == FP8 and emb.weight_scale.dtype == torch.float32
+    assert (head.weight is emb.weight and head.weight_scale is emb.weight_scale) == hf.config.tie_word_embeddings
+    for mine, ref in ((emb, full.model.embed_tokens), (head, full.lm_head)):
+        deq = mine.weight.float() * mine.weight_scale[:, None]
+        assert (deq - ref.weight).norm() / ref.weight.norm() < 0.04
+    ids = torch.tensor([0, 7, hf.config.vocab_size - 1])
+    assert torch.equal(emb(ids), (emb.weight.float() * emb.weight_scale[:, None])[ids])  # rows dequantized
+    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731 (tied ones once)
+    assert size(model) < size(linears_only) < size(full)
+    seqs = random_seqs([25, 11])
+    ours = torch.cat(run_schedule(src, seqs, [[25], [5, 6]], quantization="fp8", fp8_vocab=True))
+    rel, top1, n = logits_agreement(ours, torch.cat([hf_logits(hf, s) for s in seqs]))
+    assert n >= 12 and rel <= REL_ERR and top1 >= TOP1, (arch, rel, top1, n)
+    with pytest.raises(ValueError, match="fp8-vocab needs FP8 weights"):
+        load_model(src, torch.float32, "cpu", fp8_vocab=True)
+
+
 def test_layers_the_checkpoint_left_unquantized_are_quantized_at_load(tiny, tmp_path) -> None:
     _, src, hf = tiny
     ckpt = make_fp8_checkpoint(src, tmp_path / "ct", "ct-channel", keep=r"layers\.0\.mlp\.down_proj")

@@ -95,12 +95,12 @@ class KVTable:
 @torch.inference_mode()
 def run_schedule(
     model_dir: Path, seqs: list[list[int]], chunks: list[list[int]], tp: TPGroup = TPGroup(),
-    quantization: str = "", kv_dtype: torch.dtype | None = None,
+    quantization: str = "", kv_dtype: torch.dtype | None = None, fp8_vocab: bool = False,
 ) -> list[torch.Tensor]:
     """Feed request r's tokens in chunk sizes chunks[r], one chunk per request per step while it
     has any left (so prefill chunks and decode steps mix); returns each request's (len, V) logits.
     ``quantization``, ``kv_dtype``: FP8 weights / KV pool (default scales)."""
-    model, spec = load_model(model_dir, torch.float32, "cpu", tp, quantization=quantization)
+    model, spec = load_model(model_dir, torch.float32, "cpu", tp, quantization=quantization, fp8_vocab=fp8_vocab)
     pool = KVPool(spec.num_layers, 256, spec.kv_heads_per_rank(tp.size), spec.head_dim, torch.float32, "cpu",
                   kv_dtype=kv_dtype)
     attn, table = TorchAttention(pool), KVTable(pool.num_slots)

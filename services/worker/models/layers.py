@@ -24,7 +24,7 @@ from torch import nn
 from services.worker.models.ops import current_ops
 from services.worker.tp import TPGroup
 from services.worker import kernels
-from services.worker.quant import fp8_linears_enabled
+from services.worker.quant import fp8_linears_enabled, fp8_vocab_enabled
 from services.worker.quant.fp8 import FP8, QuantizedWeight, fp8_linear, load_fp8_rows
 
 ShardId = str | int | None
@@ -194,7 +194,8 @@ class RowParallelLinear(_Linear):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Vocabulary rows split across ranks (padded to equal shards); lookups are all-reduced."""
+    """Vocabulary rows split across ranks (padded to equal shards); lookups are all-reduced. Built
+    inside ``quant.fp8_linears(..., vocab=True)`` it holds e4m3 rows and a per-row ``weight_scale``."""
 
     def __init__(self, vocab_size: int, hidden: int, tp: TPGroup) -> None:
         super().__init__()
@@ -203,18 +204,32 @@ class VocabParallelEmbedding(nn.Module):
         per_rank = math.ceil(vocab_size / tp.size)
         self.start = min(tp.rank * per_rank, vocab_size)
         self.end = min(self.start + per_rank, vocab_size)
-        self.weight = _param(per_rank, hidden, loader=self.weight_loader)
+        self.fp8, self.out_dtype = fp8_vocab_enabled(), torch.get_default_dtype()
+        self.weight = _param(per_rank, hidden, loader=self.weight_loader, dtype=FP8 if self.fp8 else None)
+        if self.fp8:
+            self.weight_scale = _param(per_rank, loader=self.weight_loader, dtype=torch.float32)
+            self.weight_scale.derived = True
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
         n = self.end - self.start
         param.data[n:].zero_()  # padding rows
-        _copy(param.data[:n], loaded[self.start : self.end])
+        if self.fp8:
+            self.weight_scale.data[n:].zero_()
+            load_fp8_rows(param.data, self.weight_scale.data, loaded, (0, n), (self.start, n))
+        else:
+            _copy(param.data[:n], loaded[self.start : self.end])
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if not self.fp8:
+            return F.embedding(rows, self.weight)
+        q, s = self.weight.index_select(0, rows), self.weight_scale.index_select(0, rows)
+        return (q.float() * s[:, None]).to(self.out_dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return self._rows(ids)
         mine = (ids >= self.start) & (ids < self.end)  # (T,)
-        out = F.embedding(torch.where(mine, ids - self.start, 0), self.weight)
+        out = self._rows(torch.where(mine, ids - self.start, 0))
         return self.tp.all_reduce(out.masked_fill_(~mine[:, None], 0))
 
 
@@ -223,15 +238,18 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """(N, H) -> (N, V) float32, into ``out`` (N, V) when given (a CUDA graph's shared buffer)."""
-        local = kernels.try_small_m(hidden, self.weight)  # (decode sizes, where the kernel measured faster)
-        if local is None:
-            local = F.linear(hidden, self.weight)
+        if self.fp8:
+            local = fp8_linear(hidden, self.weight, self.weight_scale, None)
+        else:
+            local = kernels.try_small_m(hidden, self.weight)  # (decode sizes, where the kernel measured faster)
+            if local is None:
+                local = F.linear(hidden, self.weight)
         logits = self.tp.all_gather(local)[:, : self.vocab_size]  # (N, V)
         return logits.float() if out is None else out.copy_(logits)
 
-    def quantized(self) -> tuple[torch.Tensor, None]:
-        """(weight, no scale): what ``kernels.tune_small_m`` times."""
-        return self.weight, None
+    def quantized(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, its per-row scale or None): what ``kernels.tune_small_m`` times."""
+        return self.weight, self.weight_scale if self.fp8 else None
 
 
 class RMSNorm(nn.Module):

@@ -116,6 +116,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+            if self.lm_head.fp8:  # (FP8 rows: their scales are shared too)
+                self.lm_head.weight_scale = self.model.embed_tokens.weight_scale
 
     @classmethod
     def parse_config(cls, hf: Mapping[str, Any]) -> DecoderConfig:

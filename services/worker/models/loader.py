@@ -52,15 +52,18 @@ def load_model(
     tp: TPGroup | None = None,
     ops: Ops = TORCH_OPS,
     quantization: str = "",
+    fp8_vocab: bool = False,
 ) -> tuple[CausalLM, ModelSpec]:
     """Build the model for this rank (uninitialized) on ``ops``'s kernels and fill every parameter
     from the checkpoint. ``quantization`` is ``--quantization``; with it or an FP8 checkpoint the
-    linear layers hold FP8 weights. The model gets ``quant`` (the ``QuantConfig``, or None) and
+    linear layers hold FP8 weights (with ``fp8_vocab`` the embeddings and lm_head too). The model gets ``quant`` (the ``QuantConfig``, or None) and
     ``kv_scales`` (the checkpoint's KV-cache scales: layer → "k" / "v" → tensor; maybe empty)."""
     model_dir = Path(model_dir)
     cls, config, spec = _resolve(model_dir)
     quant = quant_config(model_dir, quantization)
-    with torch.device(device), _default_dtype(dtype), use_ops(ops), fp8_linears(quant is not None):
+    if fp8_vocab and quant is None:
+        raise ValueError("--fp8-vocab needs FP8 weights: --quantization fp8, or an FP8 checkpoint")
+    with torch.device(device), _default_dtype(dtype), use_ops(ops), fp8_linears(quant is not None, fp8_vocab):
         model = cls(config, tp or TPGroup())
     kv_scales: dict[int, dict[str, torch.Tensor]] = {}
     loaded = model.load_weights(read_weights(Checkpoint(model_dir), quant, kv_scales))

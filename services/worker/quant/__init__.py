@@ -23,6 +23,7 @@ from shared.logging import get_logger
 
 log = get_logger("worker")
 _fp8_linears = False
+_fp8_vocab = False
 
 
 def fp8_linears_enabled() -> bool:
@@ -30,14 +31,19 @@ def fp8_linears_enabled() -> bool:
     return _fp8_linears
 
 
+def fp8_vocab_enabled() -> bool:
+    """Whether the embeddings and lm_head built now store FP8 weights (``fp8_linears(vocab=True)``)."""
+    return _fp8_vocab
+
+
 @contextmanager
-def fp8_linears(enabled: bool) -> Iterator[None]:
-    global _fp8_linears
-    previous, _fp8_linears = _fp8_linears, enabled
+def fp8_linears(enabled: bool, vocab: bool = False) -> Iterator[None]:
+    global _fp8_linears, _fp8_vocab
+    previous, _fp8_linears, _fp8_vocab = (_fp8_linears, _fp8_vocab), enabled, enabled and vocab
     try:
         yield
     finally:
-        _fp8_linears = previous
+        _fp8_linears, _fp8_vocab = previous
 
 
 def enable_cuda_kernels(device: torch.device) -> dict[str, str]:
