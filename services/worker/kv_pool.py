@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.quant.fp8 import FP8
-from services.worker.quant.kv import KVScales, store_fp8
+from services.worker.quant.kv import KVScales, store_fp8, store_plain
 
 
 class KVPool:
@@ -78,8 +78,7 @@ class KVPool:
         if self.quantized:
             store_fp8(self.k[layer], self.v[layer], slots, k, v, self._k_inv[layer], self._v_inv[layer])
             return
-        self.k[layer].index_copy_(0, slots, k.to(self.dtype))
-        self.v[layer].index_copy_(0, slots, v.to(self.dtype))
+        store_plain(self.k[layer], self.v[layer], slots, k, v)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V (L, Hkv, D) at ``slots``: as stored, or dequantized to float32 when FP8."""

@@ -33,7 +33,7 @@ from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
 from services.worker.kernels import tune_small_m
 from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
-from services.worker.quant import enable_cuda_kernels
+from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
 from services.worker.sampling.draw import TokenSampler, flashinfer_draw
 
@@ -115,6 +115,8 @@ class ModelRunner:
             kernels = enable_cuda_kernels(self.device)  # the fused FP8 kernels, where they check out
         if self.device.type == "cuda" and not cfg.disable_small_m_kernel:
             kernels["small_m"] = tune_small_m(self.model, self.dtype)
+        if self.device.type == "cuda":
+            kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
         self.context_length = cfg.context_length or self.spec.context_length
         kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads, cfg.mem_fraction_static)

@@ -1,4 +1,5 @@
-"""The FP8 Triton kernels (per-token activation quantization, the quantized KV write) in Triton's
+"""The FP8 Triton kernels (per-token activation quantization, the quantized KV write — and the same
+write unscaled, a bf16 pool's) in Triton's
 interpreter on the CPU, against the PyTorch reference math: indexing, strides, per-head scales,
 saturation, all-zero rows. They write float32 here (the interpreter's emulated fp8 cast does not
 round as the GPU does); the e4m3 cast itself is checked on the GPU at start-up (``check_*``) and by
@@ -39,6 +40,9 @@ rest = torch.ones(12, dtype=torch.bool)
 rest[slots] = False
 assert (kc[rest] == -1).all() and (vc[rest] == -1).all()
 assert (kc[slots].abs().amax() == 448) and (vc[slots].abs().amax() == 448)  # saturated somewhere
+kc, vc = torch.full((12, hkv, d), -1.0), torch.full((12, hkv, d), -1.0)
+tk.store_kv(kc, vc, slots, k, v)  # no scales: a plain pool's write, K and V copied as they are
+assert torch.equal(kc[slots], k) and torch.equal(vc[slots], v) and (kc[rest] == -1).all() and (vc[rest] == -1).all()
 print("kernels ok")
 """
 

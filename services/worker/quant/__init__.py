@@ -46,6 +46,23 @@ def fp8_linears(enabled: bool, vocab: bool = False) -> Iterator[None]:
         _fp8_linears, _fp8_vocab = previous
 
 
+def enable_plain_kv_store(device: torch.device) -> str:
+    """One Triton launch for a bf16/fp16 pool's K and V write, where it writes exactly what
+    ``index_copy_`` does on ``device`` → what the pool uses (logged)."""
+    from services.worker.quant import kv
+
+    try:
+        from services.worker.quant import triton_kernels as tk
+
+        if tk.check_store_kv_plain(device):
+            kv.set_plain_store_kernel(tk.store_kv)
+            return "triton"
+    except Exception as e:  # no Triton, a compiler problem: index_copy_ is correct, only one launch slower
+        log.warning("kv_store_kernel_unavailable", reason=f"{type(e).__name__}: {e}"[:300])
+    kv.set_plain_store_kernel(None)
+    return "index_copy"
+
+
 def enable_cuda_kernels(device: torch.device) -> dict[str, str]:
     """Use the Triton kernels on ``device`` where they agree with the PyTorch reference there;
     → which implementation each operation got (logged). Any failure keeps the PyTorch one."""

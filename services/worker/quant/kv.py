@@ -86,6 +86,25 @@ def set_store_kernel(fn: StoreKernel | None) -> None:
     _store_kernel = fn
 
 
+_plain_store_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None] | None = None  # (CUDA, once checked)
+
+
+def set_plain_store_kernel(fn) -> None:
+    global _plain_store_kernel
+    _plain_store_kernel = fn
+
+
+def store_plain(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor) -> None:
+    """Write the new tokens' K and V (T, Hkv, D) at ``slots`` (T,) of a bf16/fp16/fp32 pool: one
+    Triton launch on CUDA (checked bit for bit at start-up), else two ``index_copy_``."""
+    if _plain_store_kernel is not None and k.is_cuda and k.dtype == k_cache.dtype and k.stride(2) == 1 \
+            and v.stride(2) == 1:
+        _plain_store_kernel(k_cache, v_cache, slots, k, v)
+        return
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
 def store_fp8(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor, k_inv: Tensor,
               v_inv: Tensor) -> None:
     """Write the new tokens' K and V (T, Hkv, D), quantized, at ``slots`` (T,) of the caches."""

@@ -60,31 +60,35 @@ def per_token_quant(x: Tensor, out_dtype: torch.dtype = FP8) -> tuple[Tensor, Te
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, k_inv_ptr, v_inv_ptr, D, k_stride_t, k_stride_h,
-                     v_stride_t, v_stride_h, c_stride_s, c_stride_h, FMAX: tl.constexpr, BLOCK_D: tl.constexpr):
+                     v_stride_t, v_stride_h, c_stride_s, c_stride_h, QUANT: tl.constexpr, FMAX: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
     mask = offs < D
     dst = slot * c_stride_s + h * c_stride_h + offs
-    k = tl.load(k_ptr + t * k_stride_t + h * k_stride_h + offs, mask=mask, other=0.0).to(tl.float32)
-    k = tl.minimum(tl.maximum(k * tl.load(k_inv_ptr + h), -FMAX), FMAX)
+    k = tl.load(k_ptr + t * k_stride_t + h * k_stride_h + offs, mask=mask, other=0.0)
+    v = tl.load(v_ptr + t * v_stride_t + h * v_stride_h + offs, mask=mask, other=0.0)
+    if QUANT:  # scaled and saturated to e4m3's range (else: copied as they are)
+        k = tl.minimum(tl.maximum(k.to(tl.float32) * tl.load(k_inv_ptr + h), -FMAX), FMAX)
+        v = tl.minimum(tl.maximum(v.to(tl.float32) * tl.load(v_inv_ptr + h), -FMAX), FMAX)
     tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
-    v = tl.load(v_ptr + t * v_stride_t + h * v_stride_h + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.minimum(tl.maximum(v * tl.load(v_inv_ptr + h), -FMAX), FMAX)
     tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor, k_inv: Tensor,
-             v_inv: Tensor) -> None:
-    """``kv.store_fp8`` in one launch: k, v (T, Hkv, D) with unit stride along D; caches (S, Hkv, D)."""
+def store_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor, k_inv: Tensor | None = None,
+             v_inv: Tensor | None = None) -> None:
+    """``kv.store_fp8`` in one launch: k, v (T, Hkv, D) with unit stride along D; caches (S, Hkv, D).
+    Without scales: K and V copied unchanged (a bf16/fp16 pool's write, one launch instead of two)."""
     t, hkv, d = k.shape
     if not t:
         return
     assert k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(2) == 1 and k_cache.stride() == v_cache.stride()
-    _store_kv_kernel[(t, hkv)](k, v, k_cache, v_cache, slots, k_inv, v_inv, d, k.stride(0), k.stride(1),
-                               v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1), FMAX=FP8_MAX,
-                               BLOCK_D=triton.next_power_of_2(d))
+    quant = k_inv is not None
+    _store_kv_kernel[(t, hkv)](k, v, k_cache, v_cache, slots, k_inv if quant else k, v_inv if quant else v, d,
+                               k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0),
+                               k_cache.stride(1), QUANT=quant, FMAX=FP8_MAX, BLOCK_D=triton.next_power_of_2(d))
 
 
 # --- checks against the PyTorch reference, on the device, at start-up ----------------------------------
@@ -101,6 +105,23 @@ def check_per_token_quant(device: torch.device) -> bool:
     # the same e4m3 value, or its neighbour where x / s rounds differently by an ulp in fp32
     close = ((q.float() - q_ref.float()).abs() <= q_ref.float().abs() * 0.13 + 2**-9).all()
     return bool(same_scale and close)
+
+
+def check_store_kv_plain(device: torch.device) -> bool:
+    """The unscaled write: bit for bit what two ``index_copy_`` write (bf16 and fp16, strided views)."""
+    g = torch.Generator(device="cpu").manual_seed(2)
+    t, hkv, d = 13, 4, 128
+    for dtype in (torch.bfloat16, torch.float16):
+        qkv = torch.randn(t, (8 + 2 * hkv) * d, generator=g).to(dtype).to(device)
+        k, v = qkv[:, 8 * d:(8 + hkv) * d].unflatten(-1, (hkv, d)), qkv[:, (8 + hkv) * d:].unflatten(-1, (hkv, d))
+        slots = torch.randperm(64, generator=g)[:t].to(device)
+        caches = [torch.zeros(64, hkv, d, dtype=dtype, device=device) for _ in range(4)]
+        store_kv(caches[0], caches[1], slots, k, v)
+        caches[2].index_copy_(0, slots, k)
+        caches[3].index_copy_(0, slots, v)
+        if not (torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])):
+            return False
+    return True
 
 
 def check_store_kv(device: torch.device) -> bool:
