@@ -5,7 +5,7 @@
 # git-ignored, carried with the tree):
 #
 #   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c|suite-d|suite-x] [hicache]
-#                                   [small-m] [fp8]
+#                                   [small-m] [fp8] [profile]
 #                                                                                      (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
@@ -29,6 +29,8 @@
 # 7. small-m: benchmarks/gpu/small_m_bench.py (decode-size linears: cuBLAS / _scaled_mm vs Banyan's kernel).
 # 8. fp8: fp8_check.py on a conditioned model (/tmp/llama8b-cond: accuracy figures that mean something),
 #    then W1 and W2 with FP8 weights and with the FP8 KV cache (~7 min).
+# 9. profile: benchmarks/gpu/decode_profile.py (a decode step's kernels by group, batch 1 and 64; bf16 and
+#    FP8 weights; ~2 min).
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last. When more than 8 files
 # would come back (the device tool's limit), everything is packed into $OUT/results.tgz.
 set -uo pipefail
@@ -118,6 +120,16 @@ if [[ $STEPS == *fp8* ]]; then
     grep -h '^| W[12] \(batch\|offline\)' "$OUT/suite/suite_W1-W2-${v%% *}.md" 2>/dev/null
   done
   echo "fp8: $((SECONDS - t0)) s"
+fi
+if [[ $STEPS == *profile* ]]; then
+  t0=$SECONDS
+  for q in bf16 fp8; do
+    # shellcheck disable=SC2046  # no flags for bf16
+    timeout 150 python3 -m benchmarks.gpu.decode_profile --model "$MODEL" --batch 1,64 --out "$OUT/decode_profile_$q.json" \
+      $( [[ $q == fp8 ]] && echo "-- --quantization fp8" ) >"$OUT/decode_profile_$q.log" 2>&1 || status=1
+    sed -n '/^## batch/,$p' "$OUT/decode_profile_$q.log"
+  done
+  echo "profile: $((SECONDS - t0)) s"
 fi
 [[ -f $OUT/parity.json ]] && cat "$OUT/parity.json"
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then  # (the device tool returns 8 files at most)
