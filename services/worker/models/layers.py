@@ -222,7 +222,8 @@ class VocabParallelEmbedding(nn.Module):
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
         if not self.fp8:
             return F.embedding(rows, self.weight)
-        q, s = self.weight.index_select(0, rows), self.weight_scale.index_select(0, rows)
+        q = self.weight.view(torch.uint8).index_select(0, rows).view(FP8)  # (as bytes: every device gathers those)
+        s = self.weight_scale.index_select(0, rows)
         return (q.float() * s[:, None]).to(self.out_dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)
