@@ -108,7 +108,9 @@ def w7(start, s: Sizes, vocab: int) -> dict:
         print(f"[suite] W7 capacity {capacity['capacity_req_s']:.2f} req/s", flush=True)
         idle = w7_idle(on.target, s, vocab)
         _say("idle", idle)
+        urgent = _urgent_steps(on)
         res_on = w7_mixed(on.target, s, vocab, capacity["capacity_req_s"])
+        res_on["urgent_steps"] = _urgent_steps(on) - urgent
         _say("priority on", res_on["interactive"], res_on["output_tok_s"])
     finally:
         on.stop()
@@ -118,6 +120,14 @@ def w7(start, s: Sizes, vocab: int) -> dict:
     finally:
         off.stop()
     return w7_summary(capacity, idle, res_on, res_off)
+
+
+def _urgent_steps(server) -> float:
+    """The scheduler's count of urgent steps (priority scheduling) so far."""
+    for line in server.metrics("scheduler").splitlines():
+        if line.startswith("banyan:priority_urgent_steps_total "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def _say(what: str, x: dict, tok_s: float | None = None) -> None:

@@ -135,6 +135,7 @@ class Batcher:
         new_reqs, blocked = self._admit(order, running, waiting, scratch, budget, plan, top=True)
         self._urgent_last = bool(held and new_reqs)
         if self._urgent_last and plan.reqs:  # the admitted request's step: the lower levels wait for the next one
+            self.counters.urgent_steps += 1
             return self._emit(plan, new_reqs)
         for r in held:  # (no top-level request could start: the lower levels decode as usual)
             if r.status is Status.RUNNING:

@@ -21,6 +21,7 @@ class Counters:
     cascade_saved: int = 0  # KV tokens those groups did not read
     preemptions: int = 0  # running requests retracted for a higher-priority one (priority scheduling)
     shed: int = 0  # waiting requests dropped from a full queue for a higher-priority one
+    urgent_steps: int = 0  # steps that admitted a top-level request without the lower levels (batcher.py)
     # hierarchical cache (hicache.py): prompt tokens of admitted requests whose KV came back from the host
     # or disk tier (part of prefill_cached), and the copies that ended, by direction (device_to_host,
     # host_to_device, host_to_disk, disk_to_host): tokens moved and seconds spent; failures by kind

@@ -24,7 +24,8 @@
   ``banyan:cascade_saved_tokens_total``: KV tokens those steps did not read (a shared prefix read
   once per group instead of once per member).
 - Priority scheduling: ``banyan:preemptions_total`` (running requests preempted for higher-priority
-  ones), ``banyan:shed_requests_total`` (waiting ones dropped from a full queue for them), and per
+  ones), ``banyan:shed_requests_total`` (waiting ones dropped from a full queue for them),
+  ``banyan:priority_urgent_steps_total`` (steps that admitted one without the lower levels), and per
   priority level (label ``priority``) ``banyan:priority_running_requests``,
   ``banyan:priority_waiting_requests`` (refreshed at most every ``LEVELS_EVERY_S``) and the
   histogram ``banyan:priority_time_to_first_token_seconds`` (queued → first token sampled).
@@ -94,6 +95,8 @@ class SchedulerMetrics:
                                    "(they resume later)", registry=r)
         self.shed = Counter("banyan:shed_requests", "Waiting requests dropped from a full queue for higher-priority "
                             "ones", registry=r)
+        self.urgent_steps = Counter("banyan:priority_urgent_steps", "Steps that admitted a top-priority request "
+                                    "without the lower levels' decodes and chunks", registry=r)
         self.prio_running = Gauge("banyan:priority_running_requests", "Request branches running, by priority",
                                   ["priority"], registry=r)
         self.prio_waiting = Gauge("banyan:priority_waiting_requests", "Request branches queued, by priority",
@@ -107,7 +110,7 @@ class SchedulerMetrics:
                             registry=r)
         self._retractions = 0
         self._cascade = (0, 0)
-        self._shed = (0, 0)
+        self._shed = (0, 0, 0)
         self._levels: set[int] = set()
         self._anchors = (-1, -1, -1, -1)
         self._levels_at = 0.0
@@ -146,10 +149,11 @@ class SchedulerMetrics:
             self.cascade_steps.inc(c.cascade_steps - self._cascade[0])
             self.cascade_saved.inc(c.cascade_saved - self._cascade[1])
             self._cascade = (c.cascade_steps, c.cascade_saved)
-        if (c.preemptions, c.shed) != self._shed:
+        if (c.preemptions, c.shed, c.urgent_steps) != self._shed:
             self.preemptions.inc(c.preemptions - self._shed[0])
             self.shed.inc(c.shed - self._shed[1])
-            self._shed = (c.preemptions, c.shed)
+            self.urgent_steps.inc(c.urgent_steps - self._shed[2])
+            self._shed = (c.preemptions, c.shed, c.urgent_steps)
 
     def anchors(self, sessions: int, session_tokens: int, pins: int, pinned_tokens: int) -> None:
         if (sessions, session_tokens, pins, pinned_tokens) == self._anchors:

@@ -178,6 +178,7 @@ def test_metrics_by_priority(server):
     assert sample("banyan:priority_time_to_first_token_seconds_count", priority="10") >= 7
     assert sample("banyan:priority_time_to_first_token_seconds_count", priority="0") >= 8
     assert sample("banyan:preemptions_total") >= 4  # (1 + 3 by the tests above)
+    assert sample("banyan:priority_urgent_steps_total") >= 1  # an urgent admission while the flood decoded
     assert 'banyan:priority_running_requests{priority="0"}' in text
     assert 'banyan:priority_waiting_requests{priority="10"}' in text
 
