@@ -12,8 +12,9 @@ scale applied at the end: weight-only FP8, the activations stay in their dtype).
 - ``swap``: the same tile product as W x^T, the weight tile (widened in registers when e4m3) the
   tensor cores' A operand, which Hopper reads from registers (the B operand goes through shared
   memory: the small x rather than the weight);
-- ``fma``: CUDA cores, ``m_tile`` rows a program (1–4), small ``block_n`` so that many programs
-  keep many weight loads in flight (measured: only the 4-row, K-1024 tile ever won, FP8 at M = 1).
+- ``fma``: CUDA cores, one row of x a program, small ``block_n`` so that many programs keep many
+  weight loads in flight; the products are summed elementwise across the K tiles and reduced once
+  at the end (a reduction per tile, measured first, ran far below bandwidth).
 
 For e4m3 weights a ``dot`` config may also run on the FP8 tensor cores (``fp8``): each K tile of x
 is quantized in registers (its own scale per row: finer than the library's per-token scale) and
@@ -65,8 +66,10 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
     k_hi = tl.minimum(K, k_lo + k_per_split)
     if SWAP:
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
+    elif USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:  # CUDA cores: products summed elementwise across the K tiles, reduced once at the end
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         x_at = x_ptr + rm[:, None] * stride_x + rk[None, :]
@@ -89,9 +92,11 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
         elif USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
         else:
-            acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
+            acc3 += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
     if SWAP:
         acc = tl.trans(acc_t)
+    elif not USE_DOT:
+        acc = tl.sum(acc3, axis=2)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
     if PARTIAL:  # (split, M, N) float32, summed by _sum_kernel
         tl.store(out_ptr + (pid_s * M + rm[:, None]) * N + rn[None, :], acc, mask=out_mask)
@@ -132,7 +137,8 @@ class Config:
 
 
 CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(32, 128, stages=4, split=4),
-           Config(4, 1024, m_tile=1), Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True),
+           Config(4, 1024, m_tile=1), Config(4, 512, stages=4, m_tile=1), Config(8, 256, stages=4, m_tile=1),
+           Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True),
            Config(32, 256, split=2, fp8=True), Config(64, 128, stages=4, split=2, fp8=True),
            Config(32, 128, stages=4, split=4, fp8=True))
 
