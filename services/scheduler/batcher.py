@@ -114,10 +114,13 @@ class Batcher:
         self._make_room_for_decode(decoding, running, waiting)
         budget = self._budget(running, waiting)
         # an urgent step? the lower levels' decodes wait until the top level's admissions are known
-        held = [r for r in decoding if _level(r) < budget.top] if self._urgent_possible(decoding, waiting, budget) \
-            else []
+        urgent, held = self._urgent_possible(decoding, waiting, budget), []
         for r in decoding:
-            if r.status is Status.RUNNING and not (held and _level(r) < budget.top):
+            if r.status is not Status.RUNNING:
+                continue
+            if urgent and _level(r) < budget.top:
+                held.append(r)
+            else:
                 plan.add(r, self.kv, 1)
         self.new_token_ratio = max(MIN_RATIO, self.new_token_ratio - RATIO_DECAY)
         scratch = PrefixSet()  # prompts being computed this step (in-batch dedup)
@@ -138,8 +141,7 @@ class Batcher:
             self.counters.urgent_steps += 1
             return self._emit(plan, new_reqs)
         for r in held:  # (no top-level request could start: the lower levels decode as usual)
-            if r.status is Status.RUNNING:
-                plan.add(r, self.kv, 1)
+            plan.add(r, self.kv, 1)
         if budget.top > float("-inf"):  # (levels: priority scheduling)
             self._chunks([r for r in chunks if _level(r) < budget.top], budget, plan)
             if not blocked:  # (a top-level request that does not fit yet is not overtaken by lower ones)

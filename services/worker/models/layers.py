@@ -180,15 +180,16 @@ class RowParallelLinear(_Linear):
     silu_mul_input = False  # (set by an MLP whose activation feeds it: ``forward_silu_mul``)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in_local) -> (T, out)
-        y = self.tp.all_reduce(self._matmul(x, None))
-        return y if self.bias is None else y + self.bias
+        return self._reduce(self._matmul(x, None))
 
     def forward_silu_mul(self, h: torch.Tensor, act: nn.Module) -> torch.Tensor:  # (T, 2·in_local) -> (T, out)
         """``self(act(h))`` for act = SiluAndMul: at decode sizes, where it measured faster, one
         kernel that applies the activation while it reads the weight."""
         local = kernels.try_small_m(h, self.weight, self.weight_scale if self.fp8 else None, None, silu_mul=True)
-        if local is None:
-            return self(act(h))
+        return self(act(h)) if local is None else self._reduce(local)
+
+    def _reduce(self, local: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product → the sum over ranks, plus the bias."""
         y = self.tp.all_reduce(local)
         return y if self.bias is None else y + self.bias
 

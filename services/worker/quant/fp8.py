@@ -132,8 +132,8 @@ def check_scaled_mm(device: torch.device) -> bool:
 def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
     """y = x W^T (+ b) with W ≈ weight * scale[:, None] (weight (N, K) e4m3, scale (N,) fp32) and x
     quantized per token; x (T, K) → y (T, N) in x's dtype. At decode sizes, for weight shapes where
-    it measured faster at start-up, the weight-only kernel instead (``kernels/small_m.py``: x is not
-    quantized)."""
+    it measured faster at start-up, Banyan's kernel instead (``kernels/small_m.py``: weight-only, x
+    unquantized, or FP8 tensor cores with x quantized per K tile)."""
     y = kernels.try_small_m(x, weight, scale, bias)
     return y if y is not None else library_fp8_linear(x, weight, scale, bias)
 
