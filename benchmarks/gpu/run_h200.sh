@@ -5,7 +5,7 @@
 # git-ignored, carried with the tree):
 #
 #   bash benchmarks/gpu/run_h200.sh [tests] [bench] [serve] [suite|suite-a|suite-b|suite-c|suite-d|suite-x] [hicache]
-#                                   [small-m] [fp8] [profile]
+#                                   [small-m] [fp8] [profile] [parts]
 #                                                                                      (default: tests bench)
 #
 # 1. builds the random-weight Llama-3.1-8B-shaped model on the GPU ($BANYAN_GPU_MODEL, /tmp/llama8b)
@@ -31,6 +31,8 @@
 #    then W1 and W2 with FP8 weights and with the FP8 KV cache (~7 min).
 # 9. profile: benchmarks/gpu/decode_profile.py (a decode step's kernels by group, batch 1 and 64; bf16 and
 #    FP8 weights; ~2 min).
+# 10. parts: benchmarks/gpu/decode_parts_bench.py (decode attention with / without tensor cores by batch and
+#    context; greedy argmax one- vs two-stage; ~1 min). $SMALL_M_ARGS go to small_m_bench (e.g. --fp8-only).
 # Logs and JSON go to $OUT (default /tmp/banyan-gpu); the tables are printed last. When more than 8 files
 # would come back (the device tool's limit), everything is packed into $OUT/results.tgz.
 set -uo pipefail
@@ -103,7 +105,8 @@ if [[ $STEPS == *hicache* ]]; then
 fi
 if [[ $STEPS == *small-m* ]]; then
   t0=$SECONDS
-  timeout 240 python3 -m benchmarks.gpu.small_m_bench --out "$OUT/small_m.json" 2>&1 | tail -30 || status=1
+  # shellcheck disable=SC2086  # flags
+  timeout 240 python3 -m benchmarks.gpu.small_m_bench --out "$OUT/small_m.json" ${SMALL_M_ARGS:-} 2>&1 | tail -30 || status=1
   echo "small-m: $((SECONDS - t0)) s"
 fi
 if [[ $STEPS == *fp8* ]]; then
@@ -114,6 +117,7 @@ if [[ $STEPS == *fp8* ]]; then
     >"$OUT/fp8_check.log" 2>&1 || status=1
   sed -n '/^JSON/,/^gemm qkv M=1/p' "$OUT/fp8_check.log"
   for v in "fp8w --quantization fp8" "fp8kv --kv-cache-dtype fp8_e4m3"; do
+    [[ ,${FP8_SUITE:-fp8w,fp8kv}, == *,${v%% *},* ]] || continue  # ($FP8_SUITE: which of the two runs)
     # shellcheck disable=SC2086  # the flag and its value
     timeout 170 python3 -m benchmarks.gpu.suite --model "$MODEL" --out "$OUT/suite" --workloads W1,W2 --tag "W1-W2-${v%% *}" \
       -- ${v#* } >"$OUT/suite_${v%% *}.log" 2>&1 || status=1
@@ -130,6 +134,11 @@ if [[ $STEPS == *profile* ]]; then
     sed -n '/^## batch/,$p' "$OUT/decode_profile_$q.log"
   done
   echo "profile: $((SECONDS - t0)) s"
+fi
+if [[ $STEPS == *parts* ]]; then
+  t0=$SECONDS
+  timeout 180 python3 -m benchmarks.gpu.decode_parts_bench --out "$OUT/decode_parts.json" 2>&1 | tail -32 || status=1
+  echo "parts: $((SECONDS - t0)) s"
 fi
 [[ -f $OUT/parity.json ]] && cat "$OUT/parity.json"
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then  # (the device tool returns 8 files at most)

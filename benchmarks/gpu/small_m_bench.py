@@ -41,6 +41,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="small_m.json")
     ap.add_argument("--ms", default="1,2,4,8,16")
+    ap.add_argument("--fp8-only", action="store_true", help="only FP8 weights (and cuBLAS bf16 as the yardstick)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -49,16 +50,16 @@ def main() -> int:
         w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
         q, s = (t.to(dev) for t in quantize_rows(w.float().cpu()))
         kernels.reset()
-        picks[name] = {**sm.tune([(w, None)], lambda x, w, s: F.linear(x, w), torch.bfloat16),
+        picks[name] = {**({} if args.fp8_only else sm.tune([(w, None)], lambda x, w, s: F.linear(x, w), torch.bfloat16)),
                        **sm.tune([(q, s)], library_fp8_linear, torch.bfloat16)}
         ws, qs = copies_of(w), copies_of(q)
         for m in (int(v) for v in args.ms.split(",")):
             x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
             row = {"shape": name, "n": n, "k": k, "m": m}
             for label, fn, nbytes, copies in (
-                    ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),
+                    ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
-                       w.numel() * 2, len(ws)) for c in sm.CONFIGS if not c.fp8],
+                       w.numel() * 2, len(ws)) for c in sm.CONFIGS if not c.f16 and not args.fp8_only],
                     ("scaled_mm_fp8", lambda i: library_fp8_linear(x, qs[i], s), q.numel(), len(qs)),
                     *[(f"kernel_fp8_{c}", lambda i, c=c: sm.linear(x, qs[i], s, c),
                        q.numel(), len(qs)) for c in sm.CONFIGS]):
