@@ -59,7 +59,7 @@ def main() -> int:
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
-                       w.numel() * 2, len(ws)) for c in sm.CONFIGS if not c.f16 and not args.fp8_only],
+                       w.numel() * 2, len(ws)) for c in sm.CONFIGS if not args.fp8_only],
                     ("scaled_mm_fp8", lambda i: library_fp8_linear(x, qs[i], s), q.numel(), len(qs)),
                     *[(f"kernel_fp8_{c}", lambda i, c=c: sm.linear(x, qs[i], s, c),
                        q.numel(), len(qs)) for c in sm.CONFIGS]):

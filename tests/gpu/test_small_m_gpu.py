@@ -28,11 +28,6 @@ def test_every_config_matches_the_library_on_the_device() -> None:
             want = F.linear(x.float(), w.float())
             want_q = x.float() @ q.float().t() * s
             for cfg in sm.CONFIGS:
-                if cfg.f16:  # e4m3 widened to fp16: x in fp16 (exact for bf16 within its range), scaled beyond it
-                    assert torch.allclose(sm.linear(x, q, s, cfg).float(), want_q, rtol=2e-2, atol=2e-2), (n, k, m, cfg)
-                    big = sm.linear(x * 1e6, q, s, cfg).float()  # beyond fp16's 65,504: scaled, never inf
-                    assert torch.isfinite(big).all() and torch.allclose(big / 1e6, want_q, rtol=2e-2, atol=2e-2)
-                    continue
                 h = torch.randn(m, 2 * k, generator=g).to(torch.bfloat16).cuda()  # [gate | up]
                 act = (F.silu(h[:, :k].float()) * h[:, k:].float()).to(torch.bfloat16)
                 fused = sm.linear(h, w, None, cfg, silu_mul=True).float()

@@ -138,3 +138,19 @@ def test_backend_choice_and_worker_flags() -> None:
         WorkerConfig(tp_size=2, tp_rank=2, dist_init_addr="127.0.0.1:1")
     with pytest.raises(ConfigError, match="mem_fraction_static"):
         WorkerConfig(mem_fraction_static=1.5)
+
+
+def test_two_stage_greedy_picks_argmaxs_token() -> None:
+    from services.worker.sampling.draw import _chunk_for, greedy
+
+    assert _chunk_for(128256) == 1002 and _chunk_for(151936) == 1187 and _chunk_for(4099) is None  # (4099: prime)
+    g = torch.Generator().manual_seed(0)
+    for vocab in (128256, 151936, 32000, 4099, 512):
+        logits = torch.randn(5, vocab, generator=g)
+        logits[1, 7] = logits[1, vocab - 1] = logits[1].max() + 1  # a tie across chunks: the first index
+        logits[2, :] = 0.0  # all equal: index 0
+        logits[3, vocab // 2] = logits[3, vocab // 2 + 1] = 1e9  # a tie inside a chunk
+        want = logits.argmax(-1)
+        assert want[1] == 7 and want[2] == 0
+        assert torch.equal(greedy(logits, two_stage=True), want), vocab
+        assert torch.equal(greedy(logits[:1], two_stage=True), want[:1])

@@ -16,13 +16,10 @@ scale applied at the end: weight-only FP8, the activations stay in their dtype).
   weight loads in flight; the products are summed elementwise across the K tiles and reduced once
   at the end (a reduction per tile, measured first, ran far below bandwidth).
 
-For e4m3 weights a tensor-core config may widen the weight to fp16 rather than bf16 (``f16``):
-e4m3 → fp16 is one instruction a pair on Hopper, e4m3 → bf16 several (measured: the widening, not
-the read, bounded the weight-only FP8 configs at 37–64 % of bandwidth). Every e4m3 value is exact in
-fp16; x is brought into fp16's range first, each row divided by a power of two from its largest
-value over the program's K range (a first pass over x, which is small and in L2), so an activation
-beyond 65,504 never overflows, and multiplied back at the end. (Quantizing x to e4m3 per tile for
-the FP8 tensor cores was measured too: 30–50 % slower than widening, at every 8B shape.) Any config may split K in ``split`` parts, each program
+Two ways to run e4m3 weights faster were measured on the H200 and dropped: feeding the FP8 tensor
+cores (x quantized per K tile in registers) and widening to fp16 rather than bf16 (one instruction
+a pair; x scaled into fp16's range by a first pass over it): both 10–50 % slower than the plain
+``dot`` at every 8B shape (docs/perf.md, 2026-12-02). Any config may split K in ``split`` parts, each program
 writing float32 partial sums that a second kernel adds **in a fixed order** (no atomics: greedy outputs must not change from run to run). For a
 given config each output row is computed the same way whatever M is, bit for bit. ``tune`` times
 every config against the library path for each weight shape of the model at start-up, per range of
@@ -57,7 +54,7 @@ def _load_x(x_at, x_mask, K, SILU_MUL: tl.constexpr):
 
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_w, stride_out,
-                   HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr, F16: tl.constexpr,
+                   HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr,
                    PARTIAL: tl.constexpr, SILU_MUL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -65,16 +62,6 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    if F16:  # each row of x over [k_lo, k_hi) into fp16's range: divided by 2^shift, amax / 2^shift < 2^14
-        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            x = _load_x(x_ptr + rm[:, None] * stride_x + rk[None, :], (rm[:, None] < M) & (rk[None, :] < k_hi),
-                        K, SILU_MUL)
-            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-        shift = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 255) - 140, 0)  # exponent - 13
-        x_down = ((127 - shift) << 23).to(tl.float32, bitcast=True)  # 2^-shift
-        x_up = ((127 + shift) << 23).to(tl.float32, bitcast=True)
     if SWAP:
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     elif USE_DOT:
@@ -87,11 +74,7 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
                     K, SILU_MUL)
         w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :],
                     mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
-        if F16:  # e4m3 widened to fp16 (exact), x scaled into fp16
-            x = (x.to(tl.float32) * x_down[:, None]).to(tl.float16)
-            w = w.to(tl.float16)
-        else:
-            w = w.to(x_ptr.dtype.element_ty)
+        w = w.to(x_ptr.dtype.element_ty)
         if SWAP:  # y^T = W x^T: the weight, widened in registers, is the A operand (no shared-memory trip)
             acc_t += tl.dot(w, tl.trans(x))
         elif USE_DOT:
@@ -102,8 +85,6 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
         acc = tl.trans(acc_t)
     elif not USE_DOT:
         acc = tl.sum(acc3, axis=2)
-    if F16:
-        acc = acc * x_up[:, None]
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
     if PARTIAL:  # (split, M, N) float32, summed by _sum_kernel
         tl.store(out_ptr + (pid_s * M + rm[:, None]) * N + rn[None, :], acc, mask=out_mask)
@@ -136,18 +117,15 @@ class Config:
     split: int = 1  # K in this many parts, added by a second kernel in a fixed order
     m_tile: int = 16  # rows a program: 16 = one tensor-core tile (tl.dot); fewer = CUDA-core FMAs
     swap: bool = False  # (tensor cores) W x^T rather than x W^T: the weight tile is the A operand
-    f16: bool = False  # (e4m3 weights, tensor cores) widened to fp16, x scaled into fp16's range
 
     def __str__(self) -> str:
-        kind = ("h" if self.f16 else "") + ("swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
+        kind = ("swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
         return f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}"
 
 
 CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(32, 128, stages=4, split=4),
            Config(4, 1024, m_tile=1), Config(4, 512, stages=4, m_tile=1), Config(8, 256, stages=4, m_tile=1),
-           Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True),
-           Config(32, 256, f16=True), Config(32, 256, split=2, f16=True), Config(32, 128, stages=4, split=4, f16=True),
-           Config(64, 128, stages=4, split=2, swap=True, f16=True))
+           Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True))
 
 
 def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[0], silu_mul: bool = False) -> Tensor:
@@ -156,7 +134,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     activation fused into the weight's read: one kernel less a layer)."""
     m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
-    assert m <= MAX_M and x.shape[1] == (2 * k if silu_mul else k) and w.stride(1) == 1 and (not cfg.f16 or w.dtype == torch.float8_e4m3fn)
+    assert m <= MAX_M and x.shape[1] == (2 * k if silu_mul else k) and w.stride(1) == 1 
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -166,7 +144,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     s = scale if scale is not None else w
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.m_tile))
     _linear_kernel[grid](x, w, s, out, m, n, k, k_per_split, x.stride(0), w.stride(0), out.stride(-2),
-                         HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap, F16=cfg.f16,
+                         HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap,
                          PARTIAL=split > 1, SILU_MUL=silu_mul,
                          BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
                          num_stages=cfg.stages)
@@ -232,8 +210,6 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
             base = _time(lambda i: lib(x, ws[i], s), copies)
             best, best_t = None, base / 1.03
             for cfg in CONFIGS:
-                if cfg.f16 and w.dtype != torch.float8_e4m3fn:
-                    continue
                 try:
                     if not _close(linear(x, w, s, cfg, act is not None).float(), want):
                         continue
