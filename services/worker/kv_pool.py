@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.quant.fp8 import FP8
-from services.worker.quant.kv import KVScales, store_fp8, store_plain
+from services.worker.quant.kv import KVScales, rope_store_kernel, store_fp8, store_plain
 
 
 class KVPool:
@@ -79,6 +79,22 @@ class KVPool:
             store_fp8(self.k[layer], self.v[layer], slots, k, v, self._k_inv[layer], self._v_inv[layer])
             return
         store_plain(self.k[layer], self.v[layer], slots, k, v)
+
+    def store_rope(self, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope`` (a ``RopeStep``) applied to q (T, Hq, D) and k, then ``store`` of the rotated k
+        and v → the rotated (q, k). One launch where the fused kernel is enabled (CUDA, checked at
+        start-up: ``kernels.enable_rope_store``), rotating q and k in place."""
+        fused = rope_store_kernel()
+        d = q.shape[2]
+        if fused is not None and q.dtype == k.dtype == v.dtype == self.compute_dtype \
+                and q.stride(2) == k.stride(2) == v.stride(2) == 1 and d & (d - 1) == 0 and rope.cos_sin.shape[1] == d:
+            inv = (self._k_inv[layer], self._v_inv[layer]) if self.quantized else (None, None)
+            fused(q, k, v, self.k[layer], self.v[layer], slots, rope.cos_sin, rope.positions, *inv)
+            return q, k
+        q, k = rope(q, k)
+        self.store(layer, slots, k, v)
+        return q, k
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V (L, Hkv, D) at ``slots``: as stored, or dequantized to float32 when FP8."""

@@ -160,8 +160,11 @@ class FlashInferAttention(AttentionBackend):
             own = self._plan_own(batch, prefix, extend, None, lse=False)
             self._run = lambda q, k, v, k_cache, v_cache: own(q, (k_cache, v_cache))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None) -> torch.Tensor:
+        if rope is None:
+            self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
+        else:  # (one launch for the rope and the write where the fused kernel is enabled)
+            q, k = self.pool.store_rope(layer, self._out_slots, q, k, v, rope)
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]  # (S, Hkv, D)
         if self._scales is None or not self._reads_pool:
             return self._run(q, k, v, k_cache, v_cache)  # (T, Hq, D)

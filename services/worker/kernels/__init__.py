@@ -2,6 +2,7 @@
 correct and faster than the library path it would replace.
 
 - ``small_m.py``: linear layers at decode batch sizes (weight-streaming, bf16 or weight-only FP8).
+- ``rope_store.py``: the rotary embedding and the K/V write in one launch.
 
 This module is the light part the layers call on every step (no Triton import: CPU installs may
 lack it): which weight shapes use a kernel, as ``small_m.tune`` measured them.
@@ -71,3 +72,20 @@ def tune_small_m(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] |
     except Exception as e:  # a compiler or driver problem: the library path, which is correct
         reset()
         return f"failed: {type(e).__name__}: {e}"[:300]
+
+
+def enable_rope_store(device: torch.device) -> str:
+    """The fused rope + K/V write for the pools of this process where it agrees with the two steps
+    it replaces on ``device`` → what the layers use (logged)."""
+    from services.worker.quant import kv
+
+    kv.set_rope_store_kernel(None)
+    try:
+        from services.worker.kernels import rope_store
+
+        if rope_store.check(device):
+            kv.set_rope_store_kernel(rope_store.rope_store)
+            return "triton"
+        return "rope, then the write (the fused kernel disagreed with them)"
+    except Exception as e:  # no Triton, a compiler problem: the two steps are correct
+        return f"rope, then the write ({type(e).__name__}: {e})"[:300]

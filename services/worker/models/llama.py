@@ -52,8 +52,8 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionBackend) -> torch.Tensor:  # (T, H) -> (T, H)
         q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)
-        q, k = rope(self.q_norm(q.unflatten(-1, self.q_shape)), self.k_norm(k.unflatten(-1, self.kv_shape)))
-        out = attn.forward(q, k, v.unflatten(-1, self.kv_shape), self.layer)  # (T, Hq, D)
+        q, k = self.q_norm(q.unflatten(-1, self.q_shape)), self.k_norm(k.unflatten(-1, self.kv_shape))
+        out = attn.forward(q, k, v.unflatten(-1, self.kv_shape), self.layer, rope)  # (T, Hq, D); rotates q, k
         return self.o_proj(out.flatten(1))
 
 

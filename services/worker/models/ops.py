@@ -19,7 +19,21 @@ Tensor = torch.Tensor
 # FlashInfer's norms: its precompiled CUDA kernels, not the CuTe-DSL ones (read when flashinfer is
 # first imported, wherever that happens)
 os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
-RopeStep = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (q, k) (T, H, D) -> rotated (q, k)
+
+
+@dataclass(frozen=True)
+class RopeStep:
+    """One step's rotation of q and k (T, H, D), shared by all layers: ``apply(q, k)`` → rotated
+    (q, k), in place or new tensors; ``cos_sin`` (P, D) float32 [cos | sin] and the tokens'
+    ``positions`` (T,) for a kernel that rotates while it does something else (the KV write:
+    ``KVPool.store_rope``)."""
+
+    cos_sin: Tensor
+    positions: Tensor
+    apply: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+
+    def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return self.apply(q, k)
 
 
 @dataclass(frozen=True)
@@ -63,7 +77,7 @@ def _torch_rope(cos_sin: Tensor, positions: Tensor, dtype: torch.dtype) -> RopeS
     half = cos_sin.shape[1] // 2
     table = cos_sin[positions]  # (T, D)
     cos, sin = table[:, :half].to(dtype), table[:, half:].to(dtype)  # (T, D/2) each, shared by all layers
-    return lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))
+    return RopeStep(cos_sin, positions, lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)))
 
 
 TORCH_OPS = Ops("torch", _torch_rmsnorm, _torch_fused_add_rmsnorm, _torch_silu_and_mul, _torch_rope)
@@ -96,7 +110,7 @@ def flashinfer_ops() -> Ops:
             flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cos_sin, is_neox=True)
             return q, k
 
-        return step
+        return RopeStep(cos_sin, positions, step)
 
     return Ops("flashinfer", rmsnorm, fused_add_rmsnorm, silu_and_mul, rope)
 

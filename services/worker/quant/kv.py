@@ -105,6 +105,19 @@ def store_plain(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: T
     v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
 
 
+_rope_store_kernel = None  # kernels.rope_store.rope_store on CUDA, once checked
+
+
+def set_rope_store_kernel(fn) -> None:
+    global _rope_store_kernel
+    _rope_store_kernel = fn
+
+
+def rope_store_kernel():
+    """The fused rope + K/V write where enabled (None: the rope, then the write)."""
+    return _rope_store_kernel
+
+
 def store_fp8(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor, k_inv: Tensor,
               v_inv: Tensor) -> None:
     """Write the new tokens' K and V (T, Hkv, D), quantized, at ``slots`` (T,) of the caches."""
