@@ -10,6 +10,7 @@ ones with torch) and the draw of unseeded sampled rows.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +148,9 @@ class ModelRunner:
         self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token
         self.timer = DeviceTimer(self.device)
         self.busy_s = self.idle_s = 0.0  # device time of the last finished step, and the idle gap before it
+        # called while an eager step is being queued (after its plan, after each layer): rank 0's worker
+        # answers the step in flight there once its results are in, rather than when this launch ends
+        self.between_layers: Callable[[], None] | None = None
         self.rids: dict[int, tuple[str, str, Span]] = {}  # by row: request id, trace id, ``forward`` span
         self._scores: dict = {}  # prompt-logprob fields of the last step, if it had scoring requests
         log.info("model_loaded", model=os.path.basename(model_dir.rstrip("/")), arch=self.spec.architecture,
@@ -316,7 +320,9 @@ class ModelRunner:
                                prefix_lens_cpu=prefix.tolist(), extend_lens_cpu=extend.tolist(), cascade=cascade)
         self.attn.prepare(batch)
         self._tier_fence(b)
-        hidden = self.model.forward(ids_d, pos_d, self.attn)  # (T, H)
+        if self.between_layers is not None:
+            self.between_layers()
+        hidden = self.model.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H)
         if b.score_rows:  # scoring requests: the logits of their prompt positions
             idx, targets, counts = score_positions(b)
             scored = self.model.compute_logits(hidden[to_device(idx, torch.int64, self.device)]) if len(idx) else None

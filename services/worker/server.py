@@ -153,6 +153,14 @@ class _Steps:
         self.cache_ops = cache_ops
         self.inflight: Launched | None = None
         self._t0 = 0.0
+        # An eager step takes long to queue (a 1,024-row shared-prefix step: tens of ms of Python):
+        # the step in flight is answered as soon as it is done, between the layers being queued, so
+        # the scheduler builds the next batch meanwhile instead of after this launch.
+        runner.between_layers = self.answer_if_ready
+
+    def answer_if_ready(self) -> None:
+        if self.inflight is not None and self.inflight.ready():
+            self.answer()
 
     def run(self, b: ForwardBatch) -> None:
         t0 = time.perf_counter()

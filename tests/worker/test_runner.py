@@ -154,3 +154,43 @@ def test_two_stage_greedy_picks_argmaxs_token() -> None:
         assert want[1] == 7 and want[2] == 0
         assert torch.equal(greedy(logits, two_stage=True), want), vocab
         assert torch.equal(greedy(logits[:1], two_stage=True), want[:1])
+
+
+def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llama) -> None:
+    """Overlap: rank 0's worker answers step N from between the layers of step N+1's (eager)
+    launch as soon as N's results are in — not after that launch — and answers each step once."""
+    from services.worker.server import _Steps
+
+    path, hf = tiny_llama
+    runner = ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512), str(path))
+    driver = Driver(runner, max_rows=4)
+    sent, launching = [], []
+
+    class Queue:
+        def send(self, msg) -> None:
+            sent.append((msg.step_id, bool(launching)))
+
+    class Metrics:
+        def step(self, *args, **kw) -> None:
+            pass
+
+    launch = runner.launch
+
+    def traced_launch(b):
+        launching.append(b.step_id)
+        try:
+            return launch(b)
+        finally:
+            launching.pop()
+
+    runner.launch = traced_launch
+    steps = _Steps(runner, Queue(), Metrics(), link=None)
+    seq = random_seqs([6])[0]
+    first = driver.batch([("a", seq, True)])
+    steps.run(first)
+    assert sent == []  # in flight
+    second = driver.batch([("a", [-1], True)], follows=True)  # its input: what the first step samples
+    steps.run(second)
+    assert sent == [(first.step_id, True)]  # answered from inside the second step's launch
+    steps.answer()
+    assert sent == [(first.step_id, True), (second.step_id, False)] and steps.inflight is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -100,11 +100,14 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None  # (T, H)
         rope = self.rotary_emb(positions, x.dtype)
         for layer in self.layers:
             x, residual = layer(x, residual, rope, attn)
+            if between_layers is not None:
+                between_layers()
         return self.norm(x, residual)[0]
 
 
@@ -147,9 +150,11 @@ class LlamaForCausalLM(nn.Module):
             mlp_bias=hf.get("mlp_bias", False),
         )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions (T,) int64 -> final-normed hidden states (T, H)."""
-        return self.model(input_ids, positions, attn)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+        """input_ids, positions (T,) int64 -> final-normed hidden states (T, H); ``between_layers``
+        is called after each layer's work is queued (eager steps: the host may do other work)."""
+        return self.model(input_ids, positions, attn, between_layers)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """(N, H) -> (N, V) float32 over the full vocabulary (into ``out`` when given)."""
