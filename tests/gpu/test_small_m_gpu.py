@@ -36,6 +36,9 @@ def test_every_config_matches_the_library_on_the_device() -> None:
                 assert got.dtype == torch.bfloat16 and got.shape == (m, n)
                 assert torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2), (n, k, m, cfg)
                 assert torch.allclose(sm.linear(x, q, s, cfg).float(), want_q, rtol=2e-2, atol=2e-2), (n, k, m, cfg)
+                if cfg.last_adds:  # the tile's last program adds the parts: the second kernel's bits, every time
+                    two = sm.linear(x, q, s, sm.Config(**{**cfg.__dict__, "last_adds": False}))
+                    assert all(torch.equal(sm.linear(x, q, s, cfg), two) for _ in range(200)), (n, k, m, cfg)
             assert (library_fp8_linear(x, q, s).float() - want_q).abs().max() < 0.2 * want_q.abs().max()
 
 

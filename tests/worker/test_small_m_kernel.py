@@ -37,6 +37,11 @@ for n, k in ((40, 300), (64, 1024)):
             assert torch.allclose(got, want_plain, rtol=1e-4, atol=1e-3), (n, k, m, cfg, (got - want_plain).abs().max())
             got = sm.linear(x, q, s, cfg)
             assert torch.allclose(got, want_q, rtol=1e-4, atol=1e-3), (n, k, m, cfg, (got - want_q).abs().max())
+            if cfg.last_adds:  # the parts added by the tile's last program: what the second kernel adds
+                two = sm.Config(**{**cfg.__dict__, "last_adds": False})
+                assert torch.equal(got, sm.linear(x, q, s, two)), (n, k, m, cfg)
+                assert torch.equal(sm.linear(h, w, None, cfg, silu_mul=True), sm.linear(h, w, None, two, silu_mul=True))
+                assert not sm._counts[x.device].any()  # every count back to zero for the next call
 print("small-m ok")
 """
 

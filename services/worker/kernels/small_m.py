@@ -21,7 +21,10 @@ cores (x quantized per K tile in registers) and widening to fp16 rather than bf1
 a pair; x scaled into fp16's range by a first pass over it): both 10–50 % slower than the plain
 ``dot`` at every 8B shape (docs/perf.md, 2026-12-02). Any config may split K in ``split`` parts, each program
 writing float32 partial sums that a second kernel adds **in a fixed order** (no atomics: greedy outputs must not change from run to run). For a
-given config each output row is computed the same way whatever M is, bit for bit. ``tune`` times
+given config each output row is computed the same way whatever M is, bit for bit. With
+``last_adds`` there is no second kernel: each program stores its part, and the one that finds, by an
+atomic count per output tile, that it finished the tile last adds the parts in the same fixed order
+and resets the count (a launch less per linear: ~2.5 µs each at decode in a CUDA graph). ``tune`` times
 every config against the library path for each weight shape of the model at start-up, per range of
 M (``BUCKETS``), inside CUDA graphs (as decode runs) over weight copies larger than the L2 cache,
 and records a config only where it is correct and ≥ 3 % faster (``kernels.choices``): never slower.
@@ -53,9 +56,9 @@ def _load_x(x_at, x_mask, K, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_w, stride_out,
-                   HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr,
-                   PARTIAL: tl.constexpr, SILU_MUL: tl.constexpr,
+def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, y_ptr, cnt_ptr, M, N, K, k_per_split, stride_x, stride_w,
+                   stride_out, HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr,
+                   PARTIAL: tl.constexpr, LAST_ADDS: tl.constexpr, SPLIT: tl.constexpr, SILU_MUL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,8 +89,21 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split, stride_x,
     elif not USE_DOT:
         acc = tl.sum(acc3, axis=2)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
-    if PARTIAL:  # (split, M, N) float32, summed by _sum_kernel
-        tl.store(out_ptr + (pid_s * M + rm[:, None]) * N + rn[None, :], acc, mask=out_mask)
+    if PARTIAL:  # (split, M, N) float32, summed by _sum_kernel — or here, by the tile's last part
+        part = out_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_s * M * N, acc, mask=out_mask)
+        if LAST_ADDS:  # the program that finishes a tile last adds its parts, in order, and resets its count
+            tl.debug_barrier()  # (every thread's part stored before the count says so: release below)
+            count = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
+            if tl.atomic_add(count, 1, sem="acq_rel") == SPLIT - 1:
+                total = tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+                for j in tl.static_range(1, SPLIT):  # (the parts in order: the same sum every run)
+                    total += tl.load(part + j * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if HAS_SCALE:
+                    total = total * tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
+                tl.store(y_ptr + rm[:, None] * stride_out + rn[None, :], total.to(y_ptr.dtype.element_ty),
+                         mask=out_mask)
+                tl.atomic_xchg(count, 0)
     else:
         if HAS_SCALE:
             acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
@@ -117,15 +133,19 @@ class Config:
     split: int = 1  # K in this many parts, added by a second kernel in a fixed order
     m_tile: int = 16  # rows a program: 16 = one tensor-core tile (tl.dot); fewer = CUDA-core FMAs
     swap: bool = False  # (tensor cores) W x^T rather than x W^T: the weight tile is the A operand
+    last_adds: bool = False  # (split) the parts added by each tile's last program, not by a second kernel
 
     def __str__(self) -> str:
         kind = ("swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
-        return f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}"
+        return f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}{'r' * self.last_adds}"
 
 
 CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(32, 128, stages=4, split=4),
            Config(4, 1024, m_tile=1), Config(4, 512, stages=4, m_tile=1), Config(8, 256, stages=4, m_tile=1),
-           Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True))
+           Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True),
+           Config(32, 256, split=2, last_adds=True), Config(32, 128, stages=4, split=4, last_adds=True),
+           Config(64, 128, stages=4, split=2, swap=True, last_adds=True))
+_counts: dict[torch.device, Tensor] = {}  # per device: a count per output tile of the running call (LAST_ADDS)
 
 
 def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[0], silu_mul: bool = False) -> Tensor:
@@ -134,7 +154,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     activation fused into the weight's read: one kernel less a layer)."""
     m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
-    assert m <= MAX_M and x.shape[1] == (2 * k if silu_mul else k) and w.stride(1) == 1 
+    assert m <= MAX_M and x.shape[1] == (2 * k if silu_mul else k) and w.stride(1) == 1
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -143,16 +163,28 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     s = scale if scale is not None else w
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.m_tile))
-    _linear_kernel[grid](x, w, s, out, m, n, k, k_per_split, x.stride(0), w.stride(0), out.stride(-2),
+    last_adds = cfg.last_adds and split > 1
+    counts = _tile_counts(x.device, grid[0] * grid[2]) if last_adds else y
+    _linear_kernel[grid](x, w, s, out, y, counts, m, n, k, k_per_split, x.stride(0), w.stride(0), y.stride(0),
                          HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap,
-                         PARTIAL=split > 1, SILU_MUL=silu_mul,
+                         PARTIAL=split > 1, LAST_ADDS=last_adds, SPLIT=split, SILU_MUL=silu_mul,
                          BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
                          num_stages=cfg.stages)
-    if split > 1:
+    if split > 1 and not last_adds:
         block = 1024
         _sum_kernel[(triton.cdiv(m * n, block),)](out, s, y, m, n, y.stride(0), SPLIT=split,
                                                   HAS_SCALE=scale is not None, BLOCK=block, num_warps=4)
     return y
+
+
+def _tile_counts(device: torch.device, tiles: int) -> Tensor:
+    """Zeroed int32 counts for ``tiles`` output tiles (each call leaves them zero again). Made at the
+    first call on a device (an eager one: tuning and the warm-up before graph capture come first)
+    with room for the largest weight (the lm_head's 128,256 rows in 32-row tiles: 4,008)."""
+    counts = _counts.get(device)
+    if counts is None or counts.numel() < tiles:
+        counts = _counts[device] = torch.zeros(max(tiles, 1 << 15), dtype=torch.int32, device=device)
+    return counts
 
 
 # --- which shapes use it: measured on the device at start-up -------------------------------------------
@@ -211,7 +243,13 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
             best, best_t = None, base / 1.03
             for cfg in CONFIGS:
                 try:
-                    if not _close(linear(x, w, s, cfg, act is not None).float(), want):
+                    got = linear(x, w, s, cfg, act is not None)
+                    if not _close(got.float(), want):
+                        continue
+                    # the tile's last program adds the parts: the same bits every time (its count and
+                    # the parts' visibility across programs, exercised)
+                    if cfg.last_adds and not all(torch.equal(linear(x, w, s, cfg, act is not None), got)
+                                                 for _ in range(16)):
                         continue
                     t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg, act is not None), copies)
                 except Exception:  # (a config the compiler rejects on this device)
