@@ -82,6 +82,8 @@ class Scheduler:
         table = self.table
         while not self.stopping:
             e = self.engine  # (waiting requests kept aside for a tier copy wake the loop with its ack)
+            if e is not None and e.grammar.pending:  # (compiled meanwhile, or cached: queued before the poll)
+                self._poll_grammars(e)
             busy = bool(table.running or (e is not None and e.busy) or
                         len(table.waiting) > (e.blocked if e is not None else 0))
             compiling = e is not None and bool(e.grammar.pending)
@@ -90,7 +92,7 @@ class Scheduler:
             e = self.engine
             if e is None:
                 continue
-            if compiling:
+            if e.grammar.pending:  # (after the poll: a request whose grammar is cached is ready now, not a poll later)
                 self._poll_grammars(e)
             e.expire(time.monotonic())
             table.apply_aborts(e.kv)
