@@ -26,23 +26,11 @@ import torch
 HQ, HKV, D, LAYERS = 32, 8, 128, 8
 
 
-def graph_time(fn, calls: int = 32, reps: int = 10) -> float:
-    """µs per ``fn(i)`` call (i = 0..calls-1), replayed from one CUDA graph."""
-    for i in range(calls):
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * calls)
+def graph_time(fn, calls: int = 8, reps: int = 10) -> float:
+    """µs per ``fn(i)`` call (i = 0..calls-1), replayed from one CUDA graph (the small-M tuner's timer)."""
+    from services.worker.kernels.small_m import _time
+
+    return _time(fn, calls, reps) * 1e6
 
 
 def attention_rows(batches: list[int], contexts: list[int]) -> list[dict]:
@@ -69,7 +57,7 @@ def attention_rows(batches: list[int], contexts: list[int]) -> list[dict]:
                 q = torch.randn(bs, HQ, D, dtype=torch.bfloat16, device=dev)
                 try:
                     row["tensor_cores_us" if tc else "cuda_cores_us"] = round(
-                        graph_time(lambda i, w=wrapper: w.run(q, caches[i % LAYERS])), 2)
+                        graph_time(lambda i, w=wrapper: w.run(q, caches[i]), LAYERS), 2)
                 except Exception as e:  # (a kernel the bundle lacks: recorded)
                     row["tensor_cores_us" if tc else "cuda_cores_us"] = f"{type(e).__name__}: {e}"[:160]
             rows.append(row)
@@ -78,20 +66,15 @@ def attention_rows(batches: list[int], contexts: list[int]) -> list[dict]:
     return rows
 
 
-def two_stage_argmax(logits: torch.Tensor, chunk: int) -> torch.Tensor:
-    b, v = logits.shape
-    vals, idx = logits.view(b, v // chunk, chunk).max(dim=-1)  # (B, G): each chunk's first maximum
-    best = vals.argmax(dim=-1)  # (B,): the first chunk holding the maximum
-    return best * chunk + idx.gather(1, best[:, None]).squeeze(1)
+def argmax_rows(batches: list[int], vocab: int = 128256) -> list[dict]:
+    from services.worker.sampling.draw import greedy  # (two stages on CUDA: chunks of ~1k)
 
-
-def argmax_rows(batches: list[int], vocab: int = 128256, chunk: int = 1002) -> list[dict]:
     rows = []
     for bs in batches:
         logits = [torch.randn(bs, vocab, device="cuda") for _ in range(4)]
-        assert all(torch.equal(two_stage_argmax(x, chunk), x.argmax(-1)) for x in logits)
-        rows.append({"batch": bs, "argmax_us": round(graph_time(lambda i: logits[i % 4].argmax(-1)), 2),
-                     "two_stage_us": round(graph_time(lambda i: two_stage_argmax(logits[i % 4], chunk)), 2)})
+        assert all(torch.equal(greedy(x), x.argmax(-1)) for x in logits)
+        rows.append({"batch": bs, "argmax_us": round(graph_time(lambda i: logits[i].argmax(-1), 4), 2),
+                     "two_stage_us": round(graph_time(lambda i: greedy(logits[i]), 4), 2)})
     return rows
 
 

@@ -91,8 +91,7 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
             _acknowledge(copier, q)
         if msg is None:
             if steps.inflight is not None:
-                if steps.inflight.ready():  # (else spin: the next batch or the step's end, whichever first)
-                    steps.answer()
+                steps.answer_if_ready()  # (else spin: the next batch or the step's end, whichever first)
             elif orphaned := _scheduler_gone(link):
                 break
             elif relay is not None:

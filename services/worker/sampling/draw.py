@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 
 import torch
 
@@ -65,6 +66,7 @@ class TokenSampler:
         return picks
 
 
+@cache  # (per vocabulary size: looked up every step)
 def _chunk_for(vocab: int) -> int | None:
     """The divisor of ``vocab`` nearest 1,024 within [256, 4,096] (None: there is none)."""
     near = sorted(range(256, 4097), key=lambda c: abs(c - 1024))
@@ -78,7 +80,7 @@ def greedy(logits: torch.Tensor, two_stage: bool | None = None) -> torch.Tensor:
     ``benchmarks/gpu/decode_parts_bench.py``). ``two_stage``: force it on or off (None: on CUDA)."""
     b, vocab = logits.shape
     chunk = _chunk_for(vocab) if (logits.is_cuda if two_stage is None else two_stage) else None
-    if chunk is None or vocab == chunk:
+    if chunk is None or vocab == chunk or not logits.is_contiguous():
         return logits.argmax(dim=-1)
     values, within = logits.view(b, vocab // chunk, chunk).max(dim=-1)  # (B, G)
     best = values.argmax(dim=-1)  # (B,)
