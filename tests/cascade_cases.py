@@ -16,6 +16,9 @@ CASES = {
     "exact_prefix": [(512, 1, 0), (512, 1, 0), (512, 3, 0)],  # members' own part is just their new tokens
     "prefill_only": [(512, 20, 0), (600, 40, 0), (0, 50, -1), (100, 7, -1)],
     "fresh": [(0, 30, -1), (0, 5, -1), (0, 1, -1)],  # no KV before the step, no groups
+    # members first, group by group (as the scheduler orders a grouped batch): queries read in place
+    "decode_leading": [(700, 1, 0), (650, 1, 0), (512, 1, 0), (900, 1, 1), (800, 1, 1), (300, 1, -1), (5, 1, -1)],
+    "mixed_leading": [(700, 1, 0), (512, 40, 0), (900, 1, 1), (256, 300, 1), (0, 33, -1)],
 }
 GROUPED = [name for name, reqs in CASES.items() if any(g >= 0 for _, _, g in reqs)]
 SHARED = [512, 256]  # group 0 shares positions 0..511, group 1 0..255

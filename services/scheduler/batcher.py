@@ -21,6 +21,7 @@ does) so that a waiting request that could not otherwise start does.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from shared.logging import get_logger, stage
 from shared.messages.common import i32
 from shared.messages.to_worker import ForwardBatch, NewReq
 from services.scheduler.cache import PrefixSet
-from services.scheduler.cascade import CascadePolicy, plan_groups
+from services.scheduler.cascade import CascadePolicy, Groups, plan_groups
 from services.scheduler.counters import Counters
 from services.scheduler.kv import KVManager, OutOfSlots
 from services.scheduler.policy import Policy
@@ -41,6 +42,13 @@ from services.scheduler.request import Req, Status
 log = get_logger("scheduler")
 DEDUP_MIN_TOKENS = 32
 DECODE_CLIP = 4096  # expected-decode estimate is capped per request
+# A jump-forward chunk (forced output tokens) is sent as one-token rows when the step then replays a
+# decode graph: each row reads its whole context, so at most this many tokens a chunk and this many
+# extra KV tokens read a step (~10 ns each on the H200: 2.6 ms at the cap, against the ~20 ms an
+# eager step of an 8B model costs at batch 1 — W4's batch-1 JSON steps)
+SPLIT_MAX_TOKENS = 32
+SPLIT_MAX_EXTRA_KV = 262144
+SPLIT_ROWS_NO_GRAPHS = 64  # a worker without graphs (CPU): split up to this many rows (the same steps as on a GPU)
 INIT_RATIO, MIN_RATIO, RATIO_DECAY = 0.7, 0.1, 0.001
 
 
@@ -70,6 +78,9 @@ class Limits:
     # priority scheduling: the step that admits a top-level request leaves the lower levels out (not two
     # steps in a row), so its first token does not wait for a full batch of theirs
     urgent_steps: bool = False
+    # the worker's largest CUDA-graph decode batch: jump-forward chunks become one-token rows when the
+    # step then fits it (``_Plan.split_output_chunks``; 0: never)
+    graph_bs: int = 0
 
 
 class _Budget:
@@ -268,16 +279,23 @@ class Batcher:
 
     def _emit(self, plan: _Plan, new_reqs: list[NewReq]) -> Scheduled:
         c = self.counters
+        if self.limits.graph_bs:
+            plan.split_output_chunks(self.limits.graph_bs)
         c.steps += 1  # (steps and their tokens are counted when sent: GetLoad agrees with the worker's
         c.prefill_computed += plan.prefill_tokens  # counters as soon as it has answered them)
         c.decode += len(plan.ids) - plan.prefill_tokens
         self._prefilled = plan.prefilled
+        groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache, max(plan.extend) == 1) \
+            if self.cascade else None
+        if groups is not None:  # the groups' members first, group by group: the worker's shared level then
+            last = len(groups.lens)  # reads their queries in place (no gather, no scatter)
+            order = sorted(range(len(groups.group)), key=lambda i: groups.group[i] if groups.group[i] >= 0 else last)
+            plan.reorder(order)
+            groups = Groups([groups.group[i] for i in order], groups.lens, groups.saved)
         msg = ForwardBatch(
             step_id=c.steps, new_reqs=new_reqs, released_rows=self.kv.take_released_rows(),
             rows=i32([r.row for r in plan.reqs]), prefix_lens=i32(plan.prefix), extend_lens=i32(plan.extend),
             emits=i32(plan.emits), input_ids=i32(plan.ids), out_slots=i32(plan.slots))
-        groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache, max(plan.extend) == 1) \
-            if self.cascade else None
         if groups is not None:
             c.cascade_steps += 1
             c.cascade_saved += groups.saved
@@ -326,3 +344,36 @@ class _Plan:
             if start < len(r.prompt):  # prompt tokens others may want (in-batch dedup next step)
                 self.prefilled.append(r)
         return n
+
+    def reorder(self, order: list[int]) -> None:
+        """The same requests in ``order`` (indices into the current one), their tokens with them."""
+        ends = list(itertools.accumulate(self.extend))
+        self.ids = [t for i in order for t in self.ids[ends[i] - self.extend[i]:ends[i]]]
+        self.slots = [t for i in order for t in self.slots[ends[i] - self.extend[i]:ends[i]]]
+        self.reqs, self.prefix, self.extend, self.emits = ([a[i] for i in order] for a in
+                                                           (self.reqs, self.prefix, self.extend, self.emits))
+
+    def split_output_chunks(self, max_rows: int) -> None:
+        """When every multi-token chunk of the step is forced output (jump-forward) and small, send
+        each of its tokens as a row of its own — the same request's table row at consecutive
+        positions, only the last one sampling — so the step is a pure decode that replays a CUDA
+        graph instead of running eagerly. Within a layer every row's KV is written before any row
+        attends, so row j sees the chunk's tokens before it: the same attention as the chunk's."""
+        chunks = [i for i, n in enumerate(self.extend) if n > 1]
+        if not chunks or len(self.reqs) + sum(self.extend[i] - 1 for i in chunks) > max_rows:
+            return
+        extra = 0
+        for i in chunks:
+            n, start = self.extend[i], self.prefix[i]
+            if start < len(self.reqs[i].prompt) or n > SPLIT_MAX_TOKENS:
+                return  # a prompt chunk: the step runs eagerly anyway
+            extra += (n - 1) * start + n * (n - 1) // 2
+        if extra > SPLIT_MAX_EXTRA_KV:
+            return
+        reqs, prefix, extend, emits = [], [], [], []
+        for r, start, n, e in zip(self.reqs, self.prefix, self.extend, self.emits, strict=True):
+            reqs += [r] * n
+            prefix += range(start, start + n)
+            extend += [1] * n
+            emits += [False] * (n - 1) + [e]
+        self.reqs, self.prefix, self.extend, self.emits = reqs, prefix, extend, emits  # (ids, slots: unchanged)

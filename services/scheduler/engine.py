@@ -19,7 +19,7 @@ from shared.logging import get_logger
 from shared.messages.to_scheduler import StepOutput, WorkerError, WorkerReady
 from shared.messages.to_tokenizer import ModelInfo
 from shared.model_path import resolve_model
-from services.scheduler.batcher import Batcher, Limits, Scheduled
+from services.scheduler.batcher import SPLIT_ROWS_NO_GRAPHS, Batcher, Limits, Scheduled
 from services.scheduler.cascade import CascadePolicy
 from services.scheduler.counters import Counters
 from services.scheduler.grammar import GrammarBackend
@@ -65,7 +65,8 @@ class EngineSession:
                 preemptor = Preemptor(policy, cfg.priority_preemption_threshold)
         limits = Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size,
                         cfg.priority_prefill_cap if cfg.enable_priority_scheduling else None,
-                        cfg.enable_priority_scheduling and not cfg.disable_priority_urgent_steps)
+                        cfg.enable_priority_scheduling and not cfg.disable_priority_urgent_steps,
+                        w.cuda_graph_max_bs or SPLIT_ROWS_NO_GRAPHS)
         batcher = Batcher(kv, policy, limits, cascade, counters, preemptor)
         budget = PinBudget(budget_limit(cfg.max_pinned_tokens, kv.pool_size))
         info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,

@@ -63,9 +63,9 @@ class StepApplier:
         starts = from_i32(sched.msg.prefix_lens).tolist()
         report: list[tuple[Req, FinishReason | None, float]] = []  # (request, finish reason, ttft ms or -1)
         for i, (r, sample, tok) in enumerate(zip(sched.reqs, sched.emits, from_i32(out.next_ids).tolist())):
-            if not sample:
-                if r.status is Status.RUNNING:
-                    kv.cache_prefix(r)  # a prefill chunk: share it with requests arriving meanwhile
+            if not sample:  # a prefill chunk: share it with requests arriving meanwhile (not a forced
+                if r.status is Status.RUNNING and (sched.extend[i] > 1 or starts[i] < len(r.prompt)):  # token's
+                    kv.cache_prefix(r)  # own row: ``split_output_chunks``)
                 continue
             r.pending -= 1
             if r.status is Status.FINISHED:

@@ -207,6 +207,22 @@ def test_cuda_graph_replay_matches_eager(models) -> None:
     assert max(errs) < 5e-3
 
 
+def test_forced_tokens_as_rows_replay_the_graph(models) -> None:
+    """Jump-forward tokens sent as one-token rows of one request (``split_output_chunks``) replay the
+    decode graph and give the logits of the same tokens computed as one eager chunk."""
+    vocab = 32000
+    r = runner(models["small"], attention_backend="flashinfer")
+    driver = Driver(r)
+    seq = tokens(300, vocab, 7)
+    driver.run([("a", seq[:290], False), ("b", seq[:290], False)])
+    chunk = r.forward(driver.batch([("a", seq[290:], True)]), all_logits=True)
+    assert r._kind == "prefill"
+    rows = r.forward(driver.batch([("b", [t], i == 9) for i, t in enumerate(seq[290:])]), all_logits=True)
+    assert r._kind == "decode_graph"
+    REPORT["forced_rows_vs_chunk"] = rel_err(rows, chunk)
+    assert rel_err(rows, chunk) < 1e-2  # (two kernels: the decode one against the prefill one)
+
+
 @pytest.fixture(scope="module")
 def big_model(tmp_path_factory) -> Path:
     if path := os.environ.get("BANYAN_GPU_MODEL"):

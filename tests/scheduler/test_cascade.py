@@ -60,7 +60,11 @@ def test_make_cascade_layout():
     assert c.first_rows.tolist() == [9, 7]  # group 0's first member is r2 (row 9), group 1's r0 (row 7)
     assert c.qo_lens.tolist() == [1, 3]
     assert c.q_index.tolist() == [5, 0, 1, 6]  # r2's token, then r0's two and r3's one
-    assert c.q_index_dev.tolist() == c.q_index.tolist()
+    assert c.q_index_dev.tolist() == c.q_index.tolist() and c.leading == 0
+    for name in ("decode_leading", "mixed_leading"):  # members first, group by group: read in place
+        grouped = build(name, 4, 2, 8, torch.float32, "cpu")[2].cascade
+        assert grouped.leading == len(grouped.q_index) > 0
+    assert build("decode", 4, 2, 8, torch.float32, "cpu")[2].cascade.leading == 0
 
 
 # --- scheduler: which requests share what -------------------------------------------------------
@@ -93,6 +97,27 @@ def test_requests_under_one_cached_prefix_form_a_group():
     assert from_i32(s.msg.cascade_group).tolist() == [0, 0, 0, 0, -1]
     assert from_i32(s.msg.cascade_lens).tolist() == [200]
     assert b.counters.cascade_steps == 2 and b.counters.cascade_saved == 2 * 600
+    finish_all(b, running)
+
+
+def test_grouped_batches_put_the_members_first_group_by_group():
+    """The worker's shared level then reads the members' queries in place (``Cascade.leading``)."""
+    b = cascade_batcher(CascadePolicy(min_group=2, min_prefix=64, min_saved=0, min_saved_eager=0))
+    other = list(range(2000, 2100))
+    warm(b, SYSTEM + [1])
+    warm(b, other + [1])
+    running = []
+    waiting = deque([req(list(range(5000, 5030)), rid="alone"), req(SYSTEM + [10, 11], rid="s0"),
+                     req(other + [12], rid="o0"), req(SYSTEM + [13, 14], rid="s1"), req(other + [15], rid="o1")])
+    for _ in range(2):  # prefill (partly cached), then decode
+        s = step(b, running, waiting)
+        assert from_i32(s.msg.cascade_group).tolist() == [0, 0, 1, 1, -1]
+        assert [r.rid for r in s.reqs] in (["s0", "s1", "o0", "o1", "alone"], ["o0", "o1", "s0", "s1", "alone"])
+        ids, ext = from_i32(s.msg.input_ids).tolist(), from_i32(s.msg.extend_lens).tolist()
+        starts = from_i32(s.msg.prefix_lens).tolist()
+        for r, a, n, start in zip(s.reqs, np.cumsum([0] + ext), ext, starts):  # each request's tokens with it
+            assert ids[a:a + n] == r.tokens(start, start + n)
+        assert from_i32(s.msg.rows).tolist() == [r.row for r in s.reqs]
     finish_all(b, running)
 
 

@@ -31,6 +31,7 @@ class Cascade:
     qo_lens: np.ndarray  # (G,) int64: new tokens of each group's members
     q_index: np.ndarray  # (Tg,) int64: the members' new tokens (indices into the step's T), group by group
     q_index_dev: torch.Tensor  # the same on the device
+    leading: int = 0  # len(q_index) when the members' tokens are the step's first ones (q_index = 0..n-1)
 
 
 def make_cascade(group: np.ndarray, lens: np.ndarray, rows: np.ndarray, extend: np.ndarray,
@@ -46,8 +47,9 @@ def make_cascade(group: np.ndarray, lens: np.ndarray, rows: np.ndarray, extend: 
     q_index = np.repeat(starts[order], n) + offsets
     first = order[np.searchsorted(group[order], np.arange(len(lens)))]
     qo_lens = np.bincount(group[member], weights=extend[member], minlength=len(lens)).astype(np.int64)
+    leading = len(q_index) if np.array_equal(q_index, np.arange(len(q_index))) else 0
     return Cascade(lens=lens, skip=skip, first_rows=rows[first].astype(np.int64), qo_lens=qo_lens, q_index=q_index,
-                   q_index_dev=to_device(q_index, torch.int64, device))
+                   q_index_dev=to_device(q_index, torch.int64, device), leading=leading)
 
 
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,

@@ -106,6 +106,11 @@ class FlashInferAttention(AttentionBackend):
         self._graph_decode: dict[int, object] = {}  # batch size -> wrapper on fixed buffers
         self._graph_plan_info: dict[int, list] = {}  # batch size -> FlashInfer's plan at capture
         self._fast_replan = self.tensor_cores and self.decode_backend in ("auto", "fa2")
+        self._fast_eager = self._fast_replan  # eager decode plans without the wrapper's per-call Python
+        self._planned_once: set[int] = set()  # wrappers (id) through one full ``plan`` already
+        self._rows_host = torch.arange(257, dtype=torch.int32)  # qo_indptr of one token a row (grown)
+        self._rows_dev = self._rows_host.to(pool.device)
+        self._ones_dev = torch.ones(256, dtype=torch.int32, device=pool.device)
         self._ones = torch.ones(256, dtype=torch.int32)  # host: last_page_len (every page holds 1 token)
         self._heads = (num_q_heads, self.num_kv_heads, self.head_dim)
         self._dtypes = dict(q_data_type=pool.compute_dtype, kv_data_type=pool.dtype)
@@ -221,7 +226,7 @@ class FlashInferAttention(AttentionBackend):
         indices = kv_indices(batch.req_to_token, rows, to_device(own, torch.int64, dev), int(own.sum()),
                              starts=starts)
         if decode:
-            self.decode.plan(_indptr(own), indices, self._last_page_len(n), *self._heads, 1, **self._dtypes)
+            self._plan_eager_decode(self.decode, own, indices)
             return lambda q, kv: self.decode.run(q, kv, return_lse=lse, **self._scale_kw)
         self.paged.plan(_indptr(extend), _indptr(own), indices, self._last_page_len(n), *self._heads, 1,
                         causal=True, **self._dtypes)
@@ -234,10 +239,14 @@ class FlashInferAttention(AttentionBackend):
                             to_device(c.lens, torch.int64, dev), int(c.lens.sum()))
         self.shared.plan(_indptr(c.qo_lens), _indptr(c.lens), shared, self._last_page_len(len(c.lens)),
                          *self._heads, 1, causal=False, **self._dtypes)
-        idx = c.q_index_dev
+        idx, m = c.q_index_dev, c.leading
 
         def run(q, k, v, k_cache, v_cache) -> torch.Tensor:
             out, lse = level1(q, (k_cache, v_cache))
+            if m:  # the members first (the scheduler orders them so): views, merged in place
+                o0, lse0 = self.shared.run(q[:m].contiguous(), (k_cache, v_cache), return_lse=True, **self._scale_kw)
+                self._fi.merge_state_in_place(out[:m], lse[:m], o0, lse0)
+                return out
             o0, lse0 = self.shared.run(q.index_select(0, idx), (k_cache, v_cache), return_lse=True, **self._scale_kw)
             o1, lse1 = out.index_select(0, idx), lse.index_select(0, idx)
             self._fi.merge_state_in_place(o1, lse1, o0, lse0)
@@ -298,9 +307,45 @@ class FlashInferAttention(AttentionBackend):
     def _plan_decode(self, batch: AttentionBatch, wrapper) -> None:
         seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
         indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, int(seq_lens.sum()))
-        wrapper.plan(_indptr(seq_lens), indices, self._last_page_len(batch.num_reqs), *self._heads, 1,
-                     **self._dtypes)
+        if wrapper is self.decode:
+            self._plan_eager_decode(wrapper, seq_lens, indices)
+        else:  # (a graph's wrapper: planned in full once, then by ``_replan``)
+            wrapper.plan(_indptr(seq_lens), indices, self._last_page_len(batch.num_reqs), *self._heads, 1,
+                         **self._dtypes)
         self._run = lambda q, k, v, k_cache, v_cache: wrapper.run(q, (k_cache, v_cache), **self._scale_kw)  # q: strided
+
+    def _plan_eager_decode(self, wrapper, seq_lens: np.ndarray, indices: torch.Tensor) -> None:
+        """``wrapper.plan`` of an eager decode (not a graph's). After its first full plan, the
+        tensor-core (FA2) decode is planned as ``_replan`` does a graph's: the page table into the
+        wrapper, then the planner's one call — ``plan`` itself takes the longest context with
+        Python's ``max`` over a tensor, a host loop over the batch (~3 ms at 1,024 rows: W3's
+        eager shared-prefix steps, whose host work bounds them)."""
+        n, indptr = len(seq_lens), _indptr(seq_lens)
+        if self._fast_eager and id(wrapper) in self._planned_once and getattr(wrapper, "_backend", "") == "fa2":
+            try:
+                return self._plan_fa2_decode(wrapper, seq_lens, indptr, indices)
+            except Exception as e:  # a FlashInfer other than the pinned one: its own plan() from now on
+                self._fast_eager = False
+                log.warning("flashinfer_fast_plan_off", reason=f"{type(e).__name__}: {e}")
+        wrapper.plan(indptr, indices, self._last_page_len(n), *self._heads, 1, **self._dtypes)
+        self._planned_once.add(id(wrapper))
+
+    def _plan_fa2_decode(self, wrapper, seq_lens: np.ndarray, indptr: torch.Tensor, indices: torch.Tensor) -> None:
+        n, (hq, hkv, d), dev = len(seq_lens), self._heads, self.pool.device
+        if n + 1 > self._rows_host.numel():
+            self._rows_host = torch.arange(2 * n + 1, dtype=torch.int32)
+            self._rows_dev = self._rows_host.to(dev)
+            self._ones_dev = torch.ones(2 * n, dtype=torch.int32, device=dev)
+        info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+            self._rows_host[: n + 1], indptr, torch.from_numpy(seq_lens.astype(np.int32)), n, n, hq, hkv, 1, False,
+            d, d, False, -1, -1, False, 0, 0,  # not a graph; causal off, no window, split-kv as FlashInfer picks
+        )
+        wrapper._paged_kv_indptr_buf = to_device(indptr.numpy(), torch.int32, dev)
+        wrapper._paged_kv_indices_buf = indices
+        wrapper._paged_kv_last_page_len_buf = self._ones_dev[:n]  # (its size is the batch size to ``run``)
+        wrapper._qo_indptr_buf = self._rows_dev[: n + 1]
+        wrapper._batch_size, wrapper._max_kv_len, wrapper._plan_info = n, int(seq_lens.max()), info
 
     def _last_page_len(self, n: int) -> torch.Tensor:
         if n > self._ones.numel():
