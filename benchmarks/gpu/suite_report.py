@@ -120,7 +120,8 @@ def worker_counters(server) -> dict | None:
                 sums[kind] += sum(s.value for s in fam.samples if not s.name.endswith("_created"))
         if fam.name == "banyan:cascade_steps":  # steps run with shared-prefix attention groups (not the
             sums["cascade_steps"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))  # _created family)
-        if fam.name in ("banyan:step_device_seconds", "banyan:step_idle_seconds", "banyan:step_tokens"):
+        if fam.name in ("banyan:step_device_seconds", "banyan:step_idle_seconds", "banyan:step_tokens",
+                        "banyan:step_host_seconds", "banyan:step_turnaround_seconds"):
             what = fam.name.split("_", 1)[1].split("_")[0]  # device / idle / tokens, by the step's kind
             for smp in fam.samples:
                 kind = smp.labels.get("kind")
@@ -160,10 +161,14 @@ def steps_by_kind(before: dict, after: dict) -> dict:
         if key.startswith("step|") and key.endswith("|device_count"):
             kind = key.split("|")[1]
             d = {k: after.get(f"step|{kind}|{k}", 0.0) - before.get(f"step|{kind}|{k}", 0.0)
-                 for k in ("device_count", "device_total", "idle_total", "tokens_total")}
+                 for k in ("device_count", "device_total", "idle_total", "tokens_total", "host_count", "host_total",
+                           "turnaround_count", "turnaround_total")}
             if d["device_count"] > 0:
                 out[kind] = {"steps": int(d["device_count"]), "device_ms_mean": d["device_total"] / d["device_count"] * 1e3,
                              "idle_ms": d["idle_total"] * 1e3, "tokens": int(d["tokens_total"])}
+                for part in ("host", "turnaround"):  # the worker's launch; the scheduler's turnaround
+                    if d[f"{part}_count"] > 0:
+                        out[kind][f"{part}_ms_mean"] = d[f"{part}_total"] / d[f"{part}_count"] * 1e3
     return out
 
 
@@ -319,8 +324,10 @@ def table(doc: dict) -> str:
     for w in ("W1", "W2", "W3", "W4", "W5"):
         kinds = _get(r, w, "steps_by_kind")
         if isinstance(kinds, dict) and kinds:
-            row(f"{w} steps by kind: count × device ms (idle ms before them, in all)", " · ".join(
-                f"{k} {v['steps']} × {v['device_ms_mean']:.2f} ({v['idle_ms']:.0f})" for k, v in sorted(kinds.items())))
+            row(f"{w} steps by kind: count × device ms (idle ms before them, in all; host ms to queue one / "
+                f"scheduler turnaround ms)", " · ".join(
+                f"{k} {v['steps']} × {v['device_ms_mean']:.2f} ({v['idle_ms']:.0f}; {v.get('host_ms_mean', 0):.1f} / "
+                f"{v.get('turnaround_ms_mean', 0):.1f})" for k, v in sorted(kinds.items())))
     idle = doc.get("gpu_idle") or {}  # (the goal holds for every workload: the worst one is judged)
     main = max((v for w, v in idle.items() if v is not None and w in ("W1", "W2", "W3", "W4", "W5")), default=None)
     detail = ", ".join(f"{w} {_pct(v)}" for w, v in idle.items() if v is not None)

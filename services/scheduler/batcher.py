@@ -114,6 +114,7 @@ class Batcher:
         self.new_token_ratio = INIT_RATIO
         self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
         self._urgent_last = False  # the last batch was an urgent step (``Limits.urgent_steps``)
+        self._groups_memo: tuple[Any, Groups | None, Any] = (None, None, None)  # (batch key, its groups, refs)
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
         plan = _Plan()
@@ -126,13 +127,15 @@ class Batcher:
         budget = self._budget(running, waiting)
         # an urgent step? the lower levels' decodes wait until the top level's admissions are known
         urgent, held = self._urgent_possible(decoding, waiting, budget), []
+        now = []
         for r in decoding:
             if r.status is not Status.RUNNING:
                 continue
             if urgent and _level(r) < budget.top:
                 held.append(r)
             else:
-                plan.add(r, self.kv, 1)
+                now.append(r)
+        plan.add_decodes(now, self.kv)
         self.new_token_ratio = max(MIN_RATIO, self.new_token_ratio - RATIO_DECAY)
         scratch = PrefixSet()  # prompts being computed this step (in-batch dedup)
         for r in self._prefilled:  # (overlap: computed by the step in flight, not in the cache yet)
@@ -151,8 +154,7 @@ class Batcher:
         if self._urgent_last and plan.reqs:  # the admitted request's step: the lower levels wait for the next one
             self.counters.urgent_steps += 1
             return self._emit(plan, new_reqs)
-        for r in held:  # (no top-level request could start: the lower levels decode as usual)
-            plan.add(r, self.kv, 1)
+        plan.add_decodes(held, self.kv)  # (no top-level request could start: the lower levels decode as usual)
         if budget.top > float("-inf"):  # (levels: priority scheduling)
             self._chunks([r for r in chunks if _level(r) < budget.top], budget, plan)
             if not blocked:  # (a top-level request that does not fit yet is not overtaken by lower ones)
@@ -160,6 +162,20 @@ class Batcher:
         if not plan.reqs:
             return None
         return self._emit(plan, new_reqs)
+
+    def _groups(self, plan: _Plan) -> Groups | None:
+        """``plan_groups`` of the batch — the last one's again when the batch is the same requests
+        holding the same cache nodes, all decoding (a decode-only run of steps: W3's 254 of them). A
+        node's slots never change while it is locked, so groups found once stay right; a deeper node
+        that a later insert splits off could only make them larger."""
+        decode = max(plan.extend) == 1
+        key = [(id(r), id(r.lock_node)) for r in plan.reqs] if decode else None
+        if key is not None and self._groups_memo[0] == key:
+            return self._groups_memo[1]
+        groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache, decode)
+        # (the memo holds the requests and nodes themselves: their ids cannot be reused meanwhile)
+        self._groups_memo = (key, groups, [(r, r.lock_node) for r in plan.reqs] if decode else None)
+        return groups
 
     def _urgent_possible(self, decoding: list[Req], waiting: deque[Req], budget: _Budget) -> bool:
         """A top-level request waits while lower-level ones decode (and the last step was not urgent)."""
@@ -285,8 +301,7 @@ class Batcher:
         c.prefill_computed += plan.prefill_tokens  # counters as soon as it has answered them)
         c.decode += len(plan.ids) - plan.prefill_tokens
         self._prefilled = plan.prefilled
-        groups = plan_groups(plan.reqs, plan.prefix, self.cascade, self.kv.cache, max(plan.extend) == 1) \
-            if self.cascade else None
+        groups = self._groups(plan) if self.cascade else None
         if groups is not None:  # the groups' members first, group by group: the worker's shared level then
             last = len(groups.lens)  # reads their queries in place (no gather, no scatter)
             order = sorted(range(len(groups.group)), key=lambda i: groups.group[i] if groups.group[i] >= 0 else last)
@@ -344,6 +359,29 @@ class _Plan:
             if start < len(r.prompt):  # prompt tokens others may want (in-batch dedup next step)
                 self.prefilled.append(r)
         return n
+
+    def add_decodes(self, reqs: list[Req], kv: KVManager) -> None:
+        """``add(r, kv, 1)`` for each of ``reqs`` (running, one token to compute), their slots taken
+        at once: the per-step host work at 1,024 decoding requests (W3) is the scheduler's turnaround."""
+        new = kv.extend_each(reqs) if len(reqs) > 1 else None
+        if new is None:
+            for r in reqs:
+                self.add(r, kv, 1)
+            return
+        self.reqs += reqs
+        self.slots += new
+        for r in reqs:
+            start, p, out = len(r.slots) - 1, len(r.prompt), r.output
+            self.prefix.append(start)
+            self.extend.append(1)
+            self.ids.append(r.prompt[start] if start < p else out[start - p] if start - p < len(out) else -1)
+            emits = start + 1 == p + len(out) + r.pending - r.discard  # (num_computed == seq_len)
+            self.emits.append(emits)
+            r.pending += emits
+            if not (out or r.pending - emits - r.discard):  # (``add``'s prefill rule for one token)
+                self.prefill_tokens += 1
+                if start < p:
+                    self.prefilled.append(r)
 
     def reorder(self, order: list[int]) -> None:
         """The same requests in ``order`` (indices into the current one), their tokens with them."""

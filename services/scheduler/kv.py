@@ -86,6 +86,16 @@ class KVManager:
         r.owned.update(new)
         return new
 
+    def extend_each(self, reqs: list[Req]) -> list[int] | None:
+        """One more slot for each of ``reqs`` (decodes), when that needs no eviction and pages hold one
+        token; else None (``extend`` them one by one)."""
+        new = self.slots.alloc_singles(len(reqs))
+        if new is not None:
+            for r, s in zip(reqs, new):
+                r.slots.append(s)
+                r.owned.add(s)
+        return new
+
     def cache_prefix(self, r: Req) -> None:
         """Insert what ``r`` has computed so far, so others can share it (chunked prefill); ``r``
         then holds the lock on the node that ends there."""

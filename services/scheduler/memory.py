@@ -51,6 +51,16 @@ class SlotAllocator:
         del out[n:]
         return out
 
+    def alloc_singles(self, n: int) -> list[int] | None:
+        """One slot for each of ``n`` requests (page size 1; None when fewer are free), as ``n``
+        calls of ``alloc(_, 1)`` would hand them out."""
+        free = self._free
+        if self.page_size != 1 or n > len(free):
+            return None
+        out = free[len(free) - n:][::-1]
+        del free[len(free) - n:]
+        return out
+
     def free(self, slots) -> None:
         """Return ``slots`` (pushed highest first, so that ``alloc`` hands them out again in rising
         runs: the host tier copies one run of consecutive slots per DMA)."""

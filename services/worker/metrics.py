@@ -46,6 +46,12 @@ class WorkerMetrics:
                                  registry=r)
         self.step_tokens = Counter("banyan:step_tokens", f"Tokens computed, by the step's {kinds}", ["kind"],
                                    registry=r)
+        self.step_host = Histogram("banyan:step_host_seconds", f"Host time queueing a step (its launch), by {kinds}",
+                                   ["kind"], buckets=FORWARD_BUCKETS, registry=r)
+        self.step_turnaround = Histogram(
+            "banyan:step_turnaround_seconds", "From answering step N to receiving step N+2, which the scheduler "
+            f"builds once it has applied N (its host work per step, as the worker sees it), by {kinds}", ["kind"],
+            buckets=FORWARD_BUCKETS, registry=r)
         self._server = None
 
     def model(self, pool_tokens: int, kv_bytes_per_token: int, kv_cache_dtype: str, weight_bytes: int,

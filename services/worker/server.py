@@ -152,6 +152,7 @@ class _Steps:
         self.cache_ops = cache_ops
         self.inflight: Launched | None = None
         self._t0 = 0.0
+        self._answered: dict[int, float] = {}  # step id -> when its answer went out (the last few)
         # An eager step takes long to queue (a 1,024-row shared-prefix step: tens of ms of Python):
         # the step in flight is answered as soon as it is done, between the layers being queued, so
         # the scheduler builds the next batch meanwhile instead of after this launch.
@@ -168,6 +169,9 @@ class _Steps:
         except Exception as e:  # one bad batch fails its requests, never the process
             self._failed(b.step_id, e)
             return
+        self.metrics.step_host.labels(launched.kind).observe(time.perf_counter() - t0)
+        if b.follows and (answered := self._answered.get(b.step_id - 2)) is not None:
+            self.metrics.step_turnaround.labels(launched.kind).observe(t0 - answered)
         if launched.awaits_mask:
             if self.inflight is not None:
                 self.answer()
@@ -199,6 +203,8 @@ class _Steps:
             return
         seconds = time.perf_counter() - self._t0
         self.q.send(StepOutput(step_id=b.step_id, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
+        self._answered[b.step_id] = time.perf_counter()
+        self._answered.pop(b.step_id - 4, None)
         self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s,
                           cascade=bool(b.cascade_group), kind=launched.kind)
 
