@@ -5,21 +5,13 @@ tests/gpu/test_gpu_parity.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 import torch
-from tests.worker.test_models import hf_logits, random_seqs, save_tiny_model, tiny_config
+from tests.worker.test_models import hf_logits, random_seqs
+from tests.worker.test_runner import tiny_llama  # noqa: F401  (the fixture: a 2-layer random Llama)
 
 from benchmarks.driver import Driver
 from services.worker.runner import ModelRunner
 from shared.config import WorkerConfig
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    path = tmp_path_factory.mktemp("llama-split")
-    return path, save_tiny_model(tiny_config("llama"), path)
 
 
 def test_forced_tokens_as_rows_match_the_chunk(tiny_llama) -> None:
