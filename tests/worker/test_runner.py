@@ -159,6 +159,7 @@ def test_two_stage_greedy_picks_argmaxs_token() -> None:
 def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llama) -> None:
     """Overlap: rank 0's worker answers step N from between the layers of step N+1's (eager)
     launch as soon as N's results are in — not after that launch — and answers each step once."""
+    from services.worker.metrics import WorkerMetrics
     from services.worker.server import _Steps
 
     path, hf = tiny_llama
@@ -170,10 +171,6 @@ def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llam
         def send(self, msg) -> None:
             sent.append((msg.step_id, bool(launching)))
 
-    class Metrics:
-        def step(self, *args, **kw) -> None:
-            pass
-
     launch = runner.launch
 
     def traced_launch(b):
@@ -184,7 +181,8 @@ def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llam
             launching.pop()
 
     runner.launch = traced_launch
-    steps = _Steps(runner, Queue(), Metrics(), link=None)
+    metrics = WorkerMetrics()
+    steps = _Steps(runner, Queue(), metrics, link=None)
     seq = random_seqs([6])[0]
     first = driver.batch([("a", seq, True)])
     steps.run(first)
@@ -194,3 +192,10 @@ def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llam
     assert sent == [(first.step_id, True)]  # answered from inside the second step's launch
     steps.answer()
     assert sent == [(first.step_id, True), (second.step_id, False)] and steps.inflight is None
+    # the host time of both launches; the turnaround only for a step that follows the one before the last
+    kind = {"kind": "prefill"}, {"kind": "decode_eager"}
+    assert [metrics.registry.get_sample_value("banyan:step_host_seconds_count", k) for k in kind] == [1.0, 1.0]
+    assert metrics.registry.get_sample_value("banyan:step_turnaround_seconds_count", kind[1]) is None
+    steps.run(driver.batch([("a", [-1], True)], follows=True))  # step N+2, built once N was answered
+    assert metrics.registry.get_sample_value("banyan:step_turnaround_seconds_count", kind[1]) == 1.0
+    steps.answer()
