@@ -98,6 +98,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hbm-bw", type=float, default=report.HBM_BYTES_S, help="bytes/s for the limits")
     ap.add_argument("--peak-flops", type=float, default=report.BF16_FLOP_S, help="FLOP/s for the limits")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, help="suite JSONs to merge into one table")
+    ap.add_argument("--step-trace", action="store_true", help="each server's worker writes its step timeline to "
+                    "OUT/steps_<server>.jsonl (BANYAN_STEP_TRACE; summary: python -m benchmarks.gpu.step_trace)")
     ap.add_argument("serve_args", nargs="*", help="extra `banyan serve` flags (after --)")
     return ap
 
@@ -230,7 +232,8 @@ class Suite:
         from tests.support import Server
 
         args = ["--http-port", "-1", *(["--device", "cpu"] if self.args.tiny else []), *flags, *self.args.serve_args]
-        s = Server(self.model, self.args.out / f"server_{name}.log", *args)
+        trace = {"BANYAN_STEP_TRACE": str(self.args.out / f"steps_{name}.jsonl")} if self.args.step_trace else None
+        s = Server(self.model, self.args.out / f"server_{name}.log", *args, env=trace)
         try:
             wl.warm_up(s.target, self.facts["vocab"], json_too="W4" in self.workloads)
         except BaseException:

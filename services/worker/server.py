@@ -22,6 +22,7 @@ from shared.tracing import make_tracer
 from shared.transport import DealerQueue, PeerMonitor
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Launched, ModelRunner, resolve_device
+from services.worker.step_trace import StepTrace
 from services.worker.tp import Relay, init_tp
 
 log = get_logger("worker")
@@ -118,6 +119,7 @@ def _lead(cfg: WorkerConfig, runner: ModelRunner, relay: Relay | None, model_nam
     if copier is not None:
         copier.close(DISK_DRAIN_S)
     runner.end_spans()
+    steps.trace.close()
     metrics.close()
     ctx.destroy(linger=0)
     if orphaned:  # exit non-zero: a supervisor starts a fresh worker, which announces itself
@@ -153,6 +155,7 @@ class _Steps:
         self.inflight: Launched | None = None
         self._t0 = 0.0
         self._answered: dict[int, float] = {}  # step id -> when its answer went out (the last few)
+        self.trace = StepTrace()  # (``BANYAN_STEP_TRACE``: a line a step; off by default)
         # An eager step takes long to queue (a 1,024-row shared-prefix step: tens of ms of Python):
         # the step in flight is answered as soon as it is done, between the layers being queued, so
         # the scheduler builds the next batch meanwhile instead of after this launch.
@@ -169,7 +172,9 @@ class _Steps:
         except Exception as e:  # one bad batch fails its requests, never the process
             self._failed(b.step_id, e)
             return
-        self.metrics.step_host.labels(launched.kind).observe(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        self.metrics.step_host.labels(launched.kind).observe(t1 - t0)
+        self.trace.queued(b.step_id, t0, t1)
         if b.follows and (answered := self._answered.get(b.step_id - 2)) is not None:
             self.metrics.step_turnaround.labels(launched.kind).observe(t0 - answered)
         if launched.awaits_mask:
@@ -207,6 +212,8 @@ class _Steps:
         self._answered.pop(b.step_id - 4, None)
         self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s,
                           cascade=bool(b.cascade_group), kind=launched.kind)
+        self.trace.answered(b.step_id, launched.kind, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s,
+                            self.runner.idle_s)
 
     def _wait_mask(self, step: int) -> StepMask | None:
         while True:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tests.support import make_tiny_model
 
+from benchmarks.gpu import step_trace
 from benchmarks.gpu import suite_report as report
 from benchmarks.gpu.make_model import LLAMA_8B
 from benchmarks.gpu.suite import TOKENIZERS
@@ -50,7 +51,7 @@ def tiny_run(tmp_path_factory, demo_dir) -> tuple[Path, dict, str]:
     else:  # (CI: no team assets) a tiny model on the demo tokenizer, built here
         model = ["--model", str(make_tiny_model("llama", tmp / "model", demo_dir, seed=3))]
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.suite", "--tiny", *model,
-                        "--out", str(tmp / "out"), "--tag", "t", *SMALL],
+                        "--out", str(tmp / "out"), "--tag", "t", "--step-trace", *SMALL],
                        cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return tmp / "out", json.loads((tmp / "out" / "suite_t.json").read_text()), r.stdout
@@ -98,6 +99,10 @@ def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
     kinds = w2["steps_by_kind"]  # the worker's steps during W2, by kind: its prompts and its decodes
     assert kinds["prefill"]["steps"] > 0 and kinds["decode_eager"]["steps"] > 0 and "decode_graph" not in kinds
     assert all(v["device_ms_mean"] > 0 and v["tokens"] >= v["steps"] for v in kinds.values())
+    assert all(v["host_ms_mean"] > 0 for v in kinds.values()) and kinds["decode_eager"]["turnaround_ms_mean"] > 0
+    trace = step_trace.load(out / "steps_main.jsonl")  # --step-trace: the main server's worker, a line a step
+    assert len(trace) >= sum(v["steps"] for v in kinds.values()) and {"prefill", "decode_eager"} <= {
+        t["kind"] for t in trace}
     table = (out / "suite_t.md").read_text()
     assert stdout.rstrip().endswith(table.rstrip()) and table.count("\n| W") >= 10 and "TINY" in table
 

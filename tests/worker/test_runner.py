@@ -156,11 +156,13 @@ def test_two_stage_greedy_picks_argmaxs_token() -> None:
         assert torch.equal(greedy(logits[:1], two_stage=True), want[:1])
 
 
-def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llama) -> None:
+def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llama, tmp_path) -> None:
     """Overlap: rank 0's worker answers step N from between the layers of step N+1's (eager)
     launch as soon as N's results are in — not after that launch — and answers each step once."""
+    from benchmarks.gpu import step_trace
     from services.worker.metrics import WorkerMetrics
     from services.worker.server import _Steps
+    from services.worker.step_trace import StepTrace
 
     path, hf = tiny_llama
     runner = ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512), str(path))
@@ -183,6 +185,7 @@ def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llam
     runner.launch = traced_launch
     metrics = WorkerMetrics()
     steps = _Steps(runner, Queue(), metrics, link=None)
+    steps.trace = StepTrace(str(tmp_path / "steps.jsonl"))
     seq = random_seqs([6])[0]
     first = driver.batch([("a", seq, True)])
     steps.run(first)
@@ -199,3 +202,10 @@ def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llam
     steps.run(driver.batch([("a", [-1], True)], follows=True))  # step N+2, built once N was answered
     assert metrics.registry.get_sample_value("banyan:step_turnaround_seconds_count", kind[1]) == 1.0
     steps.answer()
+    steps.trace.close()  # the timeline: a line a step, in order, its host times in order
+    trace = step_trace.load(tmp_path / "steps.jsonl")
+    assert [t["step"] for t in trace] == [first.step_id, second.step_id, second.step_id + 1]
+    assert [t["kind"] for t in trace] == ["prefill", "decode_eager", "decode_eager"]
+    assert all(t["recv"] <= t["queued"] <= t["answered"] for t in trace)
+    assert trace[2]["turnaround_ms"] == pytest.approx(trace[2]["recv"] - trace[0]["answered"])
+    assert "| decode_eager | 2 |" in step_trace.summary(trace, "decode_eager", 3)
