@@ -19,7 +19,8 @@ from shared.logging import get_logger
 from shared.messages.to_scheduler import StepOutput, WorkerError, WorkerReady
 from shared.messages.to_tokenizer import ModelInfo
 from shared.model_path import resolve_model
-from services.scheduler.batcher import SPLIT_ROWS_NO_GRAPHS, Batcher, Limits, Scheduled
+from services.scheduler.batcher import Batcher, Limits, Scheduled
+from services.scheduler.plan import SPLIT_ROWS_NO_GRAPHS
 from services.scheduler.cascade import CascadePolicy
 from services.scheduler.counters import Counters
 from services.scheduler.grammar import GrammarBackend

@@ -22,10 +22,6 @@ class StepTrace:
         self._t0 = time.perf_counter()
         self._open: dict[int, tuple[float, float]] = {}  # step id -> (recv, queued), until answered
 
-    @property
-    def on(self) -> bool:
-        return self._file is not None
-
     def queued(self, step: int, recv: float, queued: float) -> None:
         if self._file is not None:
             self._open[step] = (recv, queued)

@@ -1,4 +1,4 @@
-"""Jump-forward chunks sent as one-token rows (``_Plan.split_output_chunks``): the step becomes a
+"""Jump-forward chunks sent as one-token rows (``Plan.split_output_chunks``): the step becomes a
 pure decode the worker replays from a CUDA graph; when it would not (a prompt chunk in the step,
 too many rows for the largest graph, a long chunk) the chunk goes as it is."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from services.scheduler.batcher import SPLIT_MAX_TOKENS, Batcher, Limits
+from services.scheduler.batcher import Batcher, Limits
+from services.scheduler.plan import SPLIT_MAX_TOKENS
 from services.scheduler.kv import KVManager
 from services.scheduler.policy import POLICIES
 from shared.messages.common import from_i32
