@@ -133,16 +133,25 @@ def worker_counters(server) -> dict | None:
             for smp in fam.samples:
                 if smp.name.endswith("_sum") or smp.name.endswith("_count"):
                     sums[f"mask_{kind}{smp.name[smp.name.rindex('_'):]}"] = smp.value
+    for service in ("worker", "scheduler"):  # full collections (generation 2): the whole process stops
+        for fam in text_string_to_metric_families(server.metrics(service)):
+            for smp in fam.samples if fam.name == "banyan:gc_pause_seconds" else ():
+                part = smp.name.rsplit("_", 1)[1]
+                if smp.labels.get("generation") == "2" and part in ("sum", "count"):
+                    sums[f"gc2|{service}|{part}"] = smp.value
     return sums if found else None
 
 
 def worker_delta(res, workload: str, before: dict, after: dict) -> float | None:
     """What the worker's counters say of one workload (``worker_counters`` before and after it),
     added to its results ``res``: steps by kind, W3's shared-prefix steps, the grammar bitmask's
-    fill and wait per constrained step. → the GPU's idle share."""
+    fill and wait per constrained step, full GC pauses of worker and scheduler. → the GPU's idle share."""
     idle, busy = after["idle"] - before["idle"], after["busy"] - before["busy"]
     if isinstance(res, dict):
         res["steps_by_kind"] = steps_by_kind(before, after)
+        res["gc_full"] = {svc: {"count": int(after[f"gc2|{svc}|count"] - before.get(f"gc2|{svc}|count", 0)),
+                                "ms": 1e3 * (after[f"gc2|{svc}|sum"] - before.get(f"gc2|{svc}|sum", 0))}
+                          for svc in ("worker", "scheduler") if f"gc2|{svc}|count" in after}
         if workload == "W3" and "cascade_steps" in after:
             res["cascade_steps"] = after["cascade_steps"] - before.get("cascade_steps", 0)
         for kind in ("fill", "wait"):  # grammar bitmask time per constrained step

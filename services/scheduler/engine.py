@@ -11,10 +11,10 @@ worker brings another vocabulary. A worker with a host KV tier gets the hierarch
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 
 from shared.config import SchedulerConfig
+from shared.gc_pause import freeze_heap
 from shared.logging import get_logger
 from shared.messages.to_scheduler import StepOutput, WorkerError, WorkerReady
 from shared.messages.to_tokenizer import ModelInfo
@@ -116,6 +116,5 @@ def grammar_for(cfg: SchedulerConfig, w: WorkerReady, old: GrammarBackend | None
     grammar.wait_ready()
     # the start-up heap (torch, transformers, xgrammar, the vocabulary) lives as long as the process:
     # out of the collector's sight, a full collection no longer walks it (ms per step, under load)
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     return grammar

@@ -40,6 +40,8 @@
   disk_to_host: copies acknowledged); ``banyan:hicache_failures_total{kind}`` (copy, disk_full, corrupt,
   io); ``banyan:hicache_fetch_wait_seconds`` (how long a request was kept aside while its prefix came
   back into the pool).
+- ``banyan:gc_pause_seconds{generation}``: Python GC pauses of the scheduler process (``shared/gc_pause.py``;
+  the worker and the tokenizer report theirs too).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.gc_pause import GcPauses
 from shared.logging import get_logger
 from shared.metrics_http import serve_metrics
 from services.scheduler.counters import Counters
@@ -82,6 +85,7 @@ class SchedulerMetrics:
                                   "KV slots holding cached prefixes no request holds (reclaimable)", registry=r)
         self.hit_rate = HitRate()
         r.register(self.hit_rate)
+        GcPauses(r)
         self.retractions = Counter("banyan:retractions", "Requests retracted (KV to the cache, back to the queue)",
                                    registry=r)
         self.grammar_compile = Histogram("banyan:grammar_compile_seconds", "Structured-output grammar compile time",

@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shared.config import ConfigError, TokenizerConfig
+from shared.gc_pause import freeze_heap
 from shared.logging import get_logger
 from shared.model_path import resolve_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
@@ -71,6 +72,7 @@ async def run(cfg: TokenizerConfig) -> None:
         app.state.frontend.aliases = frozenset(cfg.served_model_names)  # requests may name any
         http = HttpServer(app, cfg.host, cfg.http_port, cfg.grace_seconds, app.state.frontend.abort_all)
     http_port = http.port if http else -1
+    freeze_heap()  # transformers, the tokenizer, the apps: out of the collector's walk (shared/gc_pause.py)
     await server.start()
     if smg is not None:
         await smg.start()

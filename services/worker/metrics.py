@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.gc_pause import GcPauses
 from shared.logging import get_logger
 from shared.metrics_http import serve_metrics
 
@@ -52,6 +53,7 @@ class WorkerMetrics:
             "banyan:step_turnaround_seconds", "From answering step N to receiving step N+2, which the scheduler "
             f"builds once it has applied N (its host work per step, as the worker sees it), by {kinds}", ["kind"],
             buckets=FORWARD_BUCKETS, registry=r)
+        GcPauses(r)
         self._server = None
 
     def model(self, pool_tokens: int, kv_bytes_per_token: int, kv_cache_dtype: str, weight_bytes: int,

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import zmq
 
 from shared.config import WorkerConfig
+from shared.gc_pause import freeze_heap
 from shared.logging import get_logger
 from shared.messages.codec import Codec
 from shared.messages.common import f32, i32
@@ -38,6 +39,7 @@ def serve(cfg: WorkerConfig, model_dir: str, model_name: str) -> None:
     tracer = make_tracer("worker", cfg.otlp_endpoint if tp.rank == 0 else "")  # one span per request: rank 0's
     try:
         runner = ModelRunner(cfg, model_dir, tp, tracer)
+        freeze_heap()  # torch, the model's modules, the graphs: out of the collector's walk (shared/gc_pause.py)
         if tp.rank == 0:
             _lead(cfg, runner, relay, model_name)
         else:

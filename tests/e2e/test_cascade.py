@@ -79,4 +79,8 @@ def test_grouped_outputs_equal_plain(model_dir, tmp_path_factory):
     assert steps >= 20 and saved >= steps * 199
     assert counter(worker_metrics, "banyan:cascade_steps_total") == steps  # the worker ran every one grouped
     assert counter(off_metrics, "banyan:cascade_steps_total") == 0
+    # the start-up heaps (torch, transformers, xgrammar) frozen out of the collector's walk, pauses reported
+    for text in (metrics, worker_metrics):
+        assert counter(text, "banyan:gc_frozen_objects") > 10_000
+        assert 'banyan:gc_pause_seconds_count{generation="2"}' in text
     assert load.num_running_requests == 0 and load.kv_free_tokens + load.kv_evictable_tokens == load.kv_pool_tokens
