@@ -16,6 +16,7 @@ import time
 import zmq
 
 from shared.config import SchedulerConfig
+from shared.gc_pause import FullCollections
 from shared.logging import get_logger
 from shared.messages.codec import Codec
 from shared.messages.common import ErrorCode, FinishReason
@@ -59,6 +60,7 @@ class Scheduler:
         self.counters = Counters()
         self.metrics = SchedulerMetrics()
         self.summary = Summary(cfg.log_interval)  # the periodic ``summary`` log line
+        self.gc = FullCollections(cfg.gc_full_interval)  # not every few dozen steps under load
         self.tracer = make_tracer("scheduler", cfg.otlp_endpoint)
         self.intake = Intake(cfg, self.table, self.counters, self.tracer, self.tok.send)
         self.engine: EngineSession | None = None  # None: not serving (no worker ready yet, or it was lost)
@@ -108,12 +110,14 @@ class Scheduler:
                 if not busy:
                     e.kv.check_integrity(table.running)
                     self._update_metrics(e, [])
+                    self.gc.idle()
                 e.last_built = False
                 continue
             if sched is not None:
                 # overlap: the step in flight decides what the grammar allows next: its mask follows
                 sched.msg = with_extras(sched, e.grammar, defer_mask=e.inflight is not None, follows=e.last_built)
                 self.worker.send(sched.msg)
+                self.gc.busy()  # (a due full collection: while the worker has two steps to run)
             e.last_built = sched is not None
             if e.inflight is not None:
                 # the next step's deferred mask goes out as soon as the matchers have advanced

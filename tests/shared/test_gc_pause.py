@@ -7,7 +7,7 @@ import gc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.gc_pause import PAUSE_BUCKETS, GcPauses, freeze_heap
+from shared.gc_pause import PAUSE_BUCKETS, FullCollections, GcPauses, freeze_heap
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, str, str], float]:
@@ -54,3 +54,43 @@ def test_freeze_heap_takes_the_start_up_heap_out_of_the_walk():
         assert len(gc.get_objects(generation=2)) < frozen
     finally:
         gc.unfreeze()
+
+
+def test_full_collections_paced_by_the_loop():
+    full = []
+
+    def count(phase, info):
+        if phase == "stop" and info["generation"] == 2:
+            full.append(1)
+
+    saved, now = gc.get_threshold(), [0.0]
+    gc.callbacks.append(count)
+    try:
+        pacer = FullCollections(120.0, clock=lambda: now[0])
+        assert gc.get_threshold()[2] >= 1 << 30 and gc.get_threshold()[:2] == saved[:2]
+        junk = []
+        for _ in range(200):  # young collections galore; Python's thresholds would have run full ones
+            junk.append([[i] for i in range(5_000)])
+        junk.clear()
+        assert not full and gc.get_count()[2] > 0
+        now[0] = 119.0
+        pacer.busy()
+        assert not full
+        now[0] = 120.0
+        pacer.busy()  # busy and due
+        assert len(full) == 1 and pacer.last == 120.0
+        now[0] = 125.0
+        gc.collect(1)
+        pacer.idle()  # idle, but a full one ran 5 s ago (< interval / 10)
+        assert len(full) == 1
+        now[0] = 132.0
+        pacer.idle()
+        assert len(full) == 2
+        now[0] = 150.0
+        pacer.idle()  # nothing young collected since: nothing to do
+        assert len(full) == 2
+        FullCollections(0.0)  # 0: Python's own thresholds, untouched
+        assert gc.get_threshold()[2] >= 1 << 30
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*saved)
