@@ -1,16 +1,18 @@
-"""Python's cyclic collector in a serving process: the start-up heap frozen out of its sight, and
-its pauses measured.
+"""Python's cyclic collector in a serving process: the start-up heap frozen out of its sight, full
+collections paced by the busy loop, and every pause measured.
 
-A full (generation 2) collection walks every tracked container object. After ``import torch,
-transformers`` that is ~400k objects, ~100–190 ms of walking with the GIL held, and under load the
-collector runs one every few dozen steps (its thresholds count the objects a step allocates): the
-worker stops launching kernels, the scheduler stops building steps, the tokenizer stops streaming.
-Measured on the H200 (W3, 1,024 running requests): a 70–150 ms stall every ~17 steps, ~4 s of
-device idle in a 70-s run. ``freeze_heap()`` once start-up is done moves what start-up made into the
-permanent generation (it lives as long as the process anyway), so a full collection walks only what
-serving made; ``GcPauses`` reports every collection's duration by generation
-(``banyan:gc_pause_seconds``), and ``banyan:gc_frozen_objects`` what start-up froze, so a
-regression shows in the metrics, not only in the step trace."""
+A full (generation 2) collection walks every tracked container and every reference in it, with the
+GIL held. After ``import torch, transformers`` that is ~400k objects (~100–190 ms); in the scheduler
+under load it is also every running request's token and slot lists (1,024 requests × ~2,400 ids).
+Python's count thresholds run one every few dozen steps under load (they count what a step
+allocates): the worker stops launching kernels, the scheduler stops building steps. Measured on the
+H200 (W3, 1,024 running requests, ``benchmarks/gpu/step_trace.py``): a 70–150 ms stall before every
+~17th decode step — the scheduler's full collections, 16 in one W3 run taking 1.8 s, 7.9 % GPU idle.
+``freeze_heap()`` once start-up is done moves what start-up made into the permanent generation (it
+lives as long as the process anyway); ``FullCollections`` runs the scheduler's full collections when
+it is idle and at most every ``--gc-full-interval`` seconds when busy (one in that W3 run: 1.1 % idle);
+``GcPauses`` reports every collection by generation (``banyan:gc_pause_seconds``) and
+``banyan:gc_frozen_objects`` what start-up froze, so a regression shows in the metrics."""
 
 from __future__ import annotations
 
