@@ -44,8 +44,13 @@ class CommonConfig:
     otlp_endpoint: str = field(default="", metadata={
         "help": "export OpenTelemetry spans to this OTLP endpoint (grpc host:4317, or http/protobuf with "
                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL; needs the otel extra; empty: no export)"})
+    gc_full_interval: float = field(default=120.0, metadata={
+        "help": "scheduler and tokenizer: seconds between Python's full garbage collections while busy (each "
+                "walks every running request's token lists: ~0.1 s at 1,024 requests; they also run when "
+                "idle); 0: Python's own thresholds, which under load run one every few dozen steps"})
 
     def __post_init__(self) -> None:
+        _check(self.gc_full_interval >= 0, f"gc_full_interval {self.gc_full_interval} is below 0")
         _check(self.log_level in ("debug", "info", "warning", "error"),
                f"log_level {self.log_level!r} is not one of debug | info | warning | error")
         _check(self.log_format in ("auto", "text", "json"),
@@ -149,6 +154,10 @@ class SchedulerConfig(CommonConfig):
     priority_prefill_cap: int = field(default=2048, metadata={
         "help": "priority scheduling: prompt tokens a step gives requests below the highest priority present "
                 "(running or waiting), so that an urgent request's steps stay short (0: no cap)"})
+    priority_prefill_cap_window: float = field(default=10.0, metadata={
+        "help": "priority scheduling: the --priority-prefill-cap stays on this many seconds after the last "
+                "higher-priority request left, so the next one does not find a full-size chunk in flight "
+                "(0: only while one is running or waiting)"})
     disable_priority_urgent_steps: bool = field(default=False, metadata={
         "help": "priority scheduling: do not give a newly admitted top-priority request a step of its own (by "
                 "default the step that admits it leaves lower-priority decodes and chunks out, at most every "
@@ -161,10 +170,6 @@ class SchedulerConfig(CommonConfig):
                 "0: a quarter of the KV pool; at most half of it"})
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "structured output: sample every token even where the grammar allows only one continuation"})
-    gc_full_interval: float = field(default=120.0, metadata={
-        "help": "seconds between Python's full garbage collections while busy (each walks every running "
-                "request's token lists: ~0.1 s at 1,024 requests; they also run when idle); 0: Python's own "
-                "thresholds, which under load run one every few dozen steps"})
     disable_overlap_schedule: bool = field(default=False, metadata={
         "help": "build each step only after the previous one's results arrived (default: while it runs)"})
     disable_cascade_attention: bool = field(default=False, metadata={
@@ -212,6 +217,7 @@ class SchedulerConfig(CommonConfig):
         _check(self.priority_preemption_threshold >= 0, "priority_preemption_threshold must be >= 0 (0: never preempt)")
         _check(self.priority_prefill_cap >= 0, "priority_prefill_cap must be >= 0 (0: no cap)")
         _check(self.priority_aging_seconds >= 0, "priority_aging_seconds must be >= 0 (0: no aging)")
+        _check(self.priority_prefill_cap_window >= 0, "priority_prefill_cap_window must be >= 0")
         _check(self.max_pinned_tokens >= 0, "max_pinned_tokens must be >= 0 (0: a quarter of the KV pool)")
         _check(self.cascade_min_group >= 2, "cascade_min_group must be >= 2")
         _check(self.cascade_min_prefix >= 1, "cascade_min_prefix must be >= 1")

@@ -16,9 +16,11 @@ it is idle and at most every ``--gc-full-interval`` seconds when busy (one in th
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import gc
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
@@ -56,6 +58,18 @@ class FullCollections:
         self.last = self.clock()
 
 
+async def pace(pacer: FullCollections, busy: Callable[[], bool], flush: Callable[[], None], every: float = 1.0) -> None:
+    """An asyncio loop's pacer (the tokenizer's): every ``every`` seconds ``flush()`` (``GcPauses.mirror``),
+    then the pacer's ``busy()`` or ``idle()``."""
+    while True:
+        await asyncio.sleep(every)
+        flush()
+        if busy():
+            pacer.busy()
+        else:
+            pacer.idle()
+
+
 def freeze_heap() -> None:
     """Collect what start-up left as garbage, then freeze the rest (call once the process is set up,
     before it serves; calling it again freezes what was made since)."""
@@ -72,6 +86,24 @@ class GcPauses:
     _t0 = 0.0
     counts: list[list[int]] = [[0] * (len(PAUSE_BUCKETS) + 1) for _ in range(3)]  # per generation, per bucket
     sums = [0.0, 0.0, 0.0]
+    pending: list[tuple[int, float]] | None = None  # (generation, seconds) for ``mirror`` (None: not kept)
+
+    @staticmethod
+    def mirror(histogram) -> Callable[[], None]:
+        """For a registry a custom collector cannot join (prometheus_client's multiprocess mode): the
+        pauses are kept (up to 10,000 between calls) and the returned ``flush()`` observes them into
+        ``histogram`` (labelled by generation) — call it from the process's own loop, never from a
+        collection."""
+        GcPauses.pending = []
+        if _callback not in gc.callbacks:
+            gc.callbacks.append(_callback)
+
+        def flush() -> None:
+            batch, GcPauses.pending = GcPauses.pending or [], []
+            for gen, seconds in batch:
+                histogram.labels(str(gen)).observe(seconds)
+
+        return flush
 
     def __init__(self, registry: CollectorRegistry) -> None:
         if _callback not in gc.callbacks:
@@ -101,3 +133,5 @@ def _callback(phase: str, info: dict) -> None:
         GcPauses._t0 = 0.0
         GcPauses.counts[gen][bisect.bisect_left(PAUSE_BUCKETS, seconds)] += 1
         GcPauses.sums[gen] += seconds
+        if GcPauses.pending is not None and len(GcPauses.pending) < 10_000:
+            GcPauses.pending.append((gen, seconds))

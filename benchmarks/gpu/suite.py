@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 
+from benchmarks.gpu import suite_counters  # noqa: E402
 from benchmarks.gpu import suite_report as report  # noqa: E402
 from benchmarks.gpu import suite_w6, suite_w7  # noqa: E402
 from benchmarks.gpu import suite_workloads as wl  # noqa: E402
@@ -260,7 +261,7 @@ class Suite:
                 self.phase(w, fns[w], store=w)
                 after = self.counters(server)
                 if before is not None and after is not None:
-                    self.doc["gpu_idle"][w] = report.worker_delta(self.doc["results"].get(w), w, before, after)
+                    self.doc["gpu_idle"][w] = suite_counters.worker_delta(self.doc["results"].get(w), w, before, after)
         finally:
             server.stop()
         if "W3" in todo and "error" not in self.doc["results"]["W3"]:
@@ -285,7 +286,7 @@ class Suite:
 
     def counters(self, server) -> dict | None:
         try:
-            return report.worker_counters(server)
+            return suite_counters.worker_counters(server)
         except OSError as e:  # the metrics endpoint is optional: the idle column says n/a
             print(f"[suite] worker metrics unavailable: {e!r}", flush=True)
             return None

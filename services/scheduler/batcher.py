@@ -10,7 +10,8 @@
    the ratio decays while decoding goes well and resets when a retraction happens. With priority
    scheduling the highest priority present goes first (its chunks, then admission in priority
    order, then the chunks of the lower levels), and the lower levels share at most
-   ``low_priority_prefill`` prompt tokens a step: an urgent request's steps stay short.
+   ``low_priority_prefill`` prompt tokens a step: an urgent request's steps stay short (also for
+   ``low_priority_window`` seconds after the last one left, for the next one's sake).
 3. In-batch dedup: a waiting request whose uncached prefix is being computed by another request
    right now waits a step, then finds it in the cache (this is how n > 1 branches share a prompt).
 
@@ -68,6 +69,10 @@ class Limits:
     # priority scheduling: prompt tokens a step gives requests below the highest priority present (None:
     # priority scheduling off — one level, nothing capped)
     low_priority_prefill: int | None = None
+    # ... and for this many seconds after a higher level was last present: the cap stays on between one
+    # interactive request and the next, so that the next does not find a full-size chunk in flight (0: only
+    # while one is present)
+    low_priority_window: float = 0.0
     # priority scheduling: the step that admits a top-level request leaves the lower levels out (not two
     # steps in a row), so its first token does not wait for a full batch of theirs
     urgent_steps: bool = False
@@ -99,8 +104,8 @@ def _level(r: Req) -> float:
 
 class Batcher:
     def __init__(self, kv: KVManager, policy: Policy, limits: Limits, cascade: CascadePolicy | None = None,
-                 counters: Counters | None = None, preemptor: Any = None) -> None:
-        self.kv, self.policy, self.limits = kv, policy, limits
+                 counters: Counters | None = None, preemptor: Any = None, clock=time.monotonic) -> None:
+        self.kv, self.policy, self.limits, self.clock = kv, policy, limits, clock
         self.preemptor = preemptor  # priority.Preemptor (priority scheduling with preemption), or None
         self.cascade = cascade if kv.caching else None  # (no cache: nothing is shared)
         self.counters = counters if counters is not None else kv.counters  # step ids, retractions, cascade totals
@@ -108,6 +113,7 @@ class Batcher:
         self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
         self._urgent_last = False  # the last batch was an urgent step (``Limits.urgent_steps``)
         self._groups_memo: tuple[Any, Groups | None, Any] = (None, None, None)  # (batch key, its groups, refs)
+        self._levels_seen: dict[float, float] = {}  # priority level -> when last present (``low_priority_window``)
 
     def build(self, running: list[Req], waiting: deque[Req]) -> Scheduled | None:
         plan = Plan()
@@ -181,6 +187,13 @@ class Batcher:
             return _Budget(self.limits.max_prefill_tokens, float("-inf"), None)
         top = max(max((_level(r) for r in running), default=float("-inf")),
                   max((_level(r) for r in waiting), default=float("-inf")))
+        if self.limits.low_priority_window > 0:  # the highest level present lately
+            now, seen = self.clock(), self._levels_seen
+            if top != float("inf"):  # (aged requests are above every level, not a level to protect)
+                seen[top] = now
+            for level in [lv for lv, t in seen.items() if now - t > self.limits.low_priority_window]:
+                del seen[level]
+            top = max(top, max(seen, default=top))
         return _Budget(self.limits.max_prefill_tokens, top, low or None)  # (0: levels ordered, nothing capped)
 
     def _chunks(self, reqs: list[Req], budget: _Budget, plan: Plan) -> None:

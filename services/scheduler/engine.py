@@ -66,6 +66,7 @@ class EngineSession:
                 preemptor = Preemptor(policy, cfg.priority_preemption_threshold)
         limits = Limits(running, cfg.max_prefill_tokens, cfg.chunked_prefill_size,
                         cfg.priority_prefill_cap if cfg.enable_priority_scheduling else None,
+                        cfg.priority_prefill_cap_window,
                         cfg.enable_priority_scheduling and not cfg.disable_priority_urgent_steps,
                         w.cuda_graph_max_bs or SPLIT_ROWS_NO_GRAPHS)
         batcher = Batcher(kv, policy, limits, cascade, counters, preemptor)

@@ -13,8 +13,9 @@ Plus HTTP requests by endpoint and status, and requests in flight.
 Replicas share the port, so a scrape reaches any one of them: with ``PROMETHEUS_MULTIPROC_DIR``
 set (``banyan serve`` gives its tokenizers one per run), every replica writes its values there
 and each scrape sums all of them (prometheus_client's multiprocess mode). Without it each replica
-reports its own values. ``banyan:gc_pause_seconds{generation}`` (this process's Python GC pauses,
-``shared/gc_pause.py``) is reported without multiprocess mode only.
+reports its own values. ``banyan:gc_pause_seconds{generation}``: Python GC pauses (``shared/gc_pause.py``;
+in multiprocess mode every replica's, observed once a second from the loop; ``banyan:gc_frozen_objects``
+only without it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from shared.gc_pause import GcPauses
+from shared.gc_pause import PAUSE_BUCKETS, GcPauses
 from shared.messages.common import FinishReason
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -59,8 +60,13 @@ class TokenizerMetrics:
                                 ["finish_reason"], registry=r)
         for reason in FinishReason:  # present from the start, at 0
             self.finished.labels(reason)
-        if not self.multiprocess_dir:  # (a custom collector: multiprocess mode does not sum those)
+        if self.multiprocess_dir:  # (a custom collector would not be summed: a histogram, fed from the loop)
+            self.gc_flush = GcPauses.mirror(Histogram(
+                "banyan:gc_pause_seconds", "Python cyclic-GC pauses of the tokenizer processes, by generation",
+                ["generation"], buckets=PAUSE_BUCKETS, registry=r))
+        else:
             GcPauses(r)
+            self.gc_flush = lambda: None
 
     def request_ended(self, e2e: float | None, gaps: list[float], prompt_tokens: int, generated: int,
                       cached_tokens: int, reasons: list[str]) -> None:

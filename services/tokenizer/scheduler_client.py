@@ -138,6 +138,10 @@ class SchedulerClient:
     def in_flight(self, rid: str) -> bool:
         return rid in self._streams
 
+    @property
+    def streams_open(self) -> int:
+        return len(self._streams)
+
     def route(self, input_ids: list[int], cache_ns: str = "") -> Route:
         """The group for a prompt (remembered as having its prefix from now on)."""
         try:

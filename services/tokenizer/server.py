@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shared.config import ConfigError, TokenizerConfig
-from shared.gc_pause import freeze_heap
+from shared.gc_pause import FullCollections, freeze_heap, pace
 from shared.logging import get_logger
 from shared.model_path import resolve_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
@@ -130,9 +130,13 @@ async def run(cfg: TokenizerConfig) -> None:
         log.info("tokenizer_serving", grpc_port=port, http_port=http_port)
 
     ready_task = asyncio.create_task(mark_ready())
+    # full collections when no stream is open, or every --gc-full-interval s (shared/gc_pause.py)
+    gc_task = asyncio.create_task(pace(FullCollections(cfg.gc_full_interval), lambda: client.streams_open > 0,
+                                       metrics.gc_flush))
     await stop.wait()
     log.info("tokenizer_stopping")
     ready_task.cancel()
+    gc_task.cancel()
     client.closing = True
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -148,6 +148,13 @@ def test_tokenizer_metrics_match_responses_across_replicas(server, stub):
     for _ in range(4):
         again = scrape(server)
         assert value(again, "banyan:generation_tokens_total") == value(after, "banyan:generation_tokens_total")
+    # the replicas' GC pauses, observed from their loops once a second (multiprocess mode: no custom collector)
+    for _ in range(50):
+        young = value(scrape(server), "banyan:gc_pause_seconds_count", generation=0)
+        if young > 0:
+            break
+        time.sleep(0.1)
+    assert young > 0
 
 
 def test_scheduler_and_worker_metrics(server, stub):

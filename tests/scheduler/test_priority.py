@@ -33,11 +33,14 @@ def req(prompt, priority=0, max_new=64, rid="r", at=0.0) -> Req:
 
 
 def batcher(pool=4096, rows=64, policy="fcfs", threshold=10, aging=0.0, clock=None, max_running=None, cap=None,
-            prefill=1024, chunk=1024, urgent=False):
+            prefill=1024, chunk=1024, urgent=False, window=0.0):
     kv = KVManager(pool, rows)
-    order = PriorityPolicy(POLICIES[policy](), aging, clock or Clock())
+    clock = clock or Clock()
+    order = PriorityPolicy(POLICIES[policy](), aging, clock)
     pre = Preemptor(order, threshold) if threshold else None
-    return Batcher(kv, order, Limits(max_running or rows, prefill, chunk, cap, urgent), preemptor=pre)
+    limits = Limits(max_running or rows, prefill, chunk, low_priority_prefill=cap, low_priority_window=window,
+                    urgent_steps=urgent)
+    return Batcher(kv, order, limits, preemptor=pre, clock=clock)
 
 
 def step(b: Batcher, running, waiting, token=5):
@@ -202,6 +205,36 @@ def test_the_highest_level_gets_the_step_first_and_lower_levels_share_the_cap():
         b.kv.release(r)
     s = step(b, running, waiting)  # the urgent request is gone: the whole budget again (bg1's last 464, then bg2)
     assert rids(s.reqs) == ["bg1", "bg2"] and s.extend == [464, 560]
+
+
+def test_the_cap_outlives_the_urgent_request_for_the_window():
+    clock = Clock()
+    b = batcher(pool=40000, cap=256, prefill=1024, chunk=1024, window=10.0, clock=clock)
+    running, waiting = [], deque([req(range(1000, 9000), 0, rid="bg")])
+    s = step(b, running, waiting)  # never a higher level yet: the whole budget
+    assert s.prefill_tokens == 1024
+    waiting.append(req(range(20000, 20100), 10, max_new=2, rid="urgent"))
+    s = step(b, running, waiting)
+    assert rids(s.reqs) == ["urgent", "bg"] and s.extend == [100, 256]
+    for r in [r for r in running if r.rid == "urgent"]:
+        running.remove(r)
+        b.kv.release(r)
+    clock.t += 9.0  # gone for 9 s: the background's chunks stay capped
+    s = step(b, running, waiting)
+    assert rids(s.reqs) == ["bg"] and s.extend == [256]
+    clock.t += 1.5  # gone for 10.5 s > the window: the whole budget again
+    s = step(b, running, waiting)
+    assert rids(s.reqs) == ["bg"] and s.extend == [1024]
+    # an aged request is above every level, but not a level the window keeps the cap on for
+    b2 = batcher(pool=40000, cap=256, prefill=1024, chunk=1024, window=10.0, clock=clock)
+    aged = req(range(30000, 30050), 0, rid="aged")
+    aged.aged = True
+    running2, waiting2 = [], deque([aged, req(range(31000, 33000), 0, rid="bg2")])
+    step(b2, running2, waiting2)
+    running2.remove(aged)
+    b2.kv.release(aged)
+    s = step(b2, running2, waiting2)
+    assert rids(s.reqs) == ["bg2"] and s.prefill_tokens == 1024
 
 
 def test_without_a_cap_levels_are_still_served_in_order():

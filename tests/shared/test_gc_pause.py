@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.gc_pause import PAUSE_BUCKETS, FullCollections, GcPauses, freeze_heap
@@ -38,6 +38,24 @@ def test_collections_counted_by_generation():
     gen2 = [after[("banyan:gc_pause_seconds_bucket", "2", str(b))] for b in PAUSE_BUCKETS]
     assert gen2 == sorted(gen2)
     assert after[("banyan:gc_pause_seconds_bucket", "2", "+Inf")] == after[("banyan:gc_pause_seconds_count", "2", "")]
+
+
+def test_mirror_feeds_a_plain_histogram_from_the_loop():
+    reg = CollectorRegistry()
+    hist = Histogram("banyan:gc_pause_seconds", "pauses", ["generation"], buckets=PAUSE_BUCKETS, registry=reg)
+    flush = GcPauses.mirror(hist)
+    try:
+        gc.collect(2)
+        gc.collect(0)
+        assert samples(reg).get(("banyan:gc_pause_seconds_count", "2", ""), 0) == 0  # nothing before a flush
+        flush()
+        got = samples(reg)
+        assert got[("banyan:gc_pause_seconds_count", "2", "")] >= 1
+        assert got[("banyan:gc_pause_seconds_count", "0", "")] >= 1
+        flush()  # flushed once only
+        assert samples(reg)[("banyan:gc_pause_seconds_count", "2", "")] == got[("banyan:gc_pause_seconds_count", "2", "")]
+    finally:
+        GcPauses.pending = None
 
 
 def test_freeze_heap_takes_the_start_up_heap_out_of_the_walk():
