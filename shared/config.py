@@ -139,7 +139,9 @@ class SchedulerConfig(CommonConfig):
                 "read little KV per request, 256 on a CPU)"})
     max_prefill_tokens: int = field(default=16384, metadata={"help": "prompt tokens computed per step (all requests)"})
     chunked_prefill_size: int = field(default=8192, metadata={"help": "prompt tokens per request per step"})
-    schedule_policy: str = field(default="lpm", metadata={"help": "fcfs | lpm | dfs-weight"})
+    schedule_policy: str = field(default="lpm", metadata={
+        "help": "fcfs | lpm (longest cached prefix first) | dfs-weight (prefix tree, heavier subtrees first) | lof "
+                "(longest output first: offline batches end without a tail of late long requests)"})
     page_size: int = field(default=1, metadata={"help": "KV page size in tokens (prefix-cache granularity)"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
     max_queued_requests: int = field(default=0, metadata={
@@ -211,7 +213,7 @@ class SchedulerConfig(CommonConfig):
         _check(self.worker_timeout >= 1.0, "worker_timeout must be >= 1 s")
         _check(self.max_prefill_tokens >= 16, "max_prefill_tokens must be >= 16")
         _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
-        _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight"), f"bad schedule_policy {self.schedule_policy!r}")
+        _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight", "lof"), f"bad schedule_policy {self.schedule_policy!r}")
         _check(self.page_size >= 1, "page_size must be >= 1")
         _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         _check(self.priority_preemption_threshold >= 0, "priority_preemption_threshold must be >= 0 (0: never preempt)")

@@ -4,6 +4,10 @@
 - ``lpm``: longest cached prefix first (most reuse now, before the prefix is evicted).
 - ``dfs-weight``: walk the prefix tree depth-first, heavier subtrees (more waiting requests)
   first, so requests sharing a prefix run together.
+- ``lof``: longest output first (the most new tokens left to generate; ties keep arrival order).
+  For offline batches: the requests that will run longest start first, so the run does not end
+  in a tail of a few late, long requests at a small batch (longest-processing-time-first for the
+  makespan); online, a short request waits behind long ones that queued with it.
 Cache-aware policies fall back to FCFS when the queue is long (matching every request each step
 would cost more than it saves). They see the tree only through the ``PrefixCache`` interface.
 """
@@ -47,4 +51,10 @@ class DFSWeight(Policy):
         return [reqs[i] for i in kv.cache.subtree_order(handles)]
 
 
-POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "lpm": LongestPrefixMatch, "dfs-weight": DFSWeight}
+class LongestOutputFirst(Policy):
+    def order(self, waiting, kv):
+        return sorted(waiting, key=lambda r: -r.remaining_new_tokens)  # (stable: ties keep arrival order)
+
+
+POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "lpm": LongestPrefixMatch, "dfs-weight": DFSWeight,
+                                     "lof": LongestOutputFirst}

@@ -2,7 +2,7 @@
 higher = more urgent) decides three things.
 
 - **Order** (``PriorityPolicy``): the waiting queue is ordered by priority level first, highest
-  first, and by the configured policy (fcfs, lpm, dfs-weight) within a level. A request that has
+  first, and by the configured policy (fcfs, lpm, dfs-weight, lof) within a level. A request that has
   waited ``--priority-aging-seconds`` is *aged*: from then on it goes ahead of every level (oldest
   first) and, once running, is never preempted — nothing starves longer than that.
 - **Preemption** (``Preemptor``, before each step is built): when the first waiting request in that

@@ -97,6 +97,27 @@ def test_dfs_weight_groups_requests_of_the_heavier_subtree_first():
     assert order == ["y1", "y2", "y3", "x1", "x2"]
 
 
+def test_lof_admits_the_longest_outputs_first_so_the_run_has_no_long_tail():
+    b = batcher(policy="lof", max_prefill=64, rows=2)  # two rows: admission order decides who runs late
+    lens = {"short1": 2, "long": 12, "short2": 2, "mid": 6, "short3": 2}
+    waiting = deque([req(range(10 * i, 10 * i + 8), max_new=n, rid=rid) for i, (rid, n) in enumerate(lens.items())])
+    assert [r.rid for r in b.policy.order(waiting, b.kv)] == ["long", "mid", "short1", "short2", "short3"]
+    resumed = req(range(900, 908), max_new=12, rid="resumed")
+    resumed.output = [5] * 11  # (a retracted request: one token left to generate)
+    assert [r.rid for r in b.policy.order([resumed, waiting[1]], b.kv)] == ["long", "resumed"]
+    running, steps = [], {}
+    for _ in range(40):
+        if step(b, running, waiting) is None:
+            break
+        steps.update({r.rid: len(steps) for r in running if r.rid not in steps})  # (admission order)
+        for r in [r for r in running if r.remaining_new_tokens == 0]:
+            running.remove(r)
+            b.kv.release(r)
+    assert sorted(steps, key=steps.get)[:2] == ["long", "mid"]
+    fcfs = batcher(policy="fcfs")
+    assert [r.rid for r in fcfs.policy.order(deque(waiting), fcfs.kv)] == [r.rid for r in waiting]
+
+
 def test_retraction_frees_room_for_decode_and_requeues_the_cheapest():
     b = batcher(pool=200, max_prefill=512)
     running, waiting = [], deque([req(range(10 + 40 * i, 50 + 40 * i), max_new=100, rid=f"r{i}") for i in range(4)])
