@@ -213,7 +213,8 @@ class SchedulerConfig(CommonConfig):
         _check(self.worker_timeout >= 1.0, "worker_timeout must be >= 1 s")
         _check(self.max_prefill_tokens >= 16, "max_prefill_tokens must be >= 16")
         _check(self.chunked_prefill_size >= 16, "chunked_prefill_size must be >= 16")
-        _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight", "lof"), f"bad schedule_policy {self.schedule_policy!r}")
+        _check(self.schedule_policy in ("fcfs", "lpm", "dfs-weight", "lof"),
+               f"bad schedule_policy {self.schedule_policy!r}")
         _check(self.page_size >= 1, "page_size must be >= 1")
         _check(self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         _check(self.priority_preemption_threshold >= 0, "priority_preemption_threshold must be >= 0 (0: never preempt)")

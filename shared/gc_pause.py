@@ -31,9 +31,9 @@ PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 class FullCollections:
     """When a busy loop's full collections happen: never on Python's count thresholds (they fire every
     few dozen steps under load, each walking the live heap: the scheduler's token and slot lists of
-    1,024 running requests, ~110 ms on the H200 host), but when the loop is idle (``idle()``: the heap is
-    small then; at most every ``interval`` ÷ 10: a request that arrives meanwhile waits for it) and, under load
-    that never idles, once every ``interval`` seconds (``busy()``). The young
+    1,024 running requests, ~110 ms on the H200 host), but when the loop is idle (``idle()``: the heap
+    is small then; at most every ``interval`` ÷ 10, as a request that arrives meanwhile waits for it)
+    and, under load that never idles, once every ``interval`` seconds (``busy()``). The young
     generations keep their automatic collections (they walk only young objects). Cyclic garbage waits
     at most ``interval``; the scheduler makes little (its objects go by reference counting).
     ``interval`` 0: Python's own thresholds."""
@@ -58,7 +58,8 @@ class FullCollections:
         self.last = self.clock()
 
 
-async def pace(pacer: FullCollections, busy: Callable[[], bool], flush: Callable[[], None], every: float = 1.0) -> None:
+async def pace(pacer: FullCollections, busy: Callable[[], bool], flush: Callable[[], None],
+               every: float = 1.0) -> None:
     """An asyncio loop's pacer (the tokenizer's): every ``every`` seconds ``flush()`` (``GcPauses.mirror``),
     then the pacer's ``busy()`` or ``idle()``."""
     while True:
