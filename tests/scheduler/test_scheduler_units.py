@@ -102,6 +102,8 @@ def test_lof_admits_the_longest_outputs_first_so_the_run_has_no_long_tail():
     lens = {"short1": 2, "long": 12, "short2": 2, "mid": 6, "short3": 2}
     waiting = deque([req(range(10 * i, 10 * i + 8), max_new=n, rid=rid) for i, (rid, n) in enumerate(lens.items())])
     assert [r.rid for r in b.policy.order(waiting, b.kv)] == ["long", "mid", "short1", "short2", "short3"]
+    fcfs = batcher(policy="fcfs")
+    assert [r.rid for r in fcfs.policy.order(waiting, fcfs.kv)] == list(lens)  # (arrival order, for contrast)
     resumed = req(range(900, 908), max_new=12, rid="resumed")
     resumed.output = [5] * 11  # (a retracted request: one token left to generate)
     assert [r.rid for r in b.policy.order([resumed, waiting[1]], b.kv)] == ["long", "resumed"]
@@ -113,9 +115,7 @@ def test_lof_admits_the_longest_outputs_first_so_the_run_has_no_long_tail():
         for r in [r for r in running if r.remaining_new_tokens == 0]:
             running.remove(r)
             b.kv.release(r)
-    assert sorted(steps, key=steps.get)[:2] == ["long", "mid"]
-    fcfs = batcher(policy="fcfs")
-    assert [r.rid for r in fcfs.policy.order(deque(waiting), fcfs.kv)] == [r.rid for r in waiting]
+    assert sorted(steps, key=steps.get)[:2] == ["long", "mid"] and not waiting
 
 
 def test_retraction_frees_room_for_decode_and_requeues_the_cheapest():
