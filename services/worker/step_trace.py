@@ -3,7 +3,8 @@
 
 Each line: the step id and kind, its rows and tokens, and host times in ms since the worker
 started — ``recv`` (the batch taken off the socket), ``queued`` (its launch returned), ``answered``
-(its results sent) — with the device's busy and idle ms as the step metrics measure them.
+(its results sent), and ``t`` (the wall clock when answered, seconds: the stage log lines' clock) —
+with the device's busy and idle ms as the step metrics measure them.
 ``benchmarks/gpu/step_trace.py`` summarizes a file: where the idle sits, and what came before it
 (the scheduler's turnaround: ``recv`` of N+2 minus ``answered`` of N; the worker's queueing)."""
 
@@ -32,7 +33,7 @@ class StepTrace:
         recv, queued = self._open.pop(step, (float("nan"), float("nan")))
         ms = lambda t: round((t - self._t0) * 1e3, 3)  # noqa: E731
         self._file.write(json.dumps({"step": step, "kind": kind, "rows": rows, "tokens": tokens, "recv": ms(recv),
-                                     "queued": ms(queued), "answered": ms(time.perf_counter()),
+                                     "queued": ms(queued), "answered": ms(time.perf_counter()), "t": time.time(),
                                      "device_ms": round(busy_s * 1e3, 3), "idle_ms": round(idle_s * 1e3, 3)}) + "\n")
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tests.support import make_tiny_model
 
-from benchmarks.gpu import step_trace
+from benchmarks.gpu import stage_trace, step_trace
 from benchmarks.gpu import suite_report as report
 from benchmarks.gpu.make_model import LLAMA_8B
 from benchmarks.gpu.suite import TOKENIZERS
@@ -103,6 +103,12 @@ def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
     trace = step_trace.load(out / "steps_main.jsonl")  # --step-trace: the main server's worker, a line a step
     assert len(trace) >= sum(v["steps"] for v in kinds.values()) and {"prefill", "decode_eager"} <= {
         t["kind"] for t in trace}
+    reqs = stage_trace.load_stages(out / "server_main.log")  # the stage lines of every request, joined by id
+    done = [r for r in reqs.values() if {"received", "queued", "scheduled", "first_token"} <= set(r)]
+    assert len(done) >= 8 and all(r["received"] <= r["queued"] <= r["scheduled"] <= r["first_token"] for r in done)
+    assert all(r.get("step") in {t["step"] for t in trace} for r in done)  # (worker_admitted: a traced step)
+    assert "| priority < 1 | " in stage_trace.segments(reqs, 1)
+    assert "← its step" in stage_trace.slowest(reqs, stage_trace.load_steps(out / "steps_main.jsonl"), 0, 1)
     table = (out / "suite_t.md").read_text()
     assert stdout.rstrip().endswith(table.rstrip()) and table.count("\n| W") >= 10 and "TINY" in table
 
