@@ -145,7 +145,8 @@ def environment(args, model: str) -> dict:
                            capture_output=True, text=True)
         device = r.stdout.strip().replace("\n", "; ") or "GPU (nvidia-smi failed)"
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device, "model": model, "tiny": args.tiny,
-            "git_commit": git("rev-parse", "HEAD"),
+            # (BANYAN_GIT_COMMIT: a copy of the tree whose .git is not its own, e.g. the device machine's)
+            "git_commit": os.environ.get("BANYAN_GIT_COMMIT") or git("rev-parse", "HEAD"),
             "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "argv": sys.argv[1:], "serve_args": args.serve_args, "python": platform.python_version(),
             "versions": {p: version(p) for p in ("torch", "transformers", "flashinfer-python", "xgrammar", "grpcio",

@@ -1,0 +1,110 @@
+"""Decode attention over an FP8 pool (issue 20: FP8 KV no slower than bf16): FlashInfer's
+tensor-core decode on a bf16 pool and on an FP8 one against Banyan's Triton split-KV kernel
+(``services/worker/attention/triton_decode.py``) on both, by batch size and context, each replayed
+from a CUDA graph and reading another layer's cache per call (8 cycled, as 32 layers do). The
+8B shape: 32 query / 8 KV heads, head_dim 128, page size 1 (slots in random order).
+
+    python -m benchmarks.gpu.fp8_decode_bench --out $OUT/fp8_decode.json [--shapes 64x1024,600x1536]
+
+Also checks the Triton kernel against FlashInfer on the same FP8 cache (max abs difference).
+Prints a table last (µs a layer, % of 4.3 TB/s); writes JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from benchmarks.gpu.decode_parts_bench import D, HKV, HQ, LAYERS, graph_time
+
+SHAPES = "1x1024,1x8192,16x2048,64x1024,256x1536,600x1536,1024x1024"
+CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 4, 3))  # (block, warps, stages)
+HBM = 4.3e12
+
+
+def run(shapes: list[tuple[int, int]]) -> list[dict]:
+    import flashinfer
+
+    from services.worker.attention import triton_decode as td
+
+    dev, rows = torch.device("cuda"), []
+    ws = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+    scale = 1 / math.sqrt(D)
+    for bs, ctx in shapes:
+        slots = bs * ctx + 1
+        bf = [(torch.randn(slots, HKV, D, dtype=torch.bfloat16, device=dev),
+               torch.randn(slots, HKV, D, dtype=torch.bfloat16, device=dev)) for _ in range(LAYERS)]
+        f8 = [(k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)) for k, v in bf]
+        perm = torch.randperm(slots - 1, device=dev)[: bs * ctx].to(torch.int32) + 1
+        table = perm.view(bs, ctx)
+        rows_dev = torch.arange(bs, device=dev)
+        prefix = torch.full((bs,), ctx - 1, dtype=torch.int64, device=dev)
+        indptr = torch.arange(0, (bs + 1) * ctx, ctx, dtype=torch.int32)
+        q = torch.randn(bs, HQ, D, dtype=torch.bfloat16, device=dev)
+        row: dict = {"batch": bs, "context": ctx}
+        for name, caches, kv_dtype in (("bf16", bf, torch.bfloat16), ("fp8", f8, torch.float8_e4m3fn)):
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                ws, "NHD", use_cuda_graph=True, use_tensor_cores=True, paged_kv_indptr_buffer=indptr.to(dev),
+                paged_kv_indices_buffer=perm.clone(),
+                paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=dev))
+            w.plan(indptr, perm, torch.ones(bs, dtype=torch.int32), HQ, HKV, D, 1, q_data_type=torch.bfloat16,
+                   kv_data_type=kv_dtype)
+            kw = dict(k_scale=0.5, v_scale=2.0) if name == "fp8" else {}
+            row[f"flashinfer_{name}_us"] = round(graph_time(lambda i, w=w, c=caches, kw=kw: w.run(q, c[i], **kw),
+                                                            LAYERS), 2)
+            for block, warps, stages in CONFIGS:
+                key = f"triton_{name}_{block}_{warps}w{stages}s_us"
+                try:
+                    row[key] = round(graph_time(lambda i, c=caches, b=block, nw=warps, ns=stages: td.decode(
+                        q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, block=b, num_warps=nw,
+                        num_stages=ns), LAYERS), 2)
+                except Exception as e:  # (a configuration that does not compile: recorded)
+                    row[key] = f"{type(e).__name__}: {e}"[:120]
+            if name == "fp8":
+                ref = w.run(q, caches[0], k_scale=0.5, v_scale=2.0).float()
+                got = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0).float()
+                row["triton_vs_flashinfer_fp8_max_abs"] = float((got - ref).abs().max())
+                row["ref_max_abs"] = float(ref.abs().max())
+        for name, size in (("bf16", 2), ("fp8", 1)):
+            times = [v for k, v in row.items() if k.startswith(f"triton_{name}_") and isinstance(v, float)]
+            row[f"triton_{name}_best_us"] = min(times) if times else None
+            row[f"{name}_bytes"] = bs * ctx * HKV * D * 2 * size
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del bf, f8
+        torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| batch × context | FlashInfer bf16 µs (% BW) | FlashInfer FP8 | Triton bf16 best | Triton FP8 best | "
+           "Triton − FlashInfer FP8 max abs |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+
+    def cell(us, nbytes):
+        return f"{us:.1f} ({nbytes / (us * 1e-6) / HBM:.0%})" if isinstance(us, float) else str(us)
+
+    for r in rows:
+        out.append(f"| {r['batch']} × {r['context']} | {cell(r['flashinfer_bf16_us'], r['bf16_bytes'])} | "
+                   f"{cell(r['flashinfer_fp8_us'], r['fp8_bytes'])} | {cell(r['triton_bf16_best_us'], r['bf16_bytes'])}"
+                   f" | {cell(r['triton_fp8_best_us'], r['fp8_bytes'])} | {r['triton_vs_flashinfer_fp8_max_abs']:.3g} "
+                   f"(of {r['ref_max_abs']:.3g}) |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shapes", default=SHAPES, help="batch x context, comma-separated")
+    a = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    rows = run(shapes)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"rows": rows, "configs": CONFIGS}, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Decode attention over the paged pool in Triton (split-KV "flash decoding"), for FP8 pools.
+
+FlashInfer's FP8-KV decode kernels read the pool well below bandwidth on the H200 (batch 64 × 1k:
+0.20–0.23 ms a layer against bf16's 0.14–0.18, for half the bytes; docs/perf.md), so an FP8 pool
+made decode-heavy runs slower, not faster. This kernel reads each request's K/V rows through its
+``req_to_token`` row (page size 1: one token's K of one KV head is ``head_dim`` contiguous
+elements), widens them in registers, and attends the GQA group's query heads to them at once (the
+group padded to a tensor-core tile).
+
+Two launches: (1) a grid of (request, KV head, split) programs, each over one contiguous part of
+the request's context → a partial output and log-sum-exp per query head; (2) the parts of each
+(request, query head) merged by their log-sum-exp, times the pool's ``v_scale``. Nothing is
+planned on the host: the programs read each request's table row and prefix length from the device
+(the graph buffers or the eager batch), and the split count depends only on the batch size, so a
+CUDA graph captured at a batch size replays for any context lengths.
+
+Works for any pool dtype (bf16 pools too; the tests run float32 in Triton's interpreter)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # (the CPU install: nothing here is used without CUDA)
+    triton = None
+
+BLOCK_N = 64  # context tokens a program reads per iteration
+MAX_SPLITS = 16
+TARGET_PROGRAMS = 4 * 132  # ~4 programs per SM of an H100/H200 across (request, KV head, split)
+
+
+def num_splits(batch: int, kv_heads: int) -> int:
+    """Splits per request: enough programs to fill the GPU at small batches, one at large ones.
+    A function of the batch size only (a graph's launch grid is fixed at capture)."""
+    return max(1, min(MAX_SPLITS, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads))))
+
+
+if triton is not None:
+    @triton.jit
+    def _partial_kernel(Q, K, V, Table, Rows, Prefix, Opart, Lpart,
+                        stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
+                        stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                        qk_scale,
+                        G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+        b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        row = tl.load(Rows + b).to(tl.int64)
+        n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
+        per = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK) * BLOCK
+        lo = s * per
+        hi = tl.minimum(lo + per, n)
+        offs_g = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK)
+        gmask, dmask = offs_g < G, offs_d < D
+        heads = h * G + offs_g
+        q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0)
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for start in range(lo, hi, BLOCK):
+            idx = start + offs_n
+            nmask = idx < hi
+            slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
+            kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
+            kv_mask = nmask[:, None] & dmask[None, :]
+            k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+            qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_H, BLOCK) float32, log2 units
+            qk = tl.where(nmask[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            m_i = m_new
+        full = l_i > 0
+        out = acc / tl.where(full, l_i, 1.0)[:, None]
+        lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))  # log2 units
+        o_ptr = Opart + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
+        tl.store(o_ptr, out, mask=gmask[:, None] & dmask[None, :])
+        tl.store(Lpart + b * stride_lb + heads * stride_lh + s, lse, mask=gmask)
+
+    @triton.jit
+    def _merge_kernel(Opart, Lpart, Out, Lse,
+                      stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_out_t, stride_out_h,
+                      stride_lse_b, v_scale,
+                      D: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                      WRITE_LSE: tl.constexpr):
+        b, hq = tl.program_id(0), tl.program_id(1)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        smask, dmask = offs_s < SPLITS, offs_d < D
+        lse = tl.load(Lpart + b * stride_lb + hq * stride_lh + offs_s, mask=smask, other=float("-inf"))
+        m = tl.max(lse, 0)
+        w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - m), 0.0)
+        total = tl.sum(w, 0)
+        o = tl.load(Opart + b * stride_ob + hq * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :],
+                    mask=smask[:, None] & dmask[None, :], other=0.0)
+        out = tl.sum(o * w[:, None], 0) / total * v_scale
+        tl.store(Out + b * stride_out_t + hq * stride_out_h + offs_d, out.to(Out.dtype.element_ty), mask=dmask)
+        if WRITE_LSE:  # natural log, as FlashInfer's states (merged with them in cascade steps)
+            tl.store(Lse + b * stride_lse_b + hq, (m + tl.log2(total)) * 0.6931471805599453)
+
+
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+           rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
+           v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int = BLOCK_N,
+           num_warps: int = 4, num_stages: int = 2):
+    """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
+    0..prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's dtype (and the natural
+    log-sum-exp (B, Hq) float32 with ``return_lse``). k_cache / v_cache (S, Hkv, D) of any dtype;
+    ``k_scale`` / ``v_scale``: what the pool's values are multiplied by to give K and V. ``block``,
+    ``num_warps``, ``num_stages``: the launch configuration (benchmarks/gpu/fp8_decode_bench.py)."""
+    bsz, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    splits = splits or num_splits(bsz, hkv)
+    o_part = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(d)
+    _partial_kernel[(bsz, hkv, splits)](
+        q, k_cache, v_cache, req_to_token, rows, prefix_lens, o_part, l_part,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
+        sm_scale * k_scale * 1.4426950408889634,  # (exp2: scores in log2 units)
+        G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part
+    _merge_kernel[(bsz, hq)](
+        o_part, l_part, out, lse,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), v_scale,
+        D=d, BLOCK_D=block_d, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), WRITE_LSE=return_lse,
+    )
+    return (out, lse) if return_lse else out
