@@ -250,6 +250,9 @@ class WorkerConfig(CommonConfig):
     kv_cache_dtype: str = field(default="auto", metadata={
         "help": "KV cache storage: auto (the model dtype) | fp8_e4m3 (FP8 with a per-tensor scale, or the "
                 "checkpoint's per-layer / per-head k_scale and v_scale: twice the tokens in the same memory)"})
+    decode_attention: str = field(default="auto", metadata={
+        "help": "decode attention kernel of the flashinfer backend: auto (flashinfer) | flashinfer | triton "
+                "(Banyan's split-KV kernel: reads an FP8 pool nearer bandwidth than FlashInfer's FP8-KV decode)"})
     quantization: str = field(default="", metadata={
         "help": "weight quantization: empty (none, or what the checkpoint's quantization_config says: FP8 "
                 "checkpoints load as FP8) | fp8 (FP8 e4m3 weights with per-output-channel scales, quantized at "
@@ -286,6 +289,8 @@ class WorkerConfig(CommonConfig):
         _check(self.context_length >= 0, "context_length must be >= 0")
         _check(self.attention_backend in ("auto", "flashinfer", "torch"),
                f"bad attention backend {self.attention_backend!r} (auto | flashinfer | torch)")
+        _check(self.decode_attention in ("auto", "flashinfer", "triton"),
+               f"bad decode_attention {self.decode_attention!r} (auto | flashinfer | triton)")
         _check(0.0 < self.mem_fraction_static <= 1.0, "mem_fraction_static must be in (0, 1]")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
                f"bad kv_cache_dtype {self.kv_cache_dtype!r} ({' | '.join(KV_CACHE_DTYPES)})")

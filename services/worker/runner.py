@@ -135,7 +135,7 @@ class ModelRunner:
                 head_dim=self.spec.head_dim, dtype=str(self.dtype), kv_dtype=str(self.kv.dtype),
                 quant=self.quant.name if self.quant else "", tp=(self.tp.rank, self.tp.size),
                 scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
-        self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size)
+        self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size, cfg.decode_attention)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         self.req_to_token = torch.zeros((1, self.context_length), dtype=torch.int32, device=self.device)
         self.pad_row = 0  # the table's last row: all zeros (slot 0), never a request's

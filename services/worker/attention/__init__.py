@@ -24,12 +24,13 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-def make_backend(name: str, pool: KVPool, num_q_heads: int) -> AttentionBackend:
-    """A resolved backend name (``resolve_backend``) -> the backend over ``pool``."""
+def make_backend(name: str, pool: KVPool, num_q_heads: int, decode: str = "auto") -> AttentionBackend:
+    """A resolved backend name (``resolve_backend``) -> the backend over ``pool``; ``decode``: the
+    flashinfer backend's decode kernel (auto | flashinfer | triton)."""
     if name == "flashinfer":
         from services.worker.attention.flashinfer_backend import FlashInferAttention
 
-        return FlashInferAttention(pool, num_q_heads)
+        return FlashInferAttention(pool, num_q_heads, decode_kernel="triton" if decode == "triton" else "flashinfer")
     from services.worker.attention.torch_backend import TorchAttention
 
     return TorchAttention(pool)

@@ -84,6 +84,7 @@ class FlashInferAttention(AttentionBackend):
         decode_tensor_cores: bool | None = None,  # None: when the GQA group is >= 4
         decode_backend: str = "auto",  # tensor-core decode: FA2 (auto) or FA3
         shared_backend: str = "fa2",  # the shared-prefix level of cascade steps
+        decode_kernel: str = "flashinfer",  # or "triton": every decode plan through ``triton_decode``
     ) -> None:
         import flashinfer
 
@@ -93,6 +94,8 @@ class FlashInferAttention(AttentionBackend):
         self.num_q_heads = num_q_heads
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
+        self.triton_decode = decode_kernel == "triton"
+        self._sm_scale = self.head_dim ** -0.5
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
         self.decode_backend = decode_backend if self.tensor_cores else "auto"
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -223,6 +226,9 @@ class FlashInferAttention(AttentionBackend):
         """One plan (decode, or causal paged prefill) over the requests at table rows ``rows``."""
         dev, n = self.pool.device, len(own)
         starts = to_device(skip, torch.int64, dev) if skip.any() else None
+        if decode and self.triton_decode:  # (the last position each reads: skip + own - 1)
+            run = self._triton_run(batch.req_to_token, rows, to_device(skip + own - 1, torch.int64, dev), starts, lse)
+            return lambda q, kv: run(q, None, None, kv[0], kv[1])
         indices = kv_indices(batch.req_to_token, rows, to_device(own, torch.int64, dev), int(own.sum()),
                              starts=starts)
         if decode:
@@ -272,6 +278,9 @@ class FlashInferAttention(AttentionBackend):
     def _prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
         self._out_slots, self._reads_pool = batch.out_slots, True
+        if self.triton_decode:  # (nothing to plan: the kernel reads the graph's fixed rows and lengths)
+            self._run = self._triton_run(batch.req_to_token, batch.rows, batch.prefix_lens)
+            return
         wrapper = self._graph_decode[bs]
         if self._fast_replan and bs in self._graph_plan_info:
             try:
@@ -305,6 +314,9 @@ class FlashInferAttention(AttentionBackend):
 
     # --- helpers -------------------------------------------------------------------------------
     def _plan_decode(self, batch: AttentionBatch, wrapper) -> None:
+        if self.triton_decode:
+            self._run = self._triton_run(batch.req_to_token, batch.rows, batch.prefix_lens)
+            return
         seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
         indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, int(seq_lens.sum()))
         if wrapper is self.decode:
@@ -346,6 +358,19 @@ class FlashInferAttention(AttentionBackend):
         wrapper._paged_kv_last_page_len_buf = self._ones_dev[:n]  # (its size is the batch size to ``run``)
         wrapper._qo_indptr_buf = self._rows_dev[: n + 1]
         wrapper._batch_size, wrapper._max_kv_len, wrapper._plan_info = n, int(seq_lens.max()), info
+
+    def _triton_run(self, table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
+                    starts: torch.Tensor | None = None, lse: bool = False) -> Run:
+        """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row), the
+        current layer's scales applied by the kernel."""
+        from services.worker.attention import triton_decode
+
+        def run(q, k, v, k_cache, v_cache):
+            kw = self._scale_kw
+            return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
+                                        kw.get("v_scale", 1.0), return_lse=lse, starts=starts)
+
+        return run
 
     def _last_page_len(self, n: int) -> torch.Tensor:
         if n > self._ones.numel():

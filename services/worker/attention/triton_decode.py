@@ -41,17 +41,18 @@ def num_splits(batch: int, kv_heads: int) -> int:
 
 if triton is not None:
     @triton.jit
-    def _partial_kernel(Q, K, V, Table, Rows, Prefix, Opart, Lpart,
+    def _partial_kernel(Q, K, V, Table, Rows, Prefix, Start, Opart, Lpart,
                         stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                         qk_scale,
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+                        BLOCK: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr):
         b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         row = tl.load(Rows + b).to(tl.int64)
         n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
-        per = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK) * BLOCK
-        lo = s * per
+        first = tl.load(Start + b).to(tl.int32) if HAS_START else 0  # (a cascade step's own level: from skip)
+        per = tl.cdiv(tl.cdiv(n - first, SPLITS), BLOCK) * BLOCK
+        lo = first + s * per
         hi = tl.minimum(lo + per, n)
         offs_g = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
@@ -104,17 +105,17 @@ if triton is not None:
                     mask=smask[:, None] & dmask[None, :], other=0.0)
         out = tl.sum(o * w[:, None], 0) / total * v_scale
         tl.store(Out + b * stride_out_t + hq * stride_out_h + offs_d, out.to(Out.dtype.element_ty), mask=dmask)
-        if WRITE_LSE:  # natural log, as FlashInfer's states (merged with them in cascade steps)
-            tl.store(Lse + b * stride_lse_b + hq, (m + tl.log2(total)) * 0.6931471805599453)
+        if WRITE_LSE:  # base 2, as FlashInfer's states (merged with them in cascade steps)
+            tl.store(Lse + b * stride_lse_b + hq, m + tl.log2(total))
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int = BLOCK_N,
-           num_warps: int = 4, num_stages: int = 2):
+           num_warps: int = 4, num_stages: int = 2, starts: torch.Tensor | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
-    0..prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's dtype (and the natural
-    log-sum-exp (B, Hq) float32 with ``return_lse``). k_cache / v_cache (S, Hkv, D) of any dtype;
+    0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's dtype
+    (and with ``return_lse`` the log-sum-exp of the scores (B, Hq) float32, base 2 as FlashInfer's). k_cache / v_cache (S, Hkv, D) of any dtype;
     ``k_scale`` / ``v_scale``: what the pool's values are multiplied by to give K and V. ``block``,
     ``num_warps``, ``num_stages``: the launch configuration (benchmarks/gpu/fp8_decode_bench.py)."""
     bsz, hq, d = q.shape
@@ -125,12 +126,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     l_part = torch.empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(d)
     _partial_kernel[(bsz, hkv, splits)](
-        q, k_cache, v_cache, req_to_token, rows, prefix_lens, o_part, l_part,
+        q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         sm_scale * k_scale * 1.4426950408889634,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
-        num_warps=num_warps, num_stages=num_stages,
+        HAS_START=starts is not None, num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part

@@ -1,0 +1,69 @@
+"""The Triton split-KV decode attention (``attention/triton_decode.py``) in Triton's interpreter on
+the CPU against the PyTorch reference math: table rows out of order, contexts of 1 token to several
+blocks, every split count (empty splits included), per-layer K/V scales, a strided q, a cascade
+step's own level (positions from ``starts``) and its log-sum-exp (base 2, as FlashInfer's). float32
+caches here (the interpreter's fp8 emulation does not round as the GPU does); the FP8 pool on the
+GPU: benchmarks/gpu/fp8_decode_bench.py (against FlashInfer on the same cache). Skipped visibly
+where Triton is not installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import run_in_triton_interpreter
+
+SCRIPT = r"""
+import math
+import torch
+from services.worker.attention import triton_decode as td
+
+g = torch.Generator().manual_seed(0)
+hq, hkv, d, S = 8, 2, 24, 700  # GQA group 4, head_dim not a power of two
+kc, vc = torch.randn(S, hkv, d, generator=g), torch.randn(S, hkv, d, generator=g)
+lens = [0, 5, 70, 130, 257]  # prefix lengths (the context is one more)
+table = torch.zeros(6, 300, dtype=torch.int32)
+perm = torch.randperm(S - 1, generator=g) + 1
+used = 0
+for i, n in enumerate(lens):
+    table[i, :n + 1] = perm[used:used + n + 1].to(torch.int32)
+    used += n + 1
+rows = torch.tensor([3, 0, 4, 1, 2])
+prefix = torch.tensor([lens[r] for r in rows.tolist()])
+q = torch.randn(5, hq, d, generator=g)
+
+
+def ref(q, ks, vs, starts=None):
+    outs, lses = [], []
+    for b in range(len(rows)):
+        lo = 0 if starts is None else int(starts[b])
+        sl = table[rows[b], lo:int(prefix[b]) + 1].long()
+        k = kc[sl].repeat_interleave(hq // hkv, 1) * ks
+        v = vc[sl].repeat_interleave(hq // hkv, 1) * vs
+        s = torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(d)
+        outs.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v))
+        lses.append(torch.logsumexp(s, -1) / math.log(2))
+    return torch.stack(outs), torch.stack(lses)
+
+
+for splits in (1, 3, 16):
+    for ks, vs in ((1.0, 1.0), (0.5, 2.0)):
+        o, lse = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), ks, vs, splits=splits, return_lse=True)
+        ro, rl = ref(q, ks, vs)
+        assert torch.allclose(o, ro, atol=1e-4, rtol=1e-4), (splits, (o - ro).abs().max())
+        assert torch.allclose(lse, rl, atol=1e-4, rtol=1e-4), (splits, (lse - rl).abs().max())
+wide = torch.randn(5, 2 * hq, d, generator=g)
+o = td.decode(wide[:, ::2], kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=4)  # q strided by heads
+assert torch.allclose(o, ref(wide[:, ::2].contiguous(), 1.0, 1.0)[0], atol=1e-4, rtol=1e-4)
+starts = torch.tensor([2, 0, 100, 1, 64])  # a cascade step's own level: positions from its group's prefix
+o, lse = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=5, return_lse=True, starts=starts)
+ro, rl = ref(q, 1.0, 1.0, starts)
+assert torch.allclose(o, ro, atol=1e-4, rtol=1e-4) and torch.allclose(lse, rl, atol=1e-4, rtol=1e-4)
+assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 5
+print("triton decode ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_triton_decode_in_the_interpreter() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    run_in_triton_interpreter(SCRIPT, "triton decode ok", timeout=280)
