@@ -66,16 +66,17 @@ def tokens(n: int, vocab: int, seed: int) -> list[int]:
 # --- kernels -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefill_backend", ["auto", "fa2"])
+@pytest.mark.parametrize("prefill_backend,decode", [("auto", "flashinfer"), ("fa2", "flashinfer"), ("auto", "triton")])
 @pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64)])
-def test_flashinfer_attention_matches_torch(heads, prefill_backend) -> None:
+def test_flashinfer_attention_matches_torch(heads, prefill_backend, decode) -> None:
     from services.worker.attention.flashinfer_backend import FlashInferAttention
 
     hq, hkv, d = heads
     torch.manual_seed(0)
     pool = KVPool(1, 20000, hkv, d, torch.bfloat16, "cuda")
     pool.k[0].normal_(), pool.v[0].normal_()
-    fi, ref = FlashInferAttention(pool, hq, prefill_backend=prefill_backend), TorchAttention(pool)
+    fi = FlashInferAttention(pool, hq, prefill_backend=prefill_backend, decode_kernel=decode)
+    ref = TorchAttention(pool)
     table = torch.zeros(9, 2048, dtype=torch.int32, device="cuda")  # 8 rows of distinct slots + padding row
     table[:8] = (torch.randperm(19999, device="cuda")[: 8 * 2048] + 1).view(8, 2048).int()
     cases = {  # (prefix, extend) per request
@@ -99,12 +100,13 @@ def test_flashinfer_attention_matches_torch(heads, prefill_backend) -> None:
         want = ref.forward(q, k, v, 0)
         fi.prepare(batch)
         err = rel_err(fi.forward(q, k, v, 0), want)
-        REPORT[f"attention_{name}_{hq}x{hkv}x{d}_{prefill_backend}"] = err
+        REPORT[f"attention_{name}_{hq}x{hkv}x{d}_{prefill_backend}_{decode}"] = err
         assert err < 1e-2, name
 
 
+@pytest.mark.parametrize("decode", ["flashinfer", "triton"])
 @pytest.mark.parametrize("name", GROUPED)
-def test_flashinfer_cascade_matches_plain_attention(name) -> None:
+def test_flashinfer_cascade_matches_plain_attention(name, decode) -> None:
     """Two-level attention (shared prefixes read once per group, states merged) equals plain
     attention over each request's whole KV."""
     from services.worker.attention.flashinfer_backend import FlashInferAttention
@@ -113,10 +115,10 @@ def test_flashinfer_cascade_matches_plain_attention(name) -> None:
     ref = TorchAttention(pool)
     ref.prepare(plain)
     want = ref.forward(q, k, v, 0)
-    fi = FlashInferAttention(pool, 32)
+    fi = FlashInferAttention(pool, 32, decode_kernel=decode)
     fi.prepare(grouped)
     err = rel_err(fi.forward(q, k, v, 0), want)
-    REPORT[f"attention_cascade_{name}"] = err
+    REPORT[f"attention_cascade_{name}_{decode}"] = err
     assert err < 1e-2, name
 
 
@@ -179,22 +181,29 @@ def _schedule(driver: Driver, vocab: int, all_logits: bool = True) -> list[torch
     return out
 
 
-@pytest.mark.parametrize("name", ["small", "small_mha"])
-def test_flashinfer_worker_matches_torch_worker(models, name) -> None:
+@pytest.mark.parametrize("name,decode,kv", [("small", "flashinfer", "auto"), ("small_mha", "flashinfer", "auto"),
+                                           ("small", "triton", "auto"), ("small", "triton", "fp8_e4m3")])
+def test_flashinfer_worker_matches_torch_worker(models, name, decode, kv) -> None:
+    """The same schedule (fresh prompts, prefix + decodes + fresh, graph decodes) through the flashinfer
+    backend and the torch one, with either decode kernel; an FP8 pool against the torch backend's FP8
+    pool (the same quantized values, dequantized)."""
     vocab = 32000
-    got = _schedule(Driver(runner(models[name], attention_backend="flashinfer")), vocab)
-    want = _schedule(Driver(runner(models[name], attention_backend="torch")), vocab)
+    got = _schedule(Driver(runner(models[name], attention_backend="flashinfer", decode_attention=decode,
+                                  kv_cache_dtype=kv)), vocab)
+    want = _schedule(Driver(runner(models[name], attention_backend="torch", kv_cache_dtype=kv)), vocab)
     errs = [rel_err(g, w) for g, w in zip(got, want, strict=True)]
-    REPORT[f"worker_flashinfer_vs_torch_{name}"] = max(errs)
+    REPORT[f"worker_flashinfer_vs_torch_{name}_{decode}_{kv}"] = max(errs)
     assert max(errs) < 2e-2
 
 
-def test_cuda_graph_replay_matches_eager(models) -> None:
+@pytest.mark.parametrize("decode", ["flashinfer", "triton"])
+def test_cuda_graph_replay_matches_eager(models, decode) -> None:
     vocab, errs = 32000, []
     for n in (1, 3, 13):  # graphs of 1, 4 (3 rows + 1 padding) and 16 (13 + 3)
         outs = []
         for disable in (False, True):
-            r = runner(models["small"], attention_backend="flashinfer", disable_cuda_graph=disable)
+            r = runner(models["small"], attention_backend="flashinfer", disable_cuda_graph=disable,
+                       decode_attention=decode)
             driver, seqs = Driver(r), [tokens(50 + 7 * i, vocab, i) for i in range(n)]
             driver.run([(f"r{i}", s, False) for i, s in enumerate(seqs)])
             outs.append(torch.cat([r.forward(driver.batch([(f"r{i}", [t], True) for i, t in enumerate(
@@ -203,7 +212,7 @@ def test_cuda_graph_replay_matches_eager(models) -> None:
             del r
         errs.append(rel_err(outs[0], outs[1]))
         assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
-    REPORT["cuda_graph_vs_eager"] = max(errs)
+    REPORT[f"cuda_graph_vs_eager_{decode}"] = max(errs)
     assert max(errs) < 5e-3
 
 
