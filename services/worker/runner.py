@@ -26,6 +26,7 @@ from shared.tracing import Span, Tracer
 from services.worker.attention import make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
+from services.worker.piecewise import PiecewiseGraphs
 from services.worker.host_pool import Tiers, build_tiers
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
 from services.worker.tp import TPGroup
@@ -144,6 +145,9 @@ class ModelRunner:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device, self.spec.vocab_size)
+        self.pieces: PiecewiseGraphs | None = None  # eager steps' work between attentions, as graphs
+        if self.graphs is not None and cfg.piecewise_cuda_graph_max_tokens > 0:
+            self.pieces = PiecewiseGraphs(self.model, cfg.piecewise_cuda_graph_max_tokens, self.device, self.dtype)
         self.batch_sampler = BatchSampler(self.sampler, self.spec.vocab_size, self.device)
         self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token
         self.timer = DeviceTimer(self.device)
@@ -322,7 +326,10 @@ class ModelRunner:
         self._tier_fence(b)
         if self.between_layers is not None:
             self.between_layers()
-        hidden = self.model.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H)
+        if self.pieces is not None and self.pieces.size_for(t) is not None:
+            hidden = self.pieces.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H): a view, see there
+        else:
+            hidden = self.model.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H)
         if b.score_rows:  # scoring requests: the logits of their prompt positions
             idx, targets, counts = score_positions(b)
             scored = self.model.compute_logits(hidden[to_device(idx, torch.int64, self.device)]) if len(idx) else None

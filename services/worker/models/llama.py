@@ -51,10 +51,14 @@ class LlamaAttention(nn.Module):
         self.qkv_split = [heads * cfg.head_dim, kv_heads * cfg.head_dim, kv_heads * cfg.head_dim]
 
     def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionBackend) -> torch.Tensor:  # (T, H) -> (T, H)
+        out = attn.forward(*self.project(x), self.layer, rope)  # (T, Hq, D); rotates q, k
+        return self.o_proj(out.flatten(1))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(T, H) → q (T, Hq, D), k and v (T, Hkv, D), not rotated yet."""
         q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)
         q, k = self.q_norm(q.unflatten(-1, self.q_shape)), self.k_norm(k.unflatten(-1, self.kv_shape))
-        out = attn.forward(q, k, v.unflatten(-1, self.kv_shape), self.layer, rope)  # (T, Hq, D); rotates q, k
-        return self.o_proj(out.flatten(1))
+        return q, k, v.unflatten(-1, self.kv_shape)
 
 
 class LlamaMLP(nn.Module):
@@ -89,6 +93,22 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, rope, attn)
         x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+    # The same layer in two halves around its attention (piecewise CUDA graphs: ``piecewise.py``
+    # captures the work between two attentions, which run eagerly): forward = after(attention(before)).
+    def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """→ (q, k, v, residual): the input norm and the q/k/v projection."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        return (*self.self_attn.project(x), residual)
+
+    def after_attention(self, out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's output (T, Hq * D) → this layer's (output, residual)."""
+        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(out), residual)
         return self.mlp(x), residual
 
 

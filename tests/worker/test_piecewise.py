@@ -1,0 +1,71 @@
+"""Piecewise graphs' decomposition (``services/worker/piecewise.py``) on the CPU: the pieces between
+attentions, run in place of their graphs (``capture=False``), give the model's own forward — every
+step kind (fresh prompts, prefix + decodes + a chunk, decodes), padded to each captured size, with a
+Llama and a Qwen3 (q/k norms) model through the torch attention backend. The capture itself needs
+CUDA: tests/gpu/test_gpu_parity.py replays the graphs against eager steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.attention.base import AttentionBatch
+from services.worker.attention.torch_backend import TorchAttention
+from services.worker.kv_pool import KVPool
+from services.worker.models import model_class
+from services.worker.piecewise import PiecewiseGraphs, token_sizes
+from services.worker.tp import TPGroup
+
+HF = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+          vocab_size=300, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0)
+
+
+def test_token_sizes_pad_by_at_most_a_quarter_above_128() -> None:
+    sizes = token_sizes(1024)
+    assert sizes[:5] == [16, 32, 64, 96, 128] and sizes[-1] == 1024 and sizes == sorted(set(sizes))
+    assert all(b <= a * 1.25 for a, b in zip(sizes[4:], sizes[5:], strict=False))
+    assert token_sizes(100)[-1] == 100 and token_sizes(16) == [16]
+
+
+def _model(arch: str):
+    torch.manual_seed(0)
+    hf = dict(HF, head_dim=16) if arch == "Qwen3ForCausalLM" else HF
+    cls = model_class(arch)
+    cfg = cls.parse_config(hf)
+    model = cls(cfg, TPGroup())
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return model, cfg
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_pieces_equal_the_forward(arch) -> None:
+    model, cfg = _model(arch)
+    model.eval()
+    pieces = PiecewiseGraphs(model, 64, torch.device("cpu"), torch.float32, capture=False)
+    assert pieces.size_for(1) == 16 and pieces.size_for(40) == 64 and pieces.size_for(65) is None
+    table = torch.zeros(5, 128, dtype=torch.int32)
+    table[:4] = (torch.randperm(4 * 128) + 1)[: 4 * 128].view(4, 128).int()
+    steps = [[(0, 30), (0, 9)], [(30, 1), (9, 20), (0, 3)], [(31, 1), (29, 1), (3, 1)]]  # (prefix, extend)
+    gen = torch.Generator().manual_seed(1)
+    for use_pieces in (False, True):
+        pool = KVPool(cfg.num_layers, 600, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+        attn, outs = TorchAttention(pool), []
+        gen.manual_seed(1)
+        for step in steps:
+            rows = torch.arange(len(step))
+            positions = torch.cat([torch.arange(p, p + e) for p, e in step])
+            tok_rows = rows.repeat_interleave(torch.tensor([e for _, e in step]))
+            batch = AttentionBatch(req_to_token=table, rows=rows, prefix_lens=torch.tensor([p for p, _ in step]),
+                                   extend_lens=torch.tensor([e for _, e in step]),
+                                   out_slots=table[tok_rows, positions].long(), positions=positions,
+                                   prefix_lens_cpu=[p for p, _ in step], extend_lens_cpu=[e for _, e in step])
+            ids = torch.randint(0, cfg.vocab_size, (len(positions),), generator=gen)
+            attn.prepare(batch)
+            with torch.inference_mode():
+                run = pieces.forward if use_pieces else model.forward
+                outs.append(run(ids, positions, attn).clone())
+        if not use_pieces:
+            want = outs
+    for got, ref in zip(outs, want, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
