@@ -11,21 +11,22 @@ source .gpucache/env.sh >/dev/null || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 t0=$SECONDS
-timeout 110 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
-  --shapes 1x1024,64x1024,256x1536,600x1536 >"$OUT/fp8_decode.log" 2>&1
+timeout 90 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
+  --shapes 64x1024,600x1536,1x1024 >"$OUT/fp8_decode.log" 2>&1
 echo "fp8_decode_bench: $((SECONDS - t0)) s"; t0=$SECONDS
-BANYAN_GPU_REPORT=$OUT/parity.json timeout 130 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py \
+rm -f "$OUT/fp8_decode.json"  # (its rows are in the log; few files if the time runs out)
+timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py \
   -k "triton or piecewise" -p no:cacheprovider >"$OUT/tests.log" 2>&1
 ok=$?
 echo "tests (rc $ok): $((SECONDS - t0)) s"; t0=$SECONDS
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
-timeout 120 python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/w2" --tag W2-fp8kv-triton --workloads W2 \
+timeout 110 python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/w2" --tag W2-fp8kv-triton --workloads W2 \
   -- --kv-cache-dtype fp8_e4m3 --decode-attention triton >"$OUT/w2.log" 2>&1
 echo "W2: $((SECONDS - t0)) s"; t0=$SECONDS
 rm -rf "$OUT/w2"  # (its table is in w2.log)
 pw=(); [ $ok = 0 ] && pw=(--piecewise-cuda-graph-max-tokens 1024)
-timeout 230 python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/w7" --tag W7-cap512 --workloads W7 \
-  --w7-duration 25 --step-trace --w7-priority-flags=--priority-prefill-cap,512 -- "${pw[@]}" >"$OUT/w7.log" 2>&1
+timeout 200 python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/w7" --tag W7-cap512 --workloads W7 \
+  --w7-duration 20 --step-trace --w7-priority-flags=--priority-prefill-cap,512 -- "${pw[@]}" >"$OUT/w7.log" 2>&1
 python3 -m benchmarks.gpu.stage_trace "$OUT/w7/server_w7_priority.log" --steps "$OUT/w7/steps_w7_priority.jsonl" \
   --top 5 >"$OUT/w7_stages.txt" 2>&1
 echo "W7: $((SECONDS - t0)) s"
