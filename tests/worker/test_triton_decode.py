@@ -1,6 +1,6 @@
 """The Triton split-KV decode attention (``attention/triton_decode.py``) in Triton's interpreter on
 the CPU against the PyTorch reference math: table rows out of order, contexts of 1 token to several
-blocks, every split count (empty splits included), per-layer K/V scales, a strided q, a cascade
+blocks, every split count (empty splits included), per-layer K/V scales, a strided q, a graph's flat slot list, a cascade
 step's own level (positions from ``starts``) and its log-sum-exp (base 2, as FlashInfer's). float32
 caches here (the interpreter's fp8 emulation does not round as the GPU does); the FP8 pool on the
 GPU: benchmarks/gpu/fp8_decode_bench.py (against FlashInfer on the same cache). Skipped visibly
@@ -58,6 +58,11 @@ starts = torch.tensor([2, 0, 100, 1, 64])  # a cascade step's own level: positio
 o, lse = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=5, return_lse=True, starts=starts)
 ro, rl = ref(q, 1.0, 1.0, starts)
 assert torch.allclose(o, ro, atol=1e-4, rtol=1e-4) and torch.allclose(lse, rl, atol=1e-4, rtol=1e-4)
+# a graph's buffers: the slots of each request's positions 0..prefix in one flat list, its offset as its row
+flat = torch.cat([table[r, :int(p) + 1] for r, p in zip(rows.tolist(), prefix.tolist(), strict=True)])
+offsets = torch.tensor([0] + [int(p) + 1 for p in prefix.tolist()]).cumsum(0)[:-1].to(torch.int32)
+o = td.decode(q, kc, vc, flat, offsets, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=3, table_stride=1)
+assert torch.allclose(o, ref(q, 0.5, 2.0)[0], atol=1e-4, rtol=1e-4)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 5
 print("triton decode ok")
 """

@@ -278,8 +278,13 @@ class FlashInferAttention(AttentionBackend):
     def _prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
         self._out_slots, self._reads_pool = batch.out_slots, True
-        if self.triton_decode:  # (nothing to plan: the kernel reads the graph's fixed rows and lengths)
-            self._run = self._triton_run(batch.req_to_token, batch.rows, batch.prefix_lens)
+        if self.triton_decode:  # the slots into the fixed buffers (the graph reads them, never the table)
+            seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
+            indptr = _indptr(seq_lens)
+            total = int(indptr[-1])
+            kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, total, out=self._g_indices[:total])
+            self._g_indptr[: bs + 1].copy_(indptr.pin_memory(), non_blocking=True)
+            self._run = self._triton_run(self._g_indices, self._g_indptr[:bs], batch.prefix_lens, flat=True)
             return
         wrapper = self._graph_decode[bs]
         if self._fast_replan and bs in self._graph_plan_info:
@@ -360,15 +365,16 @@ class FlashInferAttention(AttentionBackend):
         wrapper._batch_size, wrapper._max_kv_len, wrapper._plan_info = n, int(seq_lens.max()), info
 
     def _triton_run(self, table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
-                    starts: torch.Tensor | None = None, lse: bool = False) -> Run:
-        """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row), the
-        current layer's scales applied by the kernel."""
+                    starts: torch.Tensor | None = None, lse: bool = False, flat: bool = False) -> Run:
+        """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row; ``flat``:
+        ``table`` a flat slot list, ``rows`` offsets into it), the layer's scales applied by the kernel."""
         from services.worker.attention import triton_decode
 
         def run(q, k, v, k_cache, v_cache):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
-                                        kw.get("v_scale", 1.0), return_lse=lse, starts=starts)
+                                        kw.get("v_scale", 1.0), return_lse=lse, starts=starts,
+                                        table_stride=1 if flat else None)
 
         return run
 

@@ -112,11 +112,14 @@ if triton is not None:
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int = BLOCK_N,
-           num_warps: int = 4, num_stages: int = 2, starts: torch.Tensor | None = None):
+           num_warps: int = 4, num_stages: int = 2, starts: torch.Tensor | None = None,
+           table_stride: int | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's dtype
     (and with ``return_lse`` the log-sum-exp of the scores (B, Hq) float32, base 2 as FlashInfer's). k_cache / v_cache (S, Hkv, D) of any dtype;
-    ``k_scale`` / ``v_scale``: what the pool's values are multiplied by to give K and V. ``block``,
+    ``k_scale`` / ``v_scale``: what the pool's values are multiplied by to give K and V. With
+    ``table_stride=1``, ``req_to_token`` is a flat list of slots and ``rows`` each request's offset in it
+    (a CUDA graph's fixed buffers: the kernel must not read a table whose address may change). ``block``,
     ``num_warps``, ``num_stages``: the launch configuration (benchmarks/gpu/fp8_decode_bench.py)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -127,7 +130,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     block_d = triton.next_power_of_2(d)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        req_to_token.stride(0) if table_stride is None else table_stride,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         sm_scale * k_scale * 1.4426950408889634,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
