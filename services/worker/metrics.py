@@ -40,7 +40,8 @@ class WorkerMetrics:
         self.kv_bytes = Gauge("banyan:kv_pool_bytes_per_token", "KV bytes per token (all layers, this rank's heads)",
                               ["kv_cache_dtype"], registry=r)
         self.weights = Gauge("banyan:weight_bytes", "Bytes of this rank's weights", ["quantization"], registry=r)
-        kinds = "kind: decode_graph / decode_eager (decodes only), mixed (decodes and prompt chunks), prefill"
+        kinds = ("kind: decode_graph / decode_eager (decodes only), mixed (decodes and prompt chunks), prefill; "
+                 "decode_, mixed_, prefill_piecewise (the work between attentions from piecewise graphs)")
         self.step_device = Histogram("banyan:step_device_seconds", f"Device time per step, by {kinds}", ["kind"],
                                      buckets=FORWARD_BUCKETS, registry=r)
         self.step_idle = Counter("banyan:step_idle_seconds", f"Device idle time before a step, by {kinds}", ["kind"],

@@ -63,13 +63,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def step_kind(extend: np.ndarray, graph: bool) -> str:
+def step_kind(extend: np.ndarray, graph: bool, pieces: bool = False) -> str:
     """What a step is, for the per-kind step metrics: decodes only (one new token a row), replayed
-    from a CUDA graph or run eagerly; prompt chunks only; or both in one step."""
+    from a CUDA graph or run eagerly; prompt chunks only; or both in one step — ``_piecewise`` when
+    its work between attentions replays piecewise graphs."""
     decode = extend == 1
-    if decode.all():
+    if decode.all() and (graph or not pieces):
         return "decode_graph" if graph else "decode_eager"
-    return "mixed" if decode.any() else "prefill"
+    kind = "decode" if decode.all() else "mixed" if decode.any() else "prefill"
+    return kind + "_piecewise" if pieces else kind
 
 
 @dataclass(eq=False)
@@ -85,7 +87,7 @@ class Launched:
     host: HostCopy | None = None
     end: Any = None
     awaits_mask: bool = False
-    kind: str = ""  # decode_graph / decode_eager / mixed / prefill (``step_kind``)
+    kind: str = ""  # decode_graph / decode_eager / mixed / prefill, [decode_, mixed_, prefill_]piecewise
 
     def __post_init__(self) -> None:
         b = self.batch
@@ -147,7 +149,11 @@ class ModelRunner:
                                            self.device, self.spec.vocab_size)
         self.pieces: PiecewiseGraphs | None = None  # eager steps' work between attentions, as graphs
         if self.graphs is not None and cfg.piecewise_cuda_graph_max_tokens > 0:
-            self.pieces = PiecewiseGraphs(self.model, cfg.piecewise_cuda_graph_max_tokens, self.device, self.dtype)
+            try:
+                self.pieces = PiecewiseGraphs(self.model, cfg.piecewise_cuda_graph_max_tokens, self.device, self.dtype)
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # (a capture that fails: eager steps as before)
+                torch.cuda.synchronize()
+                log.warning("piecewise_graphs_off", reason=f"{type(e).__name__}: {e}"[:300])
         self.batch_sampler = BatchSampler(self.sampler, self.spec.vocab_size, self.device)
         self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token
         self.timer = DeviceTimer(self.device)
@@ -290,7 +296,8 @@ class ModelRunner:
         self._scores = {}
         eager = b.score_rows or b.cascade_group  # (graphs: no scoring positions, no shared-prefix groups)
         bs = self.graphs.size_for(n) if self.graphs is not None and t == n and not eager else None
-        self._kind = step_kind(extend, graph=bs is not None)
+        pieces = bs is None and self.pieces is not None and self.pieces.size_for(t) is not None
+        self._kind = step_kind(extend, graph=bs is not None, pieces=pieces)
         if bs is not None:  # pure decode: pad to the graph's size with the padding row
             pad = bs - n
             ids, slots, positions, rows, prefix = (np.pad(a, (0, pad)) for a in (ids, slots, positions, rows, prefix))
@@ -326,7 +333,7 @@ class ModelRunner:
         self._tier_fence(b)
         if self.between_layers is not None:
             self.between_layers()
-        if self.pieces is not None and self.pieces.size_for(t) is not None:
+        if pieces:
             hidden = self.pieces.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H): a view, see there
         else:
             hidden = self.model.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H)

@@ -193,7 +193,8 @@ def test_scheduler_and_worker_metrics(server, stub):
     tokens = (l1.prefill_computed_tokens + l1.decode_tokens) - (l0.prefill_computed_tokens + l0.decode_tokens)
     assert delta(w1, w0, "banyan:forward_time_seconds_count") == steps > 0
     assert delta(w1, w0, "banyan:forward_tokens_total") == tokens
-    kinds = ("decode_graph", "decode_eager", "mixed", "prefill")  # every step has one kind
+    kinds = ("decode_graph", "decode_eager", "mixed", "prefill", "decode_piecewise", "mixed_piecewise",
+             "prefill_piecewise")  # every step has one kind
     assert sum(delta(w1, w0, "banyan:step_device_seconds_count", kind=k) for k in kinds) == steps
     assert sum(delta(w1, w0, "banyan:step_tokens_total", kind=k) for k in kinds) == tokens
     assert delta(w1, w0, "banyan:step_device_seconds_count", kind="prefill") > 0  # (CPU: no graphs)

@@ -6,6 +6,7 @@ CUDA: tests/gpu/test_gpu_parity.py replays the graphs against eager steps."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,3 +70,13 @@ def test_pieces_equal_the_forward(arch) -> None:
             want = outs
     for got, ref in zip(outs, want, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_step_kinds_name_piecewise_steps() -> None:
+    from services.worker.runner import step_kind
+
+    d, m, p = np.array([1, 1]), np.array([1, 30]), np.array([30, 9])
+    assert [step_kind(x, graph=False) for x in (d, m, p)] == ["decode_eager", "mixed", "prefill"]
+    assert step_kind(d, graph=True) == "decode_graph" and step_kind(d, graph=True, pieces=False) == "decode_graph"
+    assert [step_kind(x, graph=False, pieces=True) for x in (d, m, p)] == [
+        "decode_piecewise", "mixed_piecewise", "prefill_piecewise"]
