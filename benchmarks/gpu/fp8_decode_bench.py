@@ -21,7 +21,8 @@ import torch
 from benchmarks.gpu.decode_parts_bench import D, HKV, HQ, LAYERS, graph_time
 
 SHAPES = "1x1024,1x8192,16x2048,64x1024,256x1536,600x1536,1024x1024"
-CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 4, 3))  # (block, warps, stages)
+CONFIGS = ((64, 4, 2, False), (64, 4, 3, False), (64, 4, 2, True), (64, 4, 3, True), (128, 8, 2, True))
+# (block, warps, stages, products in fp16)
 HBM = 4.3e12
 
 
@@ -55,18 +56,20 @@ def run(shapes: list[tuple[int, int]]) -> list[dict]:
             kw = dict(k_scale=0.5, v_scale=2.0) if name == "fp8" else {}
             row[f"flashinfer_{name}_us"] = round(graph_time(lambda i, w=w, c=caches, kw=kw: w.run(q, c[i], **kw),
                                                             LAYERS), 2)
-            for block, warps, stages in CONFIGS:
-                key = f"triton_{name}_{block}_{warps}w{stages}s_us"
+            for block, warps, stages, f16 in CONFIGS:
+                key = f"triton_{name}_{block}_{warps}w{stages}s{'_f16' if f16 else ''}_us"
                 try:
-                    row[key] = round(graph_time(lambda i, c=caches, b=block, nw=warps, ns=stages: td.decode(
+                    row[key] = round(graph_time(lambda i, c=caches, b=block, nw=warps, ns=stages, h=f16: td.decode(
                         q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, block=b, num_warps=nw,
-                        num_stages=ns), LAYERS), 2)
+                        num_stages=ns, f16=h), LAYERS), 2)
                 except Exception as e:  # (a configuration that does not compile: recorded)
                     row[key] = f"{type(e).__name__}: {e}"[:120]
             if name == "fp8":
                 ref = w.run(q, caches[0], k_scale=0.5, v_scale=2.0).float()
                 got = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0).float()
                 row["triton_vs_flashinfer_fp8_max_abs"] = float((got - ref).abs().max())
+                got = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0, f16=True)
+                row["triton_f16_vs_flashinfer_fp8_max_abs"] = float((got.float() - ref).abs().max())
                 row["ref_max_abs"] = float(ref.abs().max())
         for name, size in (("bf16", 2), ("fp8", 1)):
             times = [v for k, v in row.items() if k.startswith(f"triton_{name}_") and isinstance(v, float)]

@@ -63,6 +63,8 @@ flat = torch.cat([table[r, :int(p) + 1] for r, p in zip(rows.tolist(), prefix.to
 offsets = torch.tensor([0] + [int(p) + 1 for p in prefix.tolist()]).cumsum(0)[:-1].to(torch.int32)
 o = td.decode(q, kc, vc, flat, offsets, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=3, table_stride=1)
 assert torch.allclose(o, ref(q, 0.5, 2.0)[0], atol=1e-4, rtol=1e-4)
+o = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=3, f16=True)  # products in fp16
+assert o.dtype == q.dtype and torch.allclose(o, ref(q, 0.5, 2.0)[0], atol=2e-2, rtol=2e-2)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 5
 print("triton decode ok")
 """

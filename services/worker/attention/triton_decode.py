@@ -46,7 +46,7 @@ if triton is not None:
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                         qk_scale,
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr):
+                        BLOCK: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr, F16: tl.constexpr):
         b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         row = tl.load(Rows + b).to(tl.int64)
         n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
@@ -61,6 +61,8 @@ if triton is not None:
         heads = h * G + offs_g
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
+        if F16:  # (the products in fp16: e4m3 widens to it in one instruction a pair)
+            q = q.to(tl.float16)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -113,13 +115,15 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int = BLOCK_N,
            num_warps: int = 4, num_stages: int = 2, starts: torch.Tensor | None = None,
-           table_stride: int | None = None):
+           table_stride: int | None = None, f16: bool = False):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's dtype
     (and with ``return_lse`` the log-sum-exp of the scores (B, Hq) float32, base 2 as FlashInfer's). k_cache / v_cache (S, Hkv, D) of any dtype;
     ``k_scale`` / ``v_scale``: what the pool's values are multiplied by to give K and V. With
     ``table_stride=1``, ``req_to_token`` is a flat list of slots and ``rows`` each request's offset in it
-    (a CUDA graph's fixed buffers: the kernel must not read a table whose address may change). ``block``,
+    (a CUDA graph's fixed buffers: the kernel must not read a table whose address may change). ``f16``:
+    q, K, V and the probabilities multiplied in fp16 (e4m3 widens to fp16 more cheaply than to bf16; q must
+    fit fp16's range). ``block``,
     ``num_warps``, ``num_stages``: the launch configuration (benchmarks/gpu/fp8_decode_bench.py)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -135,7 +139,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         sm_scale * k_scale * 1.4426950408889634,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
-        HAS_START=starts is not None, num_warps=num_warps, num_stages=num_stages,
+        HAS_START=starts is not None, F16=f16, num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part
