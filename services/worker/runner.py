@@ -148,9 +148,10 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device, self.spec.vocab_size)
         self.pieces: PiecewiseGraphs | None = None  # eager steps' work between attentions, as graphs
-        if self.graphs is not None and cfg.piecewise_cuda_graph_max_tokens > 0:
-            try:
-                self.pieces = PiecewiseGraphs(self.model, cfg.piecewise_cuda_graph_max_tokens, self.device, self.dtype)
+        if cfg.piecewise_cuda_graph_max_tokens > 0 and (self.graphs is not None or self.device.type == "cpu"):
+            try:  # (on the CPU the pieces run eagerly in place of graphs: the same path, for tests)
+                self.pieces = PiecewiseGraphs(self.model, cfg.piecewise_cuda_graph_max_tokens, self.device, self.dtype,
+                                              capture=self.device.type == "cuda")
             except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # (a capture that fails: eager steps as before)
                 torch.cuda.synchronize()
                 log.warning("piecewise_graphs_off", reason=f"{type(e).__name__}: {e}"[:300])

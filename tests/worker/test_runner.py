@@ -45,6 +45,34 @@ def test_runner_logits_match_hf_through_forward_batches(tiny_llama) -> None:
         torch.testing.assert_close(torch.cat(parts), hf_logits(hf, seq), rtol=1e-4, atol=1e-4)
 
 
+def test_piecewise_steps_match_hf_and_are_counted_by_kind(tiny_llama) -> None:
+    """--piecewise-cuda-graph-max-tokens on the CPU: the pieces between attentions run eagerly in place of
+    their graphs, through the runner's real path (padded ids, the fixed buffers, between-layer calls)."""
+    path, hf = tiny_llama
+    runner = ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512, piecewise_cuda_graph_max_tokens=32),
+                         str(path))
+    assert runner.pieces is not None and runner.pieces.size_for(10) == 16
+    calls = []
+    runner.between_layers = lambda: calls.append(1)
+    driver = Driver(runner, max_rows=4)
+    seqs = random_seqs([11, 7, 30])
+    got: list[list[torch.Tensor]] = [[], [], []]
+    kinds = []
+    for work in ([("a", seqs[0][:6], False), ("b", seqs[1][:6], True)],  # prefill (16)
+                 [("a", seqs[0][6:10], True), ("b", seqs[1][6:], True)],  # mixed (16)
+                 [("a", seqs[0][10:], True), ("c", seqs[2], True)]):  # 31 tokens (32)
+        logits = runner.forward(driver.batch(work), all_logits=True)
+        kinds.append(runner._kind)
+        for part, (rid, _, _) in zip(logits.split([len(t) for _, t, _ in work]), work, strict=True):
+            got["abc".index(rid)].append(part)
+    assert kinds == ["prefill_piecewise", "mixed_piecewise", "mixed_piecewise"]
+    assert len(calls) >= 3 * len(runner.pieces.layers)
+    for seq, parts in zip(seqs, got, strict=True):
+        torch.testing.assert_close(torch.cat(parts), hf_logits(hf, seq), rtol=1e-4, atol=1e-4)
+    runner.forward(driver.batch([("d", random_seqs([40])[0], True)]), all_logits=True)  # 40 tokens: eager
+    assert runner._kind == "prefill"
+
+
 def test_execute_samples_only_flagged_requests(tiny_llama) -> None:
     path, hf = tiny_llama
     runner = ModelRunner(WorkerConfig(model=str(path), max_total_tokens=512), str(path))
