@@ -300,7 +300,8 @@ class WorkerConfig(CommonConfig):
         _check(self.quantization in QUANTIZATIONS, f"quantization {self.quantization!r} is not supported (empty: "
                f"none or the checkpoint's own | fp8; AWQ, GPTQ, bitsandbytes and other methods are not)")
         _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
-        _check(0 <= self.piecewise_cuda_graph_max_tokens <= 16384, "piecewise_cuda_graph_max_tokens must be in [0, 16384]")
+        _check(0 <= self.piecewise_cuda_graph_max_tokens <= 16384,
+               "piecewise_cuda_graph_max_tokens must be in [0, 16384]")
         _check(self.tp_size >= 1, "tp_size must be >= 1")
         _check(0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is not in [0, {self.tp_size})")
         _check(self.tp_size == 1 or ":" in self.dist_init_addr, "tp_size > 1 needs dist_init_addr (host:port)")

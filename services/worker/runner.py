@@ -153,7 +153,8 @@ class ModelRunner:
                 self.pieces = PiecewiseGraphs(self.model, cfg.piecewise_cuda_graph_max_tokens, self.device, self.dtype,
                                               capture=self.device.type == "cuda")
             except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # (a capture that fails: eager steps as before)
-                torch.cuda.synchronize()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
                 log.warning("piecewise_graphs_off", reason=f"{type(e).__name__}: {e}"[:300])
         self.batch_sampler = BatchSampler(self.sampler, self.spec.vocab_size, self.device)
         self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token

@@ -36,6 +36,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from services.worker.attention import triton_decode
 from services.worker.attention.base import AttentionBackend, AttentionBatch
 from services.worker.hostio import to_device
 from services.worker.kv_pool import KVPool
@@ -368,7 +369,6 @@ class FlashInferAttention(AttentionBackend):
                     starts: torch.Tensor | None = None, lse: bool = False, flat: bool = False) -> Run:
         """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row; ``flat``:
         ``table`` a flat slot list, ``rows`` offsets into it), the layer's scales applied by the kernel."""
-        from services.worker.attention import triton_decode
 
         def run(q, k, v, k_cache, v_cache):
             kw = self._scale_kw

@@ -117,13 +117,14 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            num_warps: int = 4, num_stages: int = 2, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
-    0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's dtype
-    (and with ``return_lse`` the log-sum-exp of the scores (B, Hq) float32, base 2 as FlashInfer's). k_cache / v_cache (S, Hkv, D) of any dtype;
-    ``k_scale`` / ``v_scale``: what the pool's values are multiplied by to give K and V. With
-    ``table_stride=1``, ``req_to_token`` is a flat list of slots and ``rows`` each request's offset in it
-    (a CUDA graph's fixed buffers: the kernel must not read a table whose address may change). ``f16``:
-    q, K, V and the probabilities multiplied in fp16 (e4m3 widens to fp16 more cheaply than to bf16; q must
-    fit fp16's range). ``block``,
+    0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
+    dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
+
+    k_cache / v_cache (S, Hkv, D) of any dtype; ``k_scale`` / ``v_scale``: what the pool's values
+    are multiplied by to give K and V. With ``table_stride=1``, ``req_to_token`` is a flat list of
+    slots and ``rows`` each request's offset in it (a CUDA graph's fixed buffers: the kernel must not
+    read a table whose address may change). ``f16``: q, K, V and the probabilities multiplied in fp16
+    (e4m3 widens to fp16 more cheaply than to bf16; q must fit fp16's range). ``block``,
     ``num_warps``, ``num_stages``: the launch configuration (benchmarks/gpu/fp8_decode_bench.py)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]

@@ -50,10 +50,6 @@ class LlamaAttention(nn.Module):
         self.q_shape, self.kv_shape = (heads, cfg.head_dim), (kv_heads, cfg.head_dim)
         self.qkv_split = [heads * cfg.head_dim, kv_heads * cfg.head_dim, kv_heads * cfg.head_dim]
 
-    def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionBackend) -> torch.Tensor:  # (T, H) -> (T, H)
-        out = attn.forward(*self.project(x), self.layer, rope)  # (T, Hq, D); rotates q, k
-        return self.o_proj(out.flatten(1))
-
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(T, H) → q (T, Hq, D), k and v (T, Hkv, D), not rotated yet."""
         q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)
@@ -87,16 +83,12 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous layer's output, residual: the stream before it (None at layer 0), both
         (T, H) -> this layer's (output, residual); the stream is residual + output."""
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope, attn)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        q, k, v, residual = self.before_attention(x, residual)
+        out = attn.forward(q, k, v, self.self_attn.layer, rope)  # (T, Hq, D); rotates q, k
+        return self.after_attention(out.flatten(1), residual)
 
-    # The same layer in two halves around its attention (piecewise CUDA graphs: ``piecewise.py``
-    # captures the work between two attentions, which run eagerly): forward = after(attention(before)).
+    # The layer's two halves around its attention (piecewise CUDA graphs, ``piecewise.py``, capture
+    # the work between two attentions, which run eagerly).
     def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """→ (q, k, v, residual): the input norm and the q/k/v projection."""
