@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The eighth session's later device calls: named steps, each run only when it fits the ~570 s left.
+#   BANYAN_GIT_COMMIT=<tree> STEPS="fp8 w2h w7" FAST="--piecewise-cuda-graph-max-tokens 1024 --decode-attention triton" \
+#     bash benchmarks/gpu/calls/2026-12-03c.sh
+# Steps: fp8 (W2,W3 with an FP8 pool and FAST) · bf16w3 (W3 with FAST: fp8's baseline) · w2h (W2,W2H with
+# FAST) · w7 (W7, cap $CAP, FAST, traced) · w45 (W4,W5 with FAST) · lof (W2 with FAST and the lof policy)
+set -uo pipefail
+OUT=${OUT:-/tmp/banyan-gpu}
+mkdir -p "$OUT"
+source .gpucache/env.sh >/dev/null || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
+python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
+suite() {  # name timeout suite-args... -- serve-args...
+  local name=$1 limit=$2; shift 2
+  if [ $((SECONDS + limit)) -gt "$END" ]; then echo "$name: skipped (time)"; return; fi
+  local t0=$SECONDS
+  timeout "$limit" python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/$name" --tag "$name" "$@" \
+    >"$OUT/$name.log" 2>&1
+  echo "$name (rc $?): $((SECONDS - t0)) s"
+}
+for step in ${STEPS:-fp8}; do
+  case $step in
+    fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
+    bf16w3) suite bf16w3 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
+    w2h) suite w2h 200 --workloads W2,W2H -- "${fast[@]}" ;;
+    w7) suite w7 190 --workloads W7 --w7-duration 25 --step-trace \
+          --w7-priority-flags=--priority-prefill-cap,"$CAP" -- "${fast[@]}"
+        python3 -m benchmarks.gpu.stage_trace "$OUT/w7/server_w7_priority.log" \
+          --steps "$OUT/w7/steps_w7_priority.jsonl" --top 5 >"$OUT/w7_stages.txt" 2>&1 ;;
+    w45) suite w45 200 --workloads W4,W5 -- "${fast[@]}" ;;
+    lof) suite lof 110 --workloads W2 -- --schedule-policy lof "${fast[@]}" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+cd "$OUT" || exit 1
+rm -rf ./*/server_w7_plain.log ./*/steps_w7_plain.jsonl ./*/*.ready
+grep -h '^\[suite\]\|^| W' ./*.log 2>/dev/null | head -40; head -14 w7_stages.txt 2>/dev/null
+tar czf /tmp/results.tgz . && rm -rf ./* && mv /tmp/results.tgz .  # (one file back: the tool's limit is 8)
