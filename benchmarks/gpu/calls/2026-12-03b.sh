@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The eighth session's first device call (one H200; docs/perf.md "2026-12-03 (eighth session)"): the GPU
 # tests of the Triton decode kernel under graphs (the fix) and of piecewise graphs; then, where they pass,
-# W7 with piecewise graphs to 1,536 tokens and a 1,024-token cap, traced; W1/W2 with the Triton decode and piecewise graphs;
+# W7 with piecewise graphs to 1,536 tokens and a 512-token cap, traced; W1/W2 with the Triton decode and piecewise graphs;
 # the FP8 decode bench with the fp16-products variant. Every step is skipped when it could overrun ~570 s.
 #   BANYAN_GIT_COMMIT=<tree> bash benchmarks/gpu/calls/2026-12-03b.sh      (writes under $OUT)
 set -uo pipefail
@@ -23,8 +23,8 @@ python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llam
 pw=(); [ $pwok = 0 ] && pw=(--piecewise-cuda-graph-max-tokens 1536)  # (cap 1,024 + ~240 decode rows)
 tr=(); [ $tri = 0 ] && tr=(--decode-attention triton)
 if fits 190; then
-  timeout 190 python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/w7" --tag W7-cap1024-pw --workloads W7 \
-    --w7-duration 25 --step-trace --w7-priority-flags=--priority-prefill-cap,1024 -- "${pw[@]}" >"$OUT/w7.log" 2>&1
+  timeout 190 python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/w7" --tag W7-cap512-pw --workloads W7 \
+    --w7-duration 25 --step-trace --w7-priority-flags=--priority-prefill-cap,512 -- "${pw[@]}" >"$OUT/w7.log" 2>&1
   python3 -m benchmarks.gpu.stage_trace "$OUT/w7/server_w7_priority.log" --steps "$OUT/w7/steps_w7_priority.jsonl" \
     --top 5 >"$OUT/w7_stages.txt" 2>&1
   echo "W7: $((SECONDS - t0)) s"; t0=$SECONDS
