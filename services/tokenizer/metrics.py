@@ -13,7 +13,9 @@ Plus HTTP requests by endpoint and status, and requests in flight.
 Replicas share the port, so a scrape reaches any one of them: with ``PROMETHEUS_MULTIPROC_DIR``
 set (``banyan serve`` gives its tokenizers one per run), every replica writes its values there
 and each scrape sums all of them (prometheus_client's multiprocess mode). Without it each replica
-reports its own values. ``banyan:gc_pause_seconds{generation}``: Python GC pauses (``shared/gc_pause.py``;
+reports its own values. ``banyan:event_loop_lag_seconds``: how late the loop runs what is ready
+(``shared/loop_lag.py``): every request's ``received`` and every token out waits that long.
+``banyan:gc_pause_seconds{generation}``: Python GC pauses (``shared/gc_pause.py``;
 in multiprocess mode every replica's, observed once a second from the loop; ``banyan:gc_frozen_objects``
 only without it).
 """
@@ -25,6 +27,7 @@ import os
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from shared.gc_pause import PAUSE_BUCKETS, GcPauses
+from shared.loop_lag import LAG_BUCKETS
 from shared.messages.common import FinishReason
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -60,6 +63,8 @@ class TokenizerMetrics:
                                 ["finish_reason"], registry=r)
         for reason in FinishReason:  # present from the start, at 0
             self.finished.labels(reason)
+        self.loop_lag = Histogram("banyan:event_loop_lag_seconds", "How late the tokenizer's event loop woke a "
+                                  "task that asked to wake (shared/loop_lag.py)", buckets=LAG_BUCKETS, registry=r)
         if self.multiprocess_dir:  # (a custom collector would not be summed: a histogram, fed from the loop)
             self.gc_flush = GcPauses.mirror(Histogram(
                 "banyan:gc_pause_seconds", "Python cyclic-GC pauses of the tokenizer processes, by generation",

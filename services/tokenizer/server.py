@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from shared.config import ConfigError, TokenizerConfig
 from shared.gc_pause import FullCollections, freeze_heap, pace
 from shared.logging import get_logger
+from shared.loop_lag import watch_lag
 from shared.model_path import resolve_model
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
@@ -133,10 +134,12 @@ async def run(cfg: TokenizerConfig) -> None:
     # full collections when no stream is open, or every --gc-full-interval s (shared/gc_pause.py)
     gc_task = asyncio.create_task(pace(FullCollections(cfg.gc_full_interval), lambda: client.streams_open > 0,
                                        metrics.gc_flush))
+    lag_task = asyncio.create_task(watch_lag(metrics.loop_lag.observe))
     await stop.wait()
     log.info("tokenizer_stopping")
     ready_task.cancel()
     gc_task.cancel()
+    lag_task.cancel()
     client.closing = True
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

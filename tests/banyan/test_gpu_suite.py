@@ -157,6 +157,8 @@ def test_tiny_w7_priority_workload(tmp_path, demo_dir) -> None:
         assert x["output_tokens"] == n_bg * 51 + 4 * 3 and x["output_tok_s"] > 0
     assert w7["idle"]["completed"] == 3 and w7["interactive_ttft_p99_ms"] > 0
     assert w7["priority_on"]["urgent_steps"] >= 0 and "urgent_steps" not in w7["priority_off"]  # (scheduler metric)
+    lag = w7["priority_on"]["tokenizer_loop_lag"]  # (the tokenizer's loop, woken every 20 ms through the run)
+    assert lag["wakeups"] > 10 and 0 < lag["p50_le_ms"] <= lag["p99_le_ms"] <= lag["max_le_ms"]
     assert w7["itl_p99_vs_idle"] > 0 and w7["throughput_vs_priority_off"] > 0
     table = (tmp_path / "out" / "suite_w7.md").read_text()
     assert table.count("| W7") == 3 and "≤ 100 ms" in table

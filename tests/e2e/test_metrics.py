@@ -155,6 +155,11 @@ def test_tokenizer_metrics_match_responses_across_replicas(server, stub):
             break
         time.sleep(0.1)
     assert young > 0
+    # the replicas' loop lag, observed at every wake-up of a 20-ms timer: many by now
+    lag = scrape(server)
+    count = value(lag, "banyan:event_loop_lag_seconds_count")
+    assert count > 10
+    assert value(lag, "banyan:event_loop_lag_seconds_bucket", le="+Inf") == count
 
 
 def test_scheduler_and_worker_metrics(server, stub):

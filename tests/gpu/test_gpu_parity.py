@@ -181,18 +181,28 @@ def _schedule(driver: Driver, vocab: int, all_logits: bool = True) -> list[torch
     return out
 
 
-@pytest.mark.parametrize("name,decode,kv", [("small", "flashinfer", "auto"), ("small_mha", "flashinfer", "auto"),
-                                           ("small", "triton", "auto"), ("small", "triton", "fp8_e4m3")])
-def test_flashinfer_worker_matches_torch_worker(models, name, decode, kv) -> None:
+@pytest.mark.parametrize("name,decode", [("small", "flashinfer"), ("small_mha", "flashinfer"), ("small", "triton")])
+def test_flashinfer_worker_matches_torch_worker(models, name, decode) -> None:
     """The same schedule (fresh prompts, prefix + decodes + fresh, graph decodes) through the flashinfer
-    backend and the torch one, with either decode kernel; an FP8 pool against the torch backend's FP8
-    pool (the same quantized values, dequantized)."""
+    backend and the torch one, with either decode kernel."""
     vocab = 32000
-    got = _schedule(Driver(runner(models[name], attention_backend="flashinfer", decode_attention=decode,
-                                  kv_cache_dtype=kv)), vocab)
-    want = _schedule(Driver(runner(models[name], attention_backend="torch", kv_cache_dtype=kv)), vocab)
+    got = _schedule(Driver(runner(models[name], attention_backend="flashinfer", decode_attention=decode)), vocab)
+    want = _schedule(Driver(runner(models[name], attention_backend="torch")), vocab)
     errs = [rel_err(g, w) for g, w in zip(got, want, strict=True)]
-    REPORT[f"worker_flashinfer_vs_torch_{name}_{decode}_{kv}"] = max(errs)
+    REPORT[f"worker_flashinfer_vs_torch_{name}_{decode}"] = max(errs)
+    assert max(errs) < 2e-2
+
+
+def test_triton_decode_matches_flashinfer_on_fp8_pool(models) -> None:
+    """An FP8 pool, the same schedule, decode through the Triton kernel against FlashInfer's: the steps
+    differ only in the decode kernel (a fresh prompt attends over its unquantized k/v in FlashInfer's
+    prefill either way — which is why the torch backend, reading it back from the pool, is 3–5 % off
+    both on the GPU and is not the reference here)."""
+    vocab = 32000
+    got, want = (_schedule(Driver(runner(models["small"], attention_backend="flashinfer", decode_attention=d,
+                                         kv_cache_dtype="fp8_e4m3")), vocab) for d in ("triton", "flashinfer"))
+    errs = [rel_err(g, w) for g, w in zip(got, want, strict=True)]
+    REPORT["worker_triton_vs_flashinfer_fp8"] = max(errs)
     assert max(errs) < 2e-2
 
 

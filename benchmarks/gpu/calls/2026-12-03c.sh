@@ -2,8 +2,8 @@
 # The eighth session's later device calls: named steps, each run only when it fits the ~570 s left.
 #   BANYAN_GIT_COMMIT=<tree> STEPS="fp8 w2h w7" FAST="--piecewise-cuda-graph-max-tokens 1024 --decode-attention triton" \
 #     bash benchmarks/gpu/calls/2026-12-03c.sh
-# Steps: fp8 (W2,W3 with an FP8 pool and FAST) · bf16w3 (W3 with FAST: fp8's baseline) · w2h (W2,W2H with
-# FAST) · w7 (W7, cap $CAP, FAST, traced) · w45 (W4,W5 with FAST) · lof (W2 with FAST and the lof policy)
+# Steps: t8 (the GPU test of the Triton decode on an FP8 pool) · fp8 (W2,W3 with an FP8 pool and FAST) · bf16w3 (W3 with FAST: fp8's baseline) · w2h (W2,W2H with
+# FAST) · w5 (W5 with FAST) · bench8 (fp8_decode_bench) · w7 (W7, cap $CAP, FAST, traced) · w45 (W4,W5 with FAST) · lof (W2 with FAST and the lof policy)
 set -uo pipefail
 OUT=${OUT:-/tmp/banyan-gpu}
 mkdir -p "$OUT"
@@ -22,10 +22,15 @@ suite() {  # name timeout suite-args... -- serve-args...
 }
 for step in ${STEPS:-fp8}; do
   case $step in
+    t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
+          >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
+    bench8) timeout 70 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
+              --shapes 64x1024,600x1536,1x1024 >"$OUT/fp8_decode.log" 2>&1; tail -6 "$OUT/fp8_decode.log" ;;
+    w5) suite w5 150 --workloads W5 -- "${fast[@]}" ;;
     fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     bf16w3) suite bf16w3 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
     w2h) suite w2h 200 --workloads W2,W2H -- "${fast[@]}" ;;
-    w7) suite w7 190 --workloads W7 --w7-duration 25 --step-trace \
+    w7) suite w7 270 --workloads W7 --w7-duration 20 --step-trace \
           --w7-priority-flags=--priority-prefill-cap,"$CAP" -- "${fast[@]}"
         python3 -m benchmarks.gpu.stage_trace "$OUT/w7/server_w7_priority.log" \
           --steps "$OUT/w7/steps_w7_priority.jsonl" --top 5 >"$OUT/w7_stages.txt" 2>&1 ;;
