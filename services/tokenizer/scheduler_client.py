@@ -47,7 +47,6 @@ class _Flight:
     queue: asyncio.Queue[TokenOut]
     group: int
     n: int
-    priority: int = 0
 
 
 class SchedulerClient:
@@ -69,7 +68,6 @@ class SchedulerClient:
         self._failed: ConfigError | None = None
         self._changed = asyncio.Event()
         self._streams: dict[str, _Flight] = {}
-        self._ranked = 0  # streams in flight whose priority is not 0: a batch's outputs go out by priority
         self.probe = LoadProbe(self.links, self.router, self._set_up)
         self.calls = Calls(self.links)  # control calls: sessions, unpinning
         self._tasks: list[asyncio.Task] = []
@@ -96,7 +94,10 @@ class SchedulerClient:
         while True:
             msg = await link.q.recv()
             if isinstance(msg, TokenOutBatch):
-                self._deliver(g, msg.outs)
+                for out in msg.outs:
+                    flight = self._streams.get(out.rid)
+                    if flight is not None and flight.group == g:
+                        flight.queue.put_nowait(out)
             elif isinstance(msg, Load):
                 self.probe.answered(msg)
             elif isinstance(msg, Reply):
@@ -113,16 +114,6 @@ class SchedulerClient:
                 self._engine(g, msg.reason or "the engine stopped serving")
             elif type(msg) in self.listeners:
                 self.listeners[type(msg)](g, msg)
-
-    def _deliver(self, g: int, outs: list[TokenOut]) -> None:
-        """Wake each output's stream; with prioritized streams in flight, the more urgent first (the
-        loop runs the woken handlers in this order: an urgent token is not behind a batch's ~256
-        background ones being detokenized and written)."""
-        flights = [(f, out) for out in outs if (f := self._streams.get(out.rid)) is not None and f.group == g]
-        if self._ranked:
-            flights.sort(key=lambda fo: -fo[0].priority)  # (stable: a request's outputs keep their order)
-        for flight, out in flights:
-            flight.queue.put_nowait(out)
 
     def _all_ready(self) -> None:
         infos = [link.info for link in self.links]
@@ -181,8 +172,7 @@ class SchedulerClient:
             link = self.links[route.group]
             raise Unavailable(f"data-parallel group {route.group} is not serving: {link.down or 'not answering'}")
         queue: asyncio.Queue[TokenOut] = asyncio.Queue()
-        self._streams[rid] = _Flight(queue, route.group, req.n, req.priority)
-        self._ranked += req.priority != 0
+        self._streams[rid] = _Flight(queue, route.group, req.n)
         self.router.started(route.group, req.n)
         stage("routed", rid, trace_id=trace_id(req.traceparent), group=route.group, reason=route.reason,
               matched_tokens=route.matched_tokens)
@@ -203,7 +193,6 @@ class SchedulerClient:
         flight = self._streams.pop(rid, None)
         if flight is not None:
             self.router.ended(flight.group, flight.n)
-            self._ranked -= flight.priority != 0
 
     @staticmethod
     def stream(queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:
