@@ -44,6 +44,7 @@ log = get_logger("scheduler")
 DEDUP_MIN_TOKENS = 32
 DECODE_CLIP = 4096  # expected-decode estimate is capped per request
 INIT_RATIO, MIN_RATIO, RATIO_DECAY = 0.7, 0.1, 0.001
+URGENT_RUN = 2  # urgent steps in a row at most (priority scheduling: ``Limits.urgent_steps``)
 
 
 @dataclass
@@ -73,8 +74,8 @@ class Limits:
     # interactive request and the next, so that the next does not find a full-size chunk in flight (0: only
     # while one is present)
     low_priority_window: float = 0.0
-    # priority scheduling: the step that admits a top-level request leaves the lower levels out (not two
-    # steps in a row), so its first token does not wait for a full batch of theirs
+    # priority scheduling: the step that admits a top-level request leaves the lower levels out (at most
+    # URGENT_RUN steps in a row), so its first token does not wait for a full batch of theirs
     urgent_steps: bool = False
     # the worker's largest CUDA-graph decode batch: jump-forward chunks become one-token rows when the
     # step then fits it (``Plan.split_output_chunks``; 0: never)
@@ -111,7 +112,7 @@ class Batcher:
         self.counters = counters if counters is not None else kv.counters  # step ids, retractions, cascade totals
         self.new_token_ratio = INIT_RATIO
         self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
-        self._urgent_last = False  # the last batch was an urgent step (``Limits.urgent_steps``)
+        self._urgent_run = 0  # urgent steps in a row just before (``Limits.urgent_steps``)
         self._groups_memo: tuple[Any, Groups | None, Any] = (None, None, None)  # (batch key, its groups, refs)
         self._levels_seen: dict[float, float] = {}  # priority level -> when last present (``low_priority_window``)
 
@@ -149,10 +150,11 @@ class Batcher:
         self._chunks([r for r in chunks if _level(r) >= budget.top], budget, plan)
         order = self.policy.order(waiting, self.kv) if waiting and budget.total > 0 else []  # (once a step)
         new_reqs, blocked = self._admit(order, running, waiting, scratch, budget, plan, top=True)
-        self._urgent_last = bool(held and new_reqs)
-        if self._urgent_last and plan.reqs:  # the admitted request's step: the lower levels wait for the next one
+        if held and new_reqs:  # the admitted request's step: the lower levels wait for the next one
+            self._urgent_run += 1
             self.counters.urgent_steps += 1
             return self._emit(plan, new_reqs)
+        self._urgent_run = 0
         plan.add_decodes(held, self.kv)  # (no top-level request could start: the lower levels decode as usual)
         if budget.top > float("-inf"):  # (levels: priority scheduling)
             self._chunks([r for r in chunks if _level(r) < budget.top], budget, plan)
@@ -177,8 +179,11 @@ class Batcher:
         return groups
 
     def _urgent_possible(self, decoding: list[Req], waiting: deque[Req], budget: _Budget) -> bool:
-        """A top-level request waits while lower-level ones decode (and the last step was not urgent)."""
-        return (self.limits.urgent_steps and not self._urgent_last and budget.top > float("-inf")
+        """A top-level request waits while lower-level ones decode (and fewer than ``URGENT_RUN`` urgent
+        steps came just before: a second arrival within a step of the first gets its own step too —
+        not one with the whole background's chunk and decodes — but the background never waits more
+        than ``URGENT_RUN`` steps)."""
+        return (self.limits.urgent_steps and self._urgent_run < URGENT_RUN and budget.top > float("-inf")
                 and any(_level(r) >= budget.top for r in waiting) and any(_level(r) < budget.top for r in decoding))
 
     def _budget(self, running: list[Req], waiting: deque[Req]) -> _Budget:

@@ -293,8 +293,14 @@ def test_an_urgent_request_gets_a_step_without_the_lower_levels_at_most_every_ot
     s = step(b, running, waiting)  # another urgent arrival: its own step again, the top level decoding in it
     assert sorted(rids(s.reqs)) == ["hi1", "hi2", "hi3"]
     waiting.append(req(range(1100, 1140), 10, rid="hi4"))
-    s = step(b, running, waiting)  # but never two in a row: hi4 joins a full step
-    assert sorted(rids(s.reqs)) == ["bg0", "bg1", "bg2", "bg3", "hi1", "hi2", "hi3", "hi4"]
+    s = step(b, running, waiting)  # one arriving a step later: its own step too (two in a row)
+    assert sorted(rids(s.reqs)) == ["hi1", "hi2", "hi3", "hi4"] and b.counters.urgent_steps == 3
+    waiting.append(req(range(1200, 1240), 10, rid="hi5"))
+    s = step(b, running, waiting)  # but never three: hi5 joins a full step (the background waited two)
+    assert sorted(rids(s.reqs)) == ["bg0", "bg1", "bg2", "bg3", "hi1", "hi2", "hi3", "hi4", "hi5"]
+    waiting.append(req(range(1300, 1340), 10, rid="hi6"))
+    s = step(b, running, waiting)  # and after a full step an arrival gets its own again
+    assert sorted(rids(s.reqs)) == ["hi1", "hi2", "hi3", "hi4", "hi5", "hi6"] and b.counters.urgent_steps == 4
 
 
 def test_no_urgent_step_when_the_urgent_request_cannot_start_or_the_flag_is_off():
