@@ -162,8 +162,8 @@ class SchedulerConfig(CommonConfig):
                 "(0: only while one is running or waiting)"})
     disable_priority_urgent_steps: bool = field(default=False, metadata={
         "help": "priority scheduling: do not give a newly admitted top-priority request a step of its own (by "
-                "default the step that admits it leaves lower-priority decodes and chunks out, at most every "
-                "other step, so its first token is not behind a full batch)"})
+                "default the step that admits it leaves lower-priority decodes and chunks out, at most two "
+                "steps in a row, so its first token is not behind a full batch)"})
     priority_aging_seconds: float = field(default=300.0, metadata={
         "help": "priority scheduling: a request that has waited this long goes ahead of every priority level and "
                 "is not preempted once running, so nothing starves (0: no aging)"})
