@@ -105,6 +105,21 @@ class KVPool:
         return k, v
 
 
+    def kernel_scales(self, num_q_heads: int) -> list[tuple[dict[str, float], torch.Tensor | None,
+                                                            torch.Tensor | None]]:
+        """FP8: per layer, the attention kernels' ``k_scale`` / ``v_scale`` keywords when the layer's
+        scales are one for every KV head, else none and the per-q-head multipliers of q (its KV
+        head's k scale) and of the output (v scale)."""
+        out = []
+        group = num_q_heads // self.scales.k[0].numel()
+        for k, v in zip(self.scales.k, self.scales.v, strict=True):
+            if bool((k == k[0]).all()) and bool((v == v[0]).all()):
+                out.append((dict(k_scale=float(k[0]), v_scale=float(v[0])), None, None))
+            else:
+                per_head = [s.repeat_interleave(group)[:, None].to(self.compute_dtype).to(self.device) for s in (k, v)]
+                out.append(({}, *per_head))
+        return out
+
 def pool_slots_for_memory(bytes_budget: int, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """How many slots (padding slot included) a pool of these dimensions fits in ``bytes_budget``
     (``dtype``: what the pool stores — FP8 fits twice the tokens of bf16)."""

@@ -140,7 +140,9 @@ class ModelRunner:
                 scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size, cfg.decode_attention)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
-        self.req_to_token = torch.zeros((1, self.context_length), dtype=torch.int32, device=self.device)
+        # (a row a multiple of 16 wide: Triton compiles a variant per stride class, warmed up for that one)
+        self.table_width = -(-self.context_length // 16) * 16
+        self.req_to_token = torch.zeros((1, self.table_width), dtype=torch.int32, device=self.device)
         self.pad_row = 0  # the table's last row: all zeros (slot 0), never a request's
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and self.attn.supports_cuda_graph and not cfg.disable_cuda_graph:
@@ -209,7 +211,7 @@ class ModelRunner:
 
     def setup(self, max_rows: int) -> None:
         """Size the request table: rows 0..max_rows-1 for requests, row max_rows for padding."""
-        self.req_to_token = torch.zeros((max_rows + 1, self.context_length), dtype=torch.int32, device=self.device)
+        self.req_to_token = torch.zeros((max_rows + 1, self.table_width), dtype=torch.int32, device=self.device)
         self.last_token = torch.zeros(max_rows + 1, dtype=torch.int64, device=self.device)
         self.pad_row = max_rows
 

@@ -96,7 +96,11 @@ class FlashInferAttention(AttentionBackend):
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
         self.triton_decode = decode_kernel == "triton"
+        self._f16 = pool.quantized  # (Triton, FP8 pool: products in fp16 — e4m3 widens to it in one instruction)
         self._sm_scale = self.head_dim ** -0.5
+        if self.triton_decode and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
+            triton_decode.warm_up(pool.compute_dtype, pool.dtype, (num_q_heads, self.num_kv_heads, self.head_dim),
+                                  pool.device, f16=self._f16)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
         self.decode_backend = decode_backend if self.tensor_cores else "auto"
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -118,7 +122,7 @@ class FlashInferAttention(AttentionBackend):
         self._ones = torch.ones(256, dtype=torch.int32)  # host: last_page_len (every page holds 1 token)
         self._heads = (num_q_heads, self.num_kv_heads, self.head_dim)
         self._dtypes = dict(q_data_type=pool.compute_dtype, kv_data_type=pool.dtype)
-        self._scales = _kernel_scales(pool, num_q_heads) if pool.quantized else None  # per layer
+        self._scales = pool.kernel_scales(num_q_heads) if pool.quantized else None  # per layer
         self._scale_kw: dict[str, float] = {}  # the current layer's, for the runs that read the pool
         self._reads_pool = True
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
@@ -374,7 +378,7 @@ class FlashInferAttention(AttentionBackend):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
                                         kw.get("v_scale", 1.0), return_lse=lse, starts=starts,
-                                        table_stride=1 if flat else None)
+                                        table_stride=1 if flat else None, f16=self._f16)
 
         return run
 
@@ -385,18 +389,3 @@ class FlashInferAttention(AttentionBackend):
 
     def _run_ragged(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
         return self.ragged.run(q.contiguous(), k.contiguous(), v.contiguous())
-
-
-def _kernel_scales(pool: KVPool, num_q_heads: int) -> list[tuple[dict[str, float], torch.Tensor | None,
-                                                                  torch.Tensor | None]]:
-    """Per layer: the ``run`` keywords of an FP8 pool's scales when they are one per layer, else
-    none and the per-q-head multipliers of q (its KV head's k scale) and of the output (v scale)."""
-    out = []
-    group = num_q_heads // pool.scales.k[0].numel()
-    for k, v in zip(pool.scales.k, pool.scales.v, strict=True):
-        if bool((k == k[0]).all()) and bool((v == v[0]).all()):
-            out.append((dict(k_scale=float(k[0]), v_scale=float(v[0])), None, None))
-        else:
-            per_head = [s.repeat_interleave(group)[:, None].to(pool.compute_dtype).to(pool.device) for s in (k, v)]
-            out.append(({}, *per_head))
-    return out

@@ -33,10 +33,36 @@ MAX_SPLITS = 16
 TARGET_PROGRAMS = 4 * 132  # ~4 programs per SM of an H100/H200 across (request, KV head, split)
 
 
+SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
+
+
 def num_splits(batch: int, kv_heads: int) -> int:
-    """Splits per request: enough programs to fill the GPU at small batches, one at large ones.
-    A function of the batch size only (a graph's launch grid is fixed at capture)."""
-    return max(1, min(MAX_SPLITS, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads))))
+    """Splits per request: enough programs to fill the GPU at small batches, one at large ones; a
+    power of two (each count is a kernel of its own, compiled by ``warm_up`` before serving). A
+    function of the batch size only (a graph's launch grid is fixed at capture)."""
+    want = min(MAX_SPLITS, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads)))
+    return 1 << (max(1, want).bit_length() - 1)  # (the power of two at or below)
+
+
+def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int, int], device: torch.device,
+            f16: bool = False) -> int:
+    """Compile, before serving, every variant the eager steps launch (split counts × table rows with
+    or without ``starts`` and the log-sum-exp; a graph's flat variant compiles at its capture):
+    Triton compiles a variant on its first launch, ~0.5 s each — inside a step, that stalled W7's
+    steps to 0.6–0.9 s on the H200. ``heads`` = (q heads, KV heads, head_dim) → variants launched."""
+    hq, hkv, d = heads
+    slots, ctx = 64, 48
+    k = torch.zeros((slots, hkv, d), dtype=pool_dtype, device=device)
+    table = torch.arange(ctx, dtype=torch.int32, device=device).repeat(2, 1)  # (a 2-row table, as the runner's)
+    rows = torch.zeros(1, dtype=torch.int64, device=device)
+    last = torch.full((1,), ctx - 1, dtype=torch.int64, device=device)
+    q = torch.zeros((1, hq, d), dtype=q_dtype, device=device)
+    n = 0
+    for splits in SPLIT_COUNTS:
+        for starts, lse in ((None, False), (None, True), (last // 2, True)):
+            decode(q, k, k, table, rows, last, 1.0, splits=splits, return_lse=lse, starts=starts, f16=f16)
+            n += 1
+    return n
 
 
 if triton is not None:
