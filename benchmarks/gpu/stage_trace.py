@@ -7,8 +7,10 @@
 
 Per class of request (priority ≥ ``--priority`` and the rest): received → queued (the tokenizer's
 way in: tokenizing, routing, the socket), queued → scheduled (the scheduler's queue), scheduled →
-first_token (the steps until its first token is applied), received → first_token; p50 / p90 / p99 /
-max. Then the ``--top`` slowest of the first class, each with the steps the worker answered while it
+first_token (the steps until its first token is applied), first_token → first_out (back through
+the tokenizer's loop), received → first_token and → first_out; p50 / p90 / p99 / max. The tokenizers'
+``event_loop_lag`` lines (``shared/loop_lag.py``: a window's wake-ups that were over 5 ms late) are
+summed up: a loop that lags delays every request's ``received`` too, unseen by the stage lines. Then the ``--top`` slowest of the first class, each with the steps the worker answered while it
 waited (kind, rows, tokens, device ms): what was in flight when it arrived, and what came before its
 own step."""
 
@@ -19,7 +21,7 @@ import json
 from pathlib import Path
 
 SEGMENTS = (("received", "queued"), ("queued", "scheduled"), ("scheduled", "first_token"),
-            ("received", "first_token"))
+            ("first_token", "first_out"), ("received", "first_token"), ("received", "first_out"))
 
 
 def load_stages(path: Path) -> dict[str, dict]:
@@ -41,6 +43,23 @@ def load_stages(path: Path) -> dict[str, dict]:
         elif ev["stage"] == "worker_admitted":
             r.setdefault("step", ev.get("step"))
     return reqs
+
+
+def loop_lag(path: Path) -> str:
+    """The ``event_loop_lag`` lines of the log: windows, the worst p99 and max, by service."""
+    by: dict[str, list[dict]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"event_loop_lag"' in line:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            by.setdefault(f"{ev.get('service', '?')} {ev.get('pid', '')}".strip(), []).append(ev)
+    if not by:
+        return "event loops: no event_loop_lag line (no window with a wake-up over 5 ms late, or an older server)"
+    return "\n".join(f"event loop of {name}: {len(evs)} windows with lag; p50 ≤ {max(e['p50_ms'] for e in evs)} · "
+                     f"p99 ≤ {max(e['p99_ms'] for e in evs)} · max {max(e['max_ms'] for e in evs)} ms"
+                     for name, evs in sorted(by.items()))
 
 
 def load_steps(path: Path) -> list[dict]:
@@ -68,12 +87,15 @@ def segments(reqs: dict[str, dict], min_priority: int) -> str:
 
 
 def slowest(reqs: dict[str, dict], steps: list[dict], min_priority: int, top: int) -> str:
+    def end(r: dict) -> float:  # (out of the tokenizer where known, else the scheduler's first token)
+        return r.get("first_out", r["first_token"])
+
     rs = sorted(((rid, r) for rid, r in reqs.items() if r["priority"] >= min_priority and "first_token" in r
-                 and "received" in r), key=lambda x: x[1]["first_token"] - x[1]["received"], reverse=True)
+                 and "received" in r), key=lambda x: end(x[1]) - x[1]["received"], reverse=True)
     out = []
     for rid, r in rs[:top]:
-        seg = " · ".join(f"{a}→{b} {(r[b] - r[a]) * 1e3:.1f}" for a, b in SEGMENTS[:3] if a in r and b in r)
-        out.append(f"{rid[:12]} first token {(r['first_token'] - r['received']) * 1e3:.1f} ms ({seg}); "
+        seg = " · ".join(f"{a}→{b} {(r[b] - r[a]) * 1e3:.1f}" for a, b in SEGMENTS[:4] if a in r and b in r)
+        out.append(f"{rid[:12]} first token out {(end(r) - r['received']) * 1e3:.1f} ms ({seg}); "
                    f"admitted in step {r.get('step')}")
         for s in steps:
             if r["received"] <= s["t"] <= r["first_token"] + 1e-3:
@@ -92,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     reqs = load_stages(a.log)
     print(segments(reqs, a.priority))
+    print(loop_lag(a.log))
     print()
     print(slowest(reqs, load_steps(a.steps) if a.steps else [], a.priority, a.top))
 

@@ -108,11 +108,9 @@ def w7(start, s: Sizes, vocab: int) -> dict:
         print(f"[suite] W7 capacity {capacity['capacity_req_s']:.2f} req/s", flush=True)
         idle = w7_idle(on.target, s, vocab)
         _say("idle", idle)
-        urgent, lag = _urgent_steps(on), _loop_lag(on)
+        urgent = _urgent_steps(on)
         res_on = w7_mixed(on.target, s, vocab, capacity["capacity_req_s"])
         res_on["urgent_steps"] = _urgent_steps(on) - urgent
-        res_on["tokenizer_loop_lag"] = _lag_summary(lag, _loop_lag(on))
-        print(f"[suite] W7 tokenizer loop lag: {res_on['tokenizer_loop_lag']}", flush=True)
         _say("priority on", res_on["interactive"], res_on["output_tok_s"])
     finally:
         on.stop()
@@ -130,30 +128,6 @@ def _urgent_steps(server) -> float:
         if line.startswith("banyan:priority_urgent_steps_total "):
             return float(line.split()[-1])
     return 0.0
-
-
-def _loop_lag(server) -> dict[float, float]:
-    """The tokenizers' ``banyan:event_loop_lag_seconds`` buckets so far: upper bound → count."""
-    out: dict[float, float] = {}
-    if server.http_port < 0:  # (the suite's servers run without the HTTP API — and its metrics — by default)
-        return out
-    for line in server.metrics("tokenizer").splitlines():
-        if line.startswith("banyan:event_loop_lag_seconds_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[float(le)] = float(line.split()[-1])
-    return out
-
-
-def _lag_summary(before: dict[float, float], after: dict[float, float]) -> dict:
-    """Wake-ups during a run and the bucket bounds of their p50 / p99 / worst lag, in ms."""
-    bounds = sorted(after)
-    cum = [after[b] - before.get(b, 0.0) for b in bounds]
-    n = cum[-1] if cum else 0.0
-
-    def at(q: float) -> float | None:
-        return next((b * 1e3 for b, c in zip(bounds, cum, strict=True) if c >= q * n), None) if n else None
-
-    return {"wakeups": n, "p50_le_ms": at(0.5), "p99_le_ms": at(0.99), "max_le_ms": at(1.0)}
 
 
 def _say(what: str, x: dict, tok_s: float | None = None) -> None:

@@ -129,6 +129,7 @@ class Generator:
                     now = time.monotonic()
                     if not first:
                         first = now
+                        stage("first_out", rid, trace_id=trace.trace_id)  # (the tokenizer has it: on its way out)
                         if self.metrics is not None:
                             self.metrics.ttft.observe(now - trace.start)
                     # per token after the branch's first: tokens that came together share the gap

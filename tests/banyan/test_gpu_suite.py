@@ -104,10 +104,12 @@ def test_tiny_suite_json_has_every_workload(tiny_run) -> None:
     assert len(trace) >= sum(v["steps"] for v in kinds.values()) and {"prefill", "decode_eager"} <= {
         t["kind"] for t in trace}
     reqs = stage_trace.load_stages(out / "server_main.log")  # the stage lines of every request, joined by id
-    done = [r for r in reqs.values() if {"received", "queued", "scheduled", "first_token"} <= set(r)]
-    assert len(done) >= 8 and all(r["received"] <= r["queued"] <= r["scheduled"] <= r["first_token"] for r in done)
+    done = [r for r in reqs.values() if {"received", "queued", "scheduled", "first_token", "first_out"} <= set(r)]
+    assert len(done) >= 8 and all(r["received"] <= r["queued"] <= r["scheduled"] <= r["first_token"] <= r["first_out"]
+                                  for r in done)
     assert all(r.get("step") in {t["step"] for t in trace} for r in done)  # (worker_admitted: a traced step)
-    assert "| priority < 1 | " in stage_trace.segments(reqs, 1)
+    assert "| priority < 1 | " in stage_trace.segments(reqs, 1) and "event loop" in stage_trace.loop_lag(
+        out / "server_main.log")
     assert "← its step" in stage_trace.slowest(reqs, stage_trace.load_steps(out / "steps_main.jsonl"), 0, 1)
     table = (out / "suite_t.md").read_text()
     assert stdout.rstrip().endswith(table.rstrip()) and table.count("\n| W") >= 10 and "TINY" in table
@@ -157,8 +159,6 @@ def test_tiny_w7_priority_workload(tmp_path, demo_dir) -> None:
         assert x["output_tokens"] == n_bg * 51 + 4 * 3 and x["output_tok_s"] > 0
     assert w7["idle"]["completed"] == 3 and w7["interactive_ttft_p99_ms"] > 0
     assert w7["priority_on"]["urgent_steps"] >= 0 and "urgent_steps" not in w7["priority_off"]  # (scheduler metric)
-    lag = w7["priority_on"]["tokenizer_loop_lag"]  # (the tokenizer's loop, woken every 20 ms through the run)
-    assert lag["wakeups"] > 10 and 0 < lag["p50_le_ms"] <= lag["p99_le_ms"] <= lag["max_le_ms"]
     assert w7["itl_p99_vs_idle"] > 0 and w7["throughput_vs_priority_off"] > 0
     table = (tmp_path / "out" / "suite_w7.md").read_text()
     assert table.count("| W7") == 3 and "≤ 100 ms" in table
