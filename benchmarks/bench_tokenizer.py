@@ -12,6 +12,14 @@ delivered tokens/s is its capacity.
 
 Prints one line and writes JSON (delivered tokens/s, messages/s, tokens per message, the
 replica's CPU seconds).
+
+``--probe-rate R``: meanwhile another client process sends R requests a second of priority 10
+that the fake scheduler answers at once (one token, finished): their time to first token is the
+front end's own round trip (gRPC in, the replica's loop, the socket to the scheduler and back,
+gRPC out) under the streaming load — W7's interactive requests minus the engine. The replica's
+``event_loop_lag`` lines are summed up with it.
+
+    python -m benchmarks.bench_tokenizer --streams 256 --tokens 400 --step-ms 25 --probe-rate 5
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ class FakeScheduler(threading.Thread):
                     self.send(ident, ModelInfo(model="bench", architecture="LlamaForCausalLM", vocab_size=self.vocab,
                                                context_length=4096, pool_size=1 << 20, max_running_requests=4096,
                                                eos_token_ids=[], device="cpu", dtype="float32"))
+                elif isinstance(msg, GenerateReq) and msg.priority > 0:  # a probe: its token at once
+                    self.send(ident, TokenOutBatch(outs=[TokenOut(
+                        rid=msg.rid, token_ids=[self.ids[0]], finish=FinishReason.LENGTH,
+                        prompt_tokens=len(msg.input_ids), completion_tokens=1)]))
                 elif isinstance(msg, GenerateReq):
                     self.active[msg.rid] = [ident, 0, len(msg.input_ids)]
                 elif isinstance(msg, AbortReq):
@@ -118,6 +130,52 @@ def client(port: int, streams: int, tokens: int, out: multiprocessing.Queue) -> 
     asyncio.run(main())
 
 
+def prober(port: int, rate: float, stop, out: multiprocessing.Queue) -> None:
+    """Priority-10 one-token requests every 1 / ``rate`` s until ``stop``: their TTFTs (s)."""
+    import asyncio
+
+    import grpc
+
+    from shared.proto.banyan.v1 import generation_pb2 as pb
+    from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+
+    async def main() -> None:
+        ttfts: list[float] = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.GenerationServiceStub(ch)
+
+            async def one() -> None:
+                req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[7] * 16), priority=10,
+                                         sampling_params=pb.SamplingParams(max_tokens=1, ignore_eos=True))
+                t0 = time.perf_counter()
+                async for r in stub.Generate(req, timeout=60):
+                    if r.token_ids:
+                        ttfts.append(time.perf_counter() - t0)
+                        break
+
+            tasks = []
+            while not stop.is_set():
+                tasks.append(asyncio.create_task(one()))
+                await asyncio.sleep(1 / rate)
+            await asyncio.gather(*tasks)
+        out.put(ttfts)
+
+    asyncio.run(main())
+
+
+def _q(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+
+def lag_lines(log: Path) -> dict:
+    """The replica's ``event_loop_lag`` windows: how many, the worst p99 and max (ms)."""
+    evs = [json.loads(line) for line in log.read_text(errors="replace").splitlines()
+           if line.startswith("{") and '"event_loop_lag"' in line]
+    return {"windows": len(evs), "p99_ms": max((e["p99_ms"] for e in evs), default=0.0),
+            "max_ms": max((e["max_ms"] for e in evs), default=0.0)}
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -130,6 +188,8 @@ def main() -> int:
     ap.add_argument("--step-ms", type=float, default=2.0, help="one token per request per step")
     ap.add_argument("--model", default="", help="model directory whose tokenizer the replica loads (default: demo)")
     ap.add_argument("--root", default=str(ROOT), help="checkout the replica runs from")
+    ap.add_argument("--probe-rate", type=float, default=0.0, help="priority-10 one-token requests a second, "
+                    "answered at once by the fake scheduler: the front end's TTFT under the load (0: none)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -145,10 +205,12 @@ def main() -> int:
         sched = FakeScheduler(endpoint, text_ids, args.tokens, args.step_ms / 1e3, len(tok))
         sched.start()
         env = dict(os.environ, PYTHONPATH=args.root, OMP_NUM_THREADS="1")
+        log_path = Path(tmp) / "replica.log"
+        log_file = open(log_path, "w")  # noqa: SIM115  (the replica writes to it until it stops)
         proc = subprocess.Popen([sys.executable, "-m", "services.tokenizer", "--scheduler-endpoint", endpoint,
                                  "--grpc-port", "0", "--http-port", "-1", "--port-file", port_file,
-                                 "--model", model_dir, "--host", "127.0.0.1"], cwd=args.root, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 "--model", model_dir, "--host", "127.0.0.1", "--log-format", "json"], cwd=args.root,
+                                env=env, stdout=subprocess.DEVNULL, stderr=log_file)
         try:
             deadline = time.monotonic() + 120
             while not os.path.exists(port_file):
@@ -157,16 +219,30 @@ def main() -> int:
                 time.sleep(0.1)
             port = int(Path(port_file).read_text().split()[0])
             cpu0 = cpu_seconds(proc.pid)
-            q: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
-            c = multiprocessing.get_context("spawn").Process(target=client, args=(port, args.streams, args.tokens, q))
+            mp = multiprocessing.get_context("spawn")
+            q: multiprocessing.Queue = mp.Queue()
+            c = mp.Process(target=client, args=(port, args.streams, args.tokens, q))
             c.start()
+            if args.probe_rate > 0:
+                stop, pq = mp.Event(), mp.Queue()
+                p = mp.Process(target=prober, args=(port, args.probe_rate, stop, pq))
+                p.start()
             res = q.get(timeout=900)
             c.join()
             res["replica_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+            if args.probe_rate > 0:
+                stop.set()
+                ttfts = pq.get(timeout=120)
+                p.join()
+                res["probe"] = {"rate": args.probe_rate, "n": len(ttfts), **{
+                    f"ttft_{k}_ms": round(_q(ttfts, v) * 1e3, 2) for k, v in (("p50", 0.5), ("p90", 0.9),
+                                                                              ("p99", 0.99), ("max", 1.0))}}
+            res["replica_loop_lag"] = lag_lines(log_path)
         finally:
             sched.stop = True
             proc.terminate()
             proc.wait(30)
+            log_file.close()
     offered = args.streams * 1e3 / args.step_ms
     res.update(label=args.label, root=args.root, streams=args.streams, tokens_per_request=args.tokens,
                step_ms=args.step_ms, offered_tok_s=offered, delivered_tok_s=res["tokens"] / res["wall_s"],
@@ -175,6 +251,11 @@ def main() -> int:
     print(f"{args.label or args.root}: offered {offered:,.0f} tok/s · delivered {res['delivered_tok_s']:,.0f} tok/s · "
           f"{res['messages_s']:,.0f} msg/s · {res['tokens_per_message']:.2f} tok/msg · replica "
           f"{res['cpu_us_per_token']:.1f} µs CPU/token · {res['tokens']} tokens in {res['wall_s']:.1f} s")
+    if "probe" in res:
+        pr, lag = res["probe"], res["replica_loop_lag"]
+        print(f"  probes ({pr['n']} at {pr['rate']}/s, answered at once): TTFT p50 / p90 / p99 / max "
+              f"{pr['ttft_p50_ms']} / {pr['ttft_p90_ms']} / {pr['ttft_p99_ms']} / {pr['ttft_max_ms']} ms · replica "
+              f"loop lag: {lag['windows']} windows over 5 ms, p99 ≤ {lag['p99_ms']} · max {lag['max_ms']} ms")
     if args.out:
         doc = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "tokenizer_replica", "runs": []}
         doc["runs"].append(res)

@@ -9,6 +9,7 @@ in an ``event_loop_lag`` log line (wake-ups, p50 / p99 / max ms): visible withou
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from shared.logging import get_logger
@@ -20,13 +21,12 @@ log = get_logger("loop")
 
 async def watch_lag(observe: Callable[[float], None], interval: float = 0.02, report_every: float = 10.0) -> None:
     """Forever (cancel it): ``observe(seconds late)`` once per wake-up, a log line per window."""
-    loop = asyncio.get_running_loop()
-    window: list[float] = []
-    until = loop.time() + report_every
+    window: list[float] = []  # (time.perf_counter: uvloop's loop.time() counts whole milliseconds)
+    until = time.perf_counter() + report_every
     while True:
-        asked = loop.time() + interval
+        asked = time.perf_counter() + interval
         await asyncio.sleep(interval)
-        now = loop.time()
+        now = time.perf_counter()
         lag = max(0.0, now - asked)
         observe(lag)
         window.append(lag)
