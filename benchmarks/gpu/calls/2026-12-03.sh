@@ -4,12 +4,7 @@
 # (+ piecewise graphs when their tests pass) with its stage trace, W2 with FP8 KV through the kernel
 # (W2 first: the shorter, if the device time runs out).
 #   BANYAN_GIT_COMMIT=<tree> bash benchmarks/gpu/calls/2026-12-03.sh      (writes under $OUT)
-set -uo pipefail
-OUT=${OUT:-/tmp/banyan-gpu}
-mkdir -p "$OUT"
-source .gpucache/env.sh >/dev/null || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+source benchmarks/gpu/calls/setup.sh
 t0=$SECONDS
 timeout 90 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
   --shapes 64x1024,600x1536,1x1024 >"$OUT/fp8_decode.log" 2>&1

@@ -4,12 +4,7 @@
 # W7 with piecewise graphs to 1,536 tokens and a 512-token cap, traced; W1/W2 with the Triton decode and piecewise graphs;
 # the FP8 decode bench with the fp16-products variant. Every step is skipped when it could overrun ~570 s.
 #   BANYAN_GIT_COMMIT=<tree> bash benchmarks/gpu/calls/2026-12-03b.sh      (writes under $OUT)
-set -uo pipefail
-OUT=${OUT:-/tmp/banyan-gpu}
-mkdir -p "$OUT"
-source .gpucache/env.sh >/dev/null || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+source benchmarks/gpu/calls/setup.sh
 END=${END:-570}
 fits() { [ $((SECONDS + $1)) -le "$END" ]; }
 t0=$SECONDS

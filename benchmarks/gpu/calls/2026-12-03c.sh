@@ -4,12 +4,7 @@
 #     bash benchmarks/gpu/calls/2026-12-03c.sh
 # Steps: t8 (the GPU test of the Triton decode on an FP8 pool) · fp8 (W2,W3 with an FP8 pool and FAST) · bf16w3 (W3 with FAST: fp8's baseline) · w2h (W2,W2H with
 # FAST) · w5 (W5 with FAST) · bench8 (fp8_decode_bench) · w7 (W7, cap $CAP, FAST, traced) · w45 (W4,W5 with FAST) · lof (W2 with FAST and the lof policy)
-set -uo pipefail
-OUT=${OUT:-/tmp/banyan-gpu}
-mkdir -p "$OUT"
-source .gpucache/env.sh >/dev/null || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
 suite() {  # name timeout suite-args... -- serve-args...
