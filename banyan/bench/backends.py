@@ -29,15 +29,30 @@ class Result:
 
 
 class GrpcBackend:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, connections: int = 1) -> None:
+        """``connections``: TCP connections the requests are spread over, round robin (the tokenizer
+        replicas of one ``banyan serve`` share its port: the kernel gives each connection to one of
+        them, so one connection's streams all land on one replica, as one client's would)."""
         import grpc
 
         from shared.proto.banyan.v1 import generation_pb2 as pb
         from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
+        if connections < 1:
+            raise ValueError("connections must be >= 1")
         self.pb = pb
-        self.channel = grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
-        self.stub = pb_grpc.GenerationServiceStub(self.channel)
+        opts = [("grpc.max_receive_message_length", 64 << 20)]
+        if connections > 1:  # (a channel of its own subchannel pool: a connection of its own)
+            opts.append(("grpc.use_local_subchannel_pool", 1))
+        self.channels = [grpc.aio.insecure_channel(target, options=opts) for _ in range(connections)]
+        self._stubs = [pb_grpc.GenerationServiceStub(c) for c in self.channels]
+        self._next = 0
+
+    @property
+    def stub(self):
+        """The next connection's stub (round robin)."""
+        self._next = (self._next + 1) % len(self._stubs)
+        return self._stubs[self._next]
 
     async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float, progress: Progress = None) -> Result:
         pb = self.pb
@@ -75,7 +90,8 @@ class GrpcBackend:
         return res
 
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in self.channels:
+            await channel.close()
 
 
 class OpenAIBackend:

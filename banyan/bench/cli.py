@@ -22,6 +22,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", choices=("grpc", "openai"), default="grpc")
     ap.add_argument("--target", default=os.environ.get("BANYAN_ADDRESS", "localhost:50051"),
                     help="gRPC host:port, or the HTTP base URL [env BANYAN_ADDRESS, default localhost:50051]")
+    ap.add_argument("--connections", type=int, default=1, help="gRPC: TCP connections to spread the requests over "
+                    "(one per client, as many clients would: each lands on one tokenizer replica)")
     ap.add_argument("--model", default="", help="model name sent to OpenAI servers (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("BANYAN_API_KEY", ""))
     ap.add_argument("--dataset", choices=("random", "shared-prefix", "json", "sharegpt", "multiturn"), default="random",
@@ -121,7 +123,7 @@ async def _main(args) -> dict:
     requests = build_requests(args)
     if args.priority:
         requests = [dataclasses.replace(r, priority=args.priority) for r in requests]
-    backend = (GrpcBackend(args.target) if args.backend == "grpc"
+    backend = (GrpcBackend(args.target, args.connections) if args.backend == "grpc"
                else OpenAIBackend(args.target, args.model, args.api_key))
     try:
         return await run(backend, requests, args.request_rate, args.max_concurrency,
@@ -134,6 +136,8 @@ async def _main(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    if args.connections < 1:
+        ap.error("--connections must be >= 1")
     if args.dataset == "multiturn" and args.backend != "grpc":
         ap.error("--dataset multiturn needs --backend grpc (each turn's history carries the answer's token ids)")
     if args.backend == "openai" and not args.model:

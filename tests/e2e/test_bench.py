@@ -20,7 +20,7 @@ def server(demo_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("dataset,extra", [
-    ("random", ["--num-prompts", "12", "--input-len", "8:48", "--output-len", "4:12"]),
+    ("random", ["--num-prompts", "12", "--input-len", "8:48", "--output-len", "4:12", "--connections", "3"]),
     ("shared-prefix", ["--groups", "2", "--prompts-per-group", "4", "--system-prompt-len", "64",
                        "--question-len", "8", "--output-len", "6"]),
 ])
@@ -89,3 +89,15 @@ def test_bench_openai_says_when_the_server_hides_its_vocabulary(tmp_path):
     assert r.returncode != 0
     assert "does not report its vocabulary size" in r.stderr and "--vocab-size" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_grpc_backend_spreads_requests_over_its_connections():
+    """``--connections N``: N channels, each of its own subchannel pool (a TCP connection of its own,
+    which the kernel gives to one tokenizer replica), taken round robin."""
+    from banyan.bench.backends import GrpcBackend
+
+    b = GrpcBackend("127.0.0.1:1", connections=3)  # (channels connect lazily: nothing is dialed here)
+    assert len(b.channels) == 3 and len({id(c) for c in b.channels}) == 3
+    assert [id(b.stub) for _ in range(6)] == [id(s) for s in b._stubs[1:] + b._stubs[:1]] * 2
+    with pytest.raises(ValueError):
+        GrpcBackend("127.0.0.1:1", connections=0)
