@@ -29,10 +29,11 @@ class Result:
 
 
 class GrpcBackend:
-    def __init__(self, target: str, connections: int = 1) -> None:
+    def __init__(self, target: str, connections: int = 1, stream_interval: int = 1) -> None:
         """``connections``: TCP connections the requests are spread over, round robin (the tokenizer
         replicas of one ``banyan serve`` share its port: the kernel gives each connection to one of
-        them, so one connection's streams all land on one replica, as one client's would)."""
+        them, so one connection's streams all land on one replica, as one client's would);
+        ``stream_interval``: the requests' (tokens a streamed message carries; 1: each as it comes)."""
         import grpc
 
         from shared.proto.banyan.v1 import generation_pb2 as pb
@@ -47,6 +48,7 @@ class GrpcBackend:
         self.channels = [grpc.aio.insecure_channel(target, options=opts) for _ in range(connections)]
         self._stubs = [pb_grpc.GenerationServiceStub(c) for c in self.channels]
         self._next = 0
+        self.stream_interval = stream_interval
 
     @property
     def stub(self):
@@ -57,6 +59,8 @@ class GrpcBackend:
     async def send(self, r: BenchRequest, ignore_eos: bool, temperature: float, progress: Progress = None) -> Result:
         pb = self.pb
         sp = pb.SamplingParams(max_tokens=r.output_len, ignore_eos=ignore_eos, temperature=temperature)
+        if self.stream_interval != 1:
+            sp.stream_interval = self.stream_interval
         req = pb.GenerateRequest(sampling_params=sp, priority=r.priority)
         if r.prompt_ids:
             req.token_ids.ids.extend(r.prompt_ids)

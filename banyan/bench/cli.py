@@ -24,6 +24,8 @@ def parser() -> argparse.ArgumentParser:
                     help="gRPC host:port, or the HTTP base URL [env BANYAN_ADDRESS, default localhost:50051]")
     ap.add_argument("--connections", type=int, default=1, help="gRPC: TCP connections to spread the requests over "
                     "(one per client, as many clients would: each lands on one tokenizer replica)")
+    ap.add_argument("--stream-interval", type=int, default=1, help="gRPC: tokens per streamed message (the "
+                    "first at once; batch clients that do not read token by token: e.g. 8)")
     ap.add_argument("--model", default="", help="model name sent to OpenAI servers (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("BANYAN_API_KEY", ""))
     ap.add_argument("--dataset", choices=("random", "shared-prefix", "json", "sharegpt", "multiturn"), default="random",
@@ -123,7 +125,7 @@ async def _main(args) -> dict:
     requests = build_requests(args)
     if args.priority:
         requests = [dataclasses.replace(r, priority=args.priority) for r in requests]
-    backend = (GrpcBackend(args.target, args.connections) if args.backend == "grpc"
+    backend = (GrpcBackend(args.target, args.connections, args.stream_interval) if args.backend == "grpc"
                else OpenAIBackend(args.target, args.model, args.api_key))
     try:
         return await run(backend, requests, args.request_rate, args.max_concurrency,
@@ -136,8 +138,8 @@ async def _main(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    if args.connections < 1:
-        ap.error("--connections must be >= 1")
+    if args.connections < 1 or args.stream_interval < 1:
+        ap.error("--connections and --stream-interval must be >= 1")
     if args.dataset == "multiturn" and args.backend != "grpc":
         ap.error("--dataset multiturn needs --backend grpc (each turn's history carries the answer's token ids)")
     if args.backend == "openai" and not args.model:

@@ -78,7 +78,7 @@ def w7_mixed(target: str, s: Sizes, vocab: int, capacity_req_s: float) -> dict:
     bg = w7_background(s, vocab, max(1, round(s.w7_load * capacity_req_s * s.w7_duration)))
 
     async def go() -> tuple[dict, float]:
-        backend = GrpcBackend(target, s.w7_connections)
+        backend = GrpcBackend(target, s.w7_connections, s.w7_bg_stream_interval)
         try:
             t0 = time.perf_counter()
             return await bench_run(Recording(backend), bg, s.w7_load * capacity_req_s, 0, progress=False,

@@ -67,6 +67,7 @@ class Sizes:
     w7_calib_num: int = 384  # background requests sent at once to measure capacity (req/s)
     w7_idle_num: int = 20  # interactive requests on the idle server (the idle TTFT / ITL)
     w7_connections: int = 1  # the background client's gRPC connections (with --num-tokenizers N: spread over them)
+    w7_bg_stream_interval: int = 1  # the background's tokens per streamed message (batch clients need not stream)
     w7_priority_flags: tuple[str, ...] = ()  # more `banyan serve` flags for the priority-on server
     # W6 multi-turn (suite_w6.py): conversations x turns, system prompt, user message and answer per turn, users
     # at once; the KV pool of its servers (--max-total-tokens), their host tier and disk tier (GiB per rank)

@@ -111,7 +111,7 @@ class StepApplier:
                 stage("first_token", r.rid, trace_id=r.trace_id, index=r.index, ttft_ms=round(ttft, 3))
             if reason is not None:
                 table.report(r, reason)
-            else:
+            elif ttft >= 0 or r.unsent >= r.params.stream_interval:  # (the first at once, then every interval)
                 table.emit(r.replica, token_out(r), r.priority)
 
     def _accept(self, r: Req, tok: int) -> FinishReason | None:

@@ -71,7 +71,8 @@ def _sampling(sp: pb.SamplingParams) -> SamplingRequest:
                            stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
                            skip_special_tokens=True if opt("skip_special_tokens") is None else sp.skip_special_tokens,
                            presence_penalty=opt("presence_penalty"), frequency_penalty=opt("frequency_penalty"),
-                           logprobs=sp.logprobs, top_logprobs=opt("top_logprobs"))
+                           logprobs=sp.logprobs, top_logprobs=opt("top_logprobs"),
+                           stream_interval=opt("stream_interval"))
 
 
 def _response(rid: str, c: Chunk) -> pb.GenerateResponse:

@@ -31,6 +31,7 @@ MAX_CACHE_SALT = 256
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 MAX_SESSION_ID = 256
 MAX_TOP_LOGPROBS = 20
+MAX_STREAM_INTERVAL = 1024  # tokens a streamed message may hold back
 MAX_GRAMMAR_CHARS = 256 * 1024
 MAX_CHOICES = 1024
 # Text longer than this many characters per token of the context window cannot be a prompt; it is
@@ -67,6 +68,7 @@ class SamplingRequest:
     frequency_penalty: float | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    stream_interval: int | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,8 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
         _require(math.isfinite(v) and -2 <= v <= 2, f"{prefix}{name} must be in [-2, 2], got {v}")
     top_logprobs = 0 if s.top_logprobs is None else s.top_logprobs
     _require(0 <= top_logprobs <= MAX_TOP_LOGPROBS, f"{prefix}top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+    interval = 1 if s.stream_interval is None else s.stream_interval
+    _require(1 <= interval <= MAX_STREAM_INTERVAL, f"{prefix}stream_interval must be in [1, {MAX_STREAM_INTERVAL}]")
     if s.seed is not None:
         _require(0 <= s.seed <= MAX_SEED, f"{prefix}seed must be in [0, {MAX_SEED}]")
     seed = None if s.seed is None else s.seed % SEED_RANGE  # 2**63 + k samples as k (branch i uses seed + i)
@@ -233,7 +237,7 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
                           seed=seed, max_new_tokens=room if s.max_tokens is None else s.max_tokens,
                           stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, presence_penalty=presence,
                           frequency_penalty=frequency, logprobs=s.logprobs or top_logprobs > 0,
-                          top_logprobs=top_logprobs)
+                          top_logprobs=top_logprobs, stream_interval=interval)
 
 
 def check_constraint(c: Constraint | None) -> Constraint | None:

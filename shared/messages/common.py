@@ -46,6 +46,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     logprobs: bool = False  # return the sampled token's log-probability
     top_logprobs: int = 0  # and this many most likely alternatives
     prompt_logprobs_from: int = -1  # ≥ 1: return logprobs of prompt tokens from this position (scoring)
+    stream_interval: int = 1  # the scheduler sends new tokens this many at a time (the first at once)
 
     @property
     def penalized(self) -> bool:

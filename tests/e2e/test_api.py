@@ -3,6 +3,7 @@ limits, cancel, health, reflection and the stage logs of one request (bad input:
 
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -151,6 +152,21 @@ def test_duplicate_request_id(stub):
         assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
     finally:
         call.cancel()
+
+
+def test_stream_interval_sends_tokens_that_many_at_a_time(stub):
+    """``stream_interval`` 4, 10 tokens: the scheduler sends at 1 (the first at once), 5, 9 and the
+    end, 10 — the same tokens and text as one at a time (a busy replica may merge sends, never split
+    them: every chunk ends at one of those counts); out of [1, 1024]: INVALID_ARGUMENT."""
+    want = gen(stub, max_tokens=10, temperature=0.0, ignore_eos=True)
+    resps = gen(stub, max_tokens=10, temperature=0.0, ignore_eos=True, stream_interval=4)
+    assert joined(resps) == joined(want) and len(resps) < len(want)
+    ends = list(itertools.accumulate(len(r.token_ids) for r in resps if r.token_ids))
+    assert ends[0] == 1 and ends[-1] == 10 and set(ends) <= {1, 5, 9, 10}, ends
+    for bad in (0, 1025):
+        with pytest.raises(grpc.RpcError) as e:
+            gen(stub, max_tokens=4, stream_interval=bad)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "stream_interval" in e.value.details()
 
 
 def test_tokenize_detokenize_roundtrip(stub):

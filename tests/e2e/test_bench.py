@@ -20,7 +20,8 @@ def server(demo_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("dataset,extra", [
-    ("random", ["--num-prompts", "12", "--input-len", "8:48", "--output-len", "4:12", "--connections", "3"]),
+    ("random", ["--num-prompts", "12", "--input-len", "8:48", "--output-len", "4:12", "--connections", "3",
+                "--stream-interval", "3"]),
     ("shared-prefix", ["--groups", "2", "--prompts-per-group", "4", "--system-prompt-len", "64",
                        "--question-len", "8", "--output-len", "6"]),
 ])

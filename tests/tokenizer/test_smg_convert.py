@@ -69,7 +69,6 @@ def test_sampling_fields_map_onto_banyans():
     (dict(sp=dict(repetition_penalty=1.2)), "sampling_params.repetition_penalty"),
     (dict(sp=dict(min_new_tokens=2)), "sampling_params.min_new_tokens"),
     (dict(sp=dict(logit_bias={"5": 1.0})), "sampling_params.logit_bias"),
-    (dict(sp=dict(stream_interval=4)), "sampling_params.stream_interval"),
 ])
 def test_what_banyan_cannot_do_is_refused_naming_the_field(kw, field):
     with pytest.raises(InvalidArgument, match=field.replace(".", r"\.")):
@@ -86,6 +85,13 @@ def test_custom_params_are_refused():
 def test_defaults_are_not_refused():
     convert.check_supported(request(sp=dict(repetition_penalty=0.0, stream_interval=1),
                                     return_logprob=False, logprob_start_len=0))
+
+
+def test_stream_interval_is_honoured():
+    convert.check_supported(request(sp=dict(stream_interval=4)))
+    assert convert.sampling(request(sp=dict(stream_interval=4))).stream_interval == 4
+    assert convert.sampling(request(sp=dict(stream_interval=0))).stream_interval is None  # (0: SGLang's default)
+    assert convert.sampling(request()).stream_interval is None
 
 
 def test_bad_values_name_smg_fields():

@@ -4,7 +4,8 @@
 #     bash benchmarks/gpu/calls/2026-12-03c.sh
 # Steps: t8 (the GPU test of the Triton decode on an FP8 pool) · fp8 (W2,W3 with an FP8 pool and FAST) · bf16w3 (W3 with FAST: fp8's baseline) · w2h (W2,W2H with
 # FAST) · w5 (W5 with FAST) · bench8 (fp8_decode_bench) · w7 (W7, cap $CAP, FAST, traced) · w7t2 (the same with
-# two tokenizer replicas, the background over four connections) · w45 (W4,W5 with FAST) · lof (W2, FAST, lof policy)
+# two tokenizer replicas, the background over four connections) · w7si (the background streams 8 tokens a
+# message) · w45 (W4,W5 with FAST) · lof (W2, FAST, lof policy)
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -34,6 +35,10 @@ for step in ${STEPS:-fp8}; do
           --w7-priority-flags=--priority-prefill-cap,"$CAP" -- --num-tokenizers 2 "${fast[@]}"
         python3 -m benchmarks.gpu.stage_trace "$OUT/w7t2/server_w7_priority.log" \
           --steps "$OUT/w7t2/steps_w7_priority.jsonl" --top 5 >"$OUT/w7t2_stages.txt" 2>&1 ;;
+    w7si) suite w7si 270 --workloads W7 --w7-duration 20 --step-trace --w7-bg-stream-interval 8 \
+          --w7-priority-flags=--priority-prefill-cap,"$CAP" -- "${fast[@]}"
+        python3 -m benchmarks.gpu.stage_trace "$OUT/w7si/server_w7_priority.log" \
+          --steps "$OUT/w7si/steps_w7_priority.jsonl" --top 5 >"$OUT/w7si_stages.txt" 2>&1 ;;
     w45) suite w45 200 --workloads W4,W5 -- "${fast[@]}" ;;
     lof) suite lof 110 --workloads W2 -- --schedule-policy lof "${fast[@]}" ;;
     *) echo "unknown step $step" ;;

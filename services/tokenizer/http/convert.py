@@ -67,7 +67,8 @@ def _sampling(req: api.CompletionRequest | api.ChatCompletionRequest, max_tokens
                            min_p=req.min_p, seed=req.seed, n=req.n, stop=stop,
                            stop_token_ids=list(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
                            skip_special_tokens=req.skip_special_tokens, presence_penalty=req.presence_penalty,
-                           frequency_penalty=req.frequency_penalty, logprobs=logprobs, top_logprobs=top_logprobs)
+                           frequency_penalty=req.frequency_penalty, logprobs=logprobs, top_logprobs=top_logprobs,
+                           stream_interval=req.stream_interval)
 
 
 def chat_request(req: api.ChatCompletionRequest) -> tuple[Prompt, SamplingRequest, Constraint | None]:

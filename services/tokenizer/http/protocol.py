@@ -88,6 +88,8 @@ class _Generate(_Request):
     ignore_eos: bool = Field(False, description="keep generating past EOS tokens")
     stop_token_ids: list[TokenId] | None = Field(None, description="token ids that end a choice")
     skip_special_tokens: bool = True
+    stream_interval: Int32 | None = Field(None, description="stream tokens this many at a time, in [1, 1024] "
+                                          "(the first at once; default 1)")
     cache_salt: Text = Field("", description="prefix-cache namespace: requests share cached KV only within one")
     regex: Text | None = Field(None, description="constrain the output to this regular expression")
     ebnf: Text | None = Field(None, description="constrain the output to this EBNF grammar (GBNF dialect)")

@@ -12,8 +12,8 @@ Proto3 cannot tell an unset scalar from its zero, so SMG sends every sampling fi
 Fields asking for what Banyan does not do are refused with INVALID_ARGUMENT naming the field,
 never ignored: multimodal inputs, input embeddings, LoRA, disaggregation, hidden states, prompt
 (input) logprobs, logprobs of chosen token ids, custom logit processors, ``structural_tag``,
-``repetition_penalty`` ≠ 1, ``min_new_tokens`` > 0, ``logit_bias``, ``custom_params``,
-``stream_interval`` ≠ 1. Detokenization options (``skip_special_tokens``,
+``repetition_penalty`` ≠ 1, ``min_new_tokens`` > 0, ``logit_bias``, ``custom_params``.
+``stream_interval`` is honoured (0 = 1: tokens as they come). Detokenization options (``skip_special_tokens``,
 ``spaces_between_special_tokens``, ``no_stop_trim``) shape text the gateway makes from the token
 ids; Banyan uses ``skip_special_tokens`` for the text it matches stop strings against.
 ``require_reasoning`` is accepted: Banyan does not count reasoning tokens (reasoning_tokens 0).
@@ -69,8 +69,6 @@ def check_supported(req: pb.GenerateRequest) -> None:
         _refuse("sampling_params.logit_bias", "logit bias")
     if sp.HasField("custom_params") and sp.custom_params.fields:
         _refuse("sampling_params.custom_params", "custom sampling parameters")
-    if sp.HasField("stream_interval") and sp.stream_interval != 1:
-        _refuse("sampling_params.stream_interval", f"a stream interval other than 1 ({sp.stream_interval})")
 
 
 def prompt(req: pb.GenerateRequest) -> Prompt:
@@ -91,7 +89,8 @@ def sampling(req: pb.GenerateRequest) -> SamplingRequest:
         stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
         skip_special_tokens=sp.skip_special_tokens, presence_penalty=sp.presence_penalty,
         frequency_penalty=sp.frequency_penalty, logprobs=req.return_logprob,
-        top_logprobs=req.top_logprobs_num if req.return_logprob else None)
+        top_logprobs=req.top_logprobs_num if req.return_logprob else None,
+        stream_interval=(sp.stream_interval or None) if sp.HasField("stream_interval") else None)
 
 
 def constraint(req: pb.GenerateRequest) -> Constraint | None:
