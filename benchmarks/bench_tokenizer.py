@@ -76,7 +76,7 @@ class FakeScheduler(threading.Thread):
                         rid=msg.rid, token_ids=[self.ids[0]], finish=FinishReason.LENGTH,
                         prompt_tokens=len(msg.input_ids), completion_tokens=1)]))
                 elif isinstance(msg, GenerateReq):
-                    self.active[msg.rid] = [ident, 0, len(msg.input_ids)]
+                    self.active[msg.rid] = [ident, 0, len(msg.input_ids), msg.params.stream_interval, []]
                 elif isinstance(msg, AbortReq):
                     self.active.pop(msg.rid, None)
                 elif isinstance(msg, LoadReq):
@@ -90,20 +90,23 @@ class FakeScheduler(threading.Thread):
             self.steps += 1
             batches: dict[bytes, list[TokenOut]] = {}
             for rid, st in list(self.active.items()):
-                ident, sent, prompt = st
-                tok = self.ids[(sent + hash(rid)) % len(self.ids)]
+                ident, sent, prompt, interval, held = st
+                held.append(self.ids[(sent + hash(rid)) % len(self.ids)])
                 st[1] = sent = sent + 1
                 last = sent >= self.tokens
+                if not (last or sent == 1 or len(held) >= interval):  # (the request's stream_interval)
+                    continue
                 batches.setdefault(ident, []).append(TokenOut(
-                    rid=rid, token_ids=[tok], finish=FinishReason.LENGTH if last else None,
+                    rid=rid, token_ids=list(held), finish=FinishReason.LENGTH if last else None,
                     prompt_tokens=prompt if last else 0, completion_tokens=sent if last else 0))
+                held.clear()
                 if last:
                     del self.active[rid]
             for ident, outs in batches.items():
                 self.send(ident, TokenOutBatch(outs=outs))
 
 
-def client(port: int, streams: int, tokens: int, out: multiprocessing.Queue) -> None:
+def client(port: int, streams: int, tokens: int, interval: int, out: multiprocessing.Queue) -> None:
     import asyncio
 
     import grpc
@@ -118,7 +121,7 @@ def client(port: int, streams: int, tokens: int, out: multiprocessing.Queue) -> 
 
             async def one(i: int) -> None:
                 req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[100 + i % 50] * 16), sampling_params=pb.SamplingParams(
-                    max_tokens=tokens, ignore_eos=True, temperature=0.0))
+                    max_tokens=tokens, ignore_eos=True, temperature=0.0, stream_interval=interval))
                 async for r in stub.Generate(req, timeout=600):
                     counts[0] += 1
                     counts[1] += len(r.token_ids)
@@ -188,6 +191,8 @@ def main() -> int:
     ap.add_argument("--step-ms", type=float, default=2.0, help="one token per request per step")
     ap.add_argument("--model", default="", help="model directory whose tokenizer the replica loads (default: demo)")
     ap.add_argument("--root", default=str(ROOT), help="checkout the replica runs from")
+    ap.add_argument("--stream-interval", type=int, default=1, help="the background streams' stream_interval: "
+                    "the fake scheduler sends their tokens that many at a time")
     ap.add_argument("--probe-rate", type=float, default=0.0, help="priority-10 one-token requests a second, "
                     "answered at once by the fake scheduler: the front end's TTFT under the load (0: none)")
     ap.add_argument("--label", default="")
@@ -221,7 +226,7 @@ def main() -> int:
             cpu0 = cpu_seconds(proc.pid)
             mp = multiprocessing.get_context("spawn")
             q: multiprocessing.Queue = mp.Queue()
-            c = mp.Process(target=client, args=(port, args.streams, args.tokens, q))
+            c = mp.Process(target=client, args=(port, args.streams, args.tokens, args.stream_interval, q))
             c.start()
             if args.probe_rate > 0:
                 stop, pq = mp.Event(), mp.Queue()
@@ -245,6 +250,7 @@ def main() -> int:
             log_file.close()
     offered = args.streams * 1e3 / args.step_ms
     res.update(label=args.label, root=args.root, streams=args.streams, tokens_per_request=args.tokens,
+               stream_interval=args.stream_interval,
                step_ms=args.step_ms, offered_tok_s=offered, delivered_tok_s=res["tokens"] / res["wall_s"],
                messages_s=res["messages"] / res["wall_s"], tokens_per_message=res["tokens"] / max(1, res["messages"]),
                cpu_us_per_token=res["replica_cpu_s"] / max(1, res["tokens"]) * 1e6, cpus=os.cpu_count())
