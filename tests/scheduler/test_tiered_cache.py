@@ -7,6 +7,9 @@ KV depends on the whole prefix. Copies move those values when the test decides t
 time between issue and acknowledgement; a demote before the next "forward", as the worker orders
 it), and every copy the tree calls ready — in the pool, on the host, on disk — must hold exactly
 the values of the tokens its node stands for; so must every matched prefix a request starts from.
+As the real worker, the fake fails a read of a file deleted since it was asked for (the scheduler
+forgets a whole file when a read of one part of it fails, while a read of another part may be in
+flight): a read that finds its file gone fails, whatever the test would have said.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class FakeWorker:
         self.files: dict[int, tuple[str, list[int], int, list]] = {}  # id → (ns, path, start, values)
         self.ops: dict[int, object] = {}  # sent, not acknowledged
         self.ran: set[int] = set()
+        self.failing: set[int] = set()  # ran and failed whatever the test says (a read of a deleted file)
 
     def send(self, msg) -> None:
         for op in msg.ops:
@@ -76,8 +80,12 @@ class FakeWorker:
         elif op.kind is CopyKind.DISK_WRITE:
             values = [self.host.get(h, GARBAGE) for h in host]
             self.files[op.file] = (op.ns, from_i32(op.path).tolist(), op.start, values)
+        elif op.kind is CopyKind.DISK_READ and op.file not in self.files:
+            # deleted since (a read of another part failed and the scheduler forgot the file): the
+            # worker's read fails (its open does; one opened before the unlink still reads the data)
+            self.failing.add(op_id)
         elif op.kind is CopyKind.DISK_READ:
-            vals = self.files[op.file][3] if op.file in self.files else []
+            vals = self.files[op.file][3]
             for i, h in enumerate(host):
                 self.host[h] = vals[op.offset + i] if op.offset + i < len(vals) else GARBAGE
 
@@ -122,8 +130,7 @@ class TierMachine(RuleBasedStateMachine):
         while self.worker.ops:
             for op_id in sorted(self.worker.ops):
                 self.worker.run(op_id)
-                self.h.on_ack(CacheAck(done=i32([op_id]), seconds=f32([0.0])))
-                del self.worker.ops[op_id]
+                self._ack(op_id, op_id not in self.worker.failing, "io: gone")
             self.flush()
 
     def draw_key(self, data) -> list[int]:
@@ -234,12 +241,17 @@ class TierMachine(RuleBasedStateMachine):
         op_id = data.draw(st.sampled_from(sorted(self.worker.ops)))
         if ok:
             self.worker.run(op_id)
+        self._ack(op_id, ok and op_id not in self.worker.failing, reason if not ok else "io: gone")
+        self.flush()
+
+    def _ack(self, op_id: int, ok: bool, reason: str) -> None:
+        """The worker's answer to ``op_id``: done, or failed (what it wrote is garbage)."""
+        if ok:
             self.h.on_ack(CacheAck(done=i32([op_id]), seconds=f32([0.001])))
         else:
             self.worker.spoil(op_id)
             self.h.on_ack(CacheAck(failed=i32([op_id]), reasons=[reason]))
         del self.worker.ops[op_id]
-        self.flush()
 
     @rule()
     def all_copies_end(self) -> None:
@@ -262,7 +274,7 @@ class TierMachine(RuleBasedStateMachine):
         w = self.worker
         files = [DiskFile(f, ns, i32(path), start, self.tree.file_bytes(len(path) - start, len(path)))
                  for f, (ns, path, start, _) in w.files.items()]
-        w.dev.clear(), w.host.clear(), w.ops.clear(), w.ran.clear()
+        w.dev.clear(), w.host.clear(), w.ops.clear(), w.ran.clear(), w.failing.clear()
         self._start(ready_msg(self.pool, self.host_size, self.disk, files, max(w.files, default=-1) + 1))
 
     # ---- invariants --------------------------------------------------------------------------
