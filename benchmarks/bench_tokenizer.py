@@ -40,6 +40,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu.stage_trace import lag_windows, quantile  # noqa: E402
 from shared.messages.codec import Codec  # noqa: E402
 from shared.messages.common import FinishReason  # noqa: E402
 from shared.messages.to_scheduler import AbortReq, GenerateReq, LoadReq, ToScheduler, TokenizerHello  # noqa: E402
@@ -166,15 +167,9 @@ def prober(port: int, rate: float, stop, out: multiprocessing.Queue) -> None:
     asyncio.run(main())
 
 
-def _q(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
-
-
 def lag_lines(log: Path) -> dict:
     """The replica's ``event_loop_lag`` windows: how many, the worst p99 and max (ms)."""
-    evs = [json.loads(line) for line in log.read_text(errors="replace").splitlines()
-           if line.startswith("{") and '"event_loop_lag"' in line]
+    evs = [e for w in lag_windows(log).values() for e in w]
     return {"windows": len(evs), "p99_ms": max((e["p99_ms"] for e in evs), default=0.0),
             "max_ms": max((e["max_ms"] for e in evs), default=0.0)}
 
@@ -240,7 +235,7 @@ def main() -> int:
                 ttfts = pq.get(timeout=120)
                 p.join()
                 res["probe"] = {"rate": args.probe_rate, "n": len(ttfts), **{
-                    f"ttft_{k}_ms": round(_q(ttfts, v) * 1e3, 2) for k, v in (("p50", 0.5), ("p90", 0.9),
+                    f"ttft_{k}_ms": round(quantile(ttfts, v) * 1e3, 2) for k, v in (("p50", 0.5), ("p90", 0.9),
                                                                               ("p99", 0.99), ("max", 1.0))}}
             res["replica_loop_lag"] = lag_lines(log_path)
         finally:

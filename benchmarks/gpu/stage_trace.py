@@ -10,7 +10,8 @@ way in: tokenizing, routing, the socket), queued → scheduled (the scheduler's 
 first_token (the steps until its first token is applied), first_token → first_out (back through
 the tokenizer's loop), received → first_token and → first_out; p50 / p90 / p99 / max. The tokenizers'
 ``event_loop_lag`` lines (``shared/loop_lag.py``: a window's wake-ups that were over 5 ms late) are
-summed up: a loop that lags delays every request's ``received`` too, unseen by the stage lines. Then the ``--top`` slowest of the first class, each with the steps the worker answered while it
+summed up: a loop that lags delays every request's ``received`` too, unseen by the stage lines.
+Then the ``--top`` slowest of the first class, each with the steps the worker answered while it
 waited (kind, rows, tokens, device ms): what was in flight when it arrived, and what came before its
 own step."""
 
@@ -45,8 +46,8 @@ def load_stages(path: Path) -> dict[str, dict]:
     return reqs
 
 
-def loop_lag(path: Path) -> str:
-    """The ``event_loop_lag`` lines of the log: windows, the worst p99 and max, by service."""
+def lag_windows(path: Path) -> dict[str, list[dict]]:
+    """The ``event_loop_lag`` lines of a log (``shared/loop_lag.py``), by service and pid."""
     by: dict[str, list[dict]] = {}
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("{") and '"event_loop_lag"' in line:
@@ -55,6 +56,12 @@ def loop_lag(path: Path) -> str:
             except ValueError:
                 continue
             by.setdefault(f"{ev.get('service', '?')} {ev.get('pid', '')}".strip(), []).append(ev)
+    return by
+
+
+def loop_lag(path: Path) -> str:
+    """The ``event_loop_lag`` lines of the log: windows, the worst p99 and max, by service."""
+    by = lag_windows(path)
     if not by:
         return "event loops: no event_loop_lag line (no window with a wake-up over 5 ms late, or an older server)"
     return "\n".join(f"event loop of {name}: {len(evs)} windows with lag; p50 ≤ {max(e['p50_ms'] for e in evs)} · "
@@ -67,7 +74,7 @@ def load_steps(path: Path) -> list[dict]:
     return sorted((s for s in steps if "t" in s), key=lambda s: s["t"])
 
 
-def _q(xs: list[float], p: float) -> float:
+def quantile(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
@@ -81,7 +88,7 @@ def segments(reqs: dict[str, dict], min_priority: int) -> str:
         cells = []
         for a, b in SEGMENTS:
             xs = [(r[b] - r[a]) * 1e3 for r in rs if a in r and b in r]
-            cells.append(" · ".join(f"{_q(xs, p):.1f}" for p in (0.5, 0.9, 0.99, 1.0)) if xs else "—")
+            cells.append(" · ".join(f"{quantile(xs, p):.1f}" for p in (0.5, 0.9, 0.99, 1.0)) if xs else "—")
         lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

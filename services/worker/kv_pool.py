@@ -104,7 +104,6 @@ class KVPool:
             v = v.float() * self.v_scale[layer][:, None]
         return k, v
 
-
     def kernel_scales(self, num_q_heads: int) -> list[tuple[dict[str, float], torch.Tensor | None,
                                                             torch.Tensor | None]]:
         """FP8: per layer, the attention kernels' ``k_scale`` / ``v_scale`` keywords when the layer's
@@ -119,6 +118,7 @@ class KVPool:
                 per_head = [s.repeat_interleave(group)[:, None].to(self.compute_dtype).to(self.device) for s in (k, v)]
                 out.append(({}, *per_head))
         return out
+
 
 def pool_slots_for_memory(bytes_budget: int, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """How many slots (padding slot included) a pool of these dimensions fits in ``bytes_budget``
