@@ -6,6 +6,7 @@ path (per-token quantization + ``torch._scaled_mm``) and the small-M kernel on t
 table, writes JSON.
 
     python -m benchmarks.gpu.small_m_bench --out /tmp/banyan-gpu/small_m.json       # ~1 min (compiles)
+    python -m benchmarks.gpu.small_m_bench --sweep --ms 1 --out s.json   # FP8 at M = 1: ~60 more configs
 """
 
 from __future__ import annotations
@@ -37,16 +38,32 @@ def copies_of(t: torch.Tensor) -> list[torch.Tensor]:
     return [t] + [t.clone() for _ in range(n - 1)]
 
 
+def sweep_configs() -> list[sm.Config]:
+    """Configs beyond ``sm.CONFIGS`` for the e4m3 weights at M = 1 (``--sweep``): larger tiles (an
+    FP8 tile holds half the bf16 tile's bytes, so fewer are in flight per SM at the same shape), more
+    warps and stages, CUDA-core tiles of 2–16 rows: which of them, if any, reads nearer bandwidth."""
+    dot = [sm.Config(bn, bk, warps=w, stages=4, split=sp, last_adds=sp > 1)
+           for bn, bk in ((16, 512), (32, 512), (64, 256), (64, 512), (128, 256)) for w in (4, 8) for sp in (1, 2, 4)]
+    fma = [sm.Config(bn, bk, warps=w, stages=st, m_tile=1)
+           for bn, bk in ((2, 2048), (4, 2048), (8, 1024), (16, 512), (8, 512)) for w in (2, 4, 8) for st in (2, 4)]
+    return [c for c in dot + fma if c not in sm.CONFIGS]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="small_m.json")
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--fp8-only", action="store_true", help="only FP8 weights (and cuBLAS bf16 as the yardstick)")
+    ap.add_argument("--sweep", action="store_true", help="FP8 only, with ~60 more configs (sweep_configs), no lm_head")
     args = ap.parse_args()
+    args.fp8_only |= args.sweep
+    fp8_configs = list(sm.CONFIGS) + (sweep_configs() if args.sweep else [])
     dev = torch.device("cuda")
     g = torch.Generator(device="cpu").manual_seed(0)
     rows, picks = [], {}
     for name, (n, k) in SHAPES.items():
+        if args.sweep and name == "lm_head":
+            continue
         w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
         q, s = (t.to(dev) for t in quantize_rows(w.float().cpu()))
         kernels.reset()
@@ -62,7 +79,7 @@ def main() -> int:
                        w.numel() * 2, len(ws)) for c in sm.CONFIGS if not args.fp8_only],
                     ("scaled_mm_fp8", lambda i: library_fp8_linear(x, qs[i], s), q.numel(), len(qs)),
                     *[(f"kernel_fp8_{c}", lambda i, c=c: sm.linear(x, qs[i], s, c),
-                       q.numel(), len(qs)) for c in sm.CONFIGS]):
+                       q.numel(), len(qs)) for c in fp8_configs]):
                 try:
                     t = sm._time(fn, copies, reps=20)
                     row[label] = {"us": round(t * 1e6, 2), "gb_s": round(nbytes / t / 1e9, 1),
@@ -84,7 +101,8 @@ def main() -> int:
         cb, kb, sf, kf = (r["cublas_bf16"], best(r, "kernel_bf16"), r["scaled_mm_fp8"], best(r, "kernel_fp8"))
         pct = lambda v: f"{v['us']:.1f} ({v['of_hbm']:.0%})" if "us" in v else "error"  # noqa: E731
         print(f"| {r['shape']} | {r['m']} | {pct(cb)} | {kb[0]:.1f} ({r.get(kb[1], {}).get('of_hbm', 0):.0%}) | "
-              f"{sf.get('us', float('nan')):.1f} | {kf[0]:.1f} ({r.get(kf[1], {}).get('of_hbm', 0):.0%}) |")
+              f"{sf.get('us', float('nan')):.1f} | {kf[0]:.1f} ({r.get(kf[1], {}).get('of_hbm', 0):.0%}) "
+              f"{kf[1].removeprefix('kernel_fp8_')} |")
     print("tune:", json.dumps(picks, indent=1))
     print(f"results: {args.out}")
     return 0
