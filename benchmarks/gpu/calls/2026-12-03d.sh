@@ -15,7 +15,7 @@ suite() {  # name timeout suite-args... -- serve-args...
   local name=$1 limit=$2; shift 2
   if [ $((SECONDS + limit)) -gt "$END" ]; then echo "$name: skipped (time)"; return; fi
   local t0=$SECONDS
-  timeout "$limit" python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/$name" --tag "$name" "$@" \
+  timeout -k 15 "$limit" python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/$name" --tag "$name" "$@" \
     >"$OUT/$name.log" 2>&1
   echo "$name (rc $?): $((SECONDS - t0)) s"
 }
@@ -28,7 +28,7 @@ for step in ${STEPS:-fp8}; do
     w5) suite w5 150 --workloads W5 -- "${fast[@]}" ;;
     fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     bf16w3) suite bf16w3 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
-    w2h) suite w2h 200 --workloads W2,W2H -- "${fast[@]}" ;;
+    w2h) suite w2h 250 --workloads W2,W2H -- "${fast[@]}" ;;
     w7) suite w7 270 --workloads W7 --w7-duration 20 --step-trace \
           --w7-priority-flags=--priority-prefill-cap,"$CAP" -- "${fast[@]}"
         python3 -m benchmarks.gpu.stage_trace "$OUT/w7/server_w7_priority.log" \
