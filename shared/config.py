@@ -17,6 +17,9 @@ ENV_PREFIX = "BANYAN_"
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8")  # fp8: fp8_e4m3
 QUANTIZATIONS = ("", "fp8")
 WRITE_POLICIES = ("write_through", "write_back")
+# the piecewise graphs' size when left to the worker (measured on the H200, docs/perf.md 2026-12-03: W3 level,
+# W4 +8 %, W5's and W7's prompt steps no longer launch-bound)
+PIECEWISE_AUTO_TOKENS = 1536
 
 
 class ConfigError(ValueError):
@@ -262,9 +265,10 @@ class WorkerConfig(CommonConfig):
                 "too, per-row scales (weights ~0.50x bf16 instead of ~0.57x on an 8B model; more error)"})
     cuda_graph_max_bs: int = field(default=512, metadata={"help": "largest decode batch replayed as a CUDA graph"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run every step eagerly"})
-    piecewise_cuda_graph_max_tokens: int = field(default=0, metadata={
+    piecewise_cuda_graph_max_tokens: int = field(default=-1, metadata={
         "help": "steps that are not pure decodes (prompts, prompts mixed with decodes, shared-prefix steps) of up to "
-                "this many tokens replay the work between attentions from CUDA graphs, the attention eager (0: off)"})
+                "this many tokens replay the work between attentions from CUDA graphs, the attention eager (0: off; "
+                f"-1: {PIECEWISE_AUTO_TOKENS} on one CUDA GPU with decode graphs, else off)"})
     disable_small_m_kernel: bool = field(default=False, metadata={
         "help": "never use Banyan's decode-size linear kernel (by default used for the weight shapes where it "
                 "measured faster than the library at start-up)"})
@@ -300,8 +304,8 @@ class WorkerConfig(CommonConfig):
         _check(self.quantization in QUANTIZATIONS, f"quantization {self.quantization!r} is not supported (empty: "
                f"none or the checkpoint's own | fp8; AWQ, GPTQ, bitsandbytes and other methods are not)")
         _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
-        _check(0 <= self.piecewise_cuda_graph_max_tokens <= 16384,
-               "piecewise_cuda_graph_max_tokens must be in [0, 16384]")
+        _check(-1 <= self.piecewise_cuda_graph_max_tokens <= 16384,
+               "piecewise_cuda_graph_max_tokens must be in [-1, 16384] (-1: auto, 0: off)")
         _check(self.tp_size >= 1, "tp_size must be >= 1")
         _check(0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is not in [0, {self.tp_size})")
         _check(self.tp_size == 1 or ":" in self.dist_init_addr, "tp_size > 1 needs dist_init_addr (host:port)")

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from shared.config import WorkerConfig
+from shared.config import PIECEWISE_AUTO_TOKENS, WorkerConfig
 from shared.logging import get_logger, stage
 from shared.messages.common import SamplingParams, from_i32
 from shared.messages.to_worker import ForwardBatch
@@ -150,9 +150,12 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device, self.spec.vocab_size)
         self.pieces: PiecewiseGraphs | None = None  # eager steps' work between attentions, as graphs
-        if cfg.piecewise_cuda_graph_max_tokens > 0 and (self.graphs is not None or self.device.type == "cpu"):
+        piece_tokens = cfg.piecewise_cuda_graph_max_tokens
+        if piece_tokens < 0:  # auto: on with decode graphs on one GPU (unmeasured across tensor-parallel ranks)
+            piece_tokens = PIECEWISE_AUTO_TOKENS if self.graphs is not None and self.tp.size == 1 else 0
+        if piece_tokens > 0 and (self.graphs is not None or self.device.type == "cpu"):
             try:  # (on the CPU the pieces run eagerly in place of graphs: the same path, for tests)
-                self.pieces = PiecewiseGraphs(self.model, cfg.piecewise_cuda_graph_max_tokens, self.device, self.dtype,
+                self.pieces = PiecewiseGraphs(self.model, piece_tokens, self.device, self.dtype,
                                               capture=self.device.type == "cuda")
             except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # (a capture that fails: eager steps as before)
                 if self.device.type == "cuda":

@@ -55,7 +55,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 def runner(model: Path, **cfg) -> ModelRunner:
-    cfg = {"max_total_tokens": 16384, "cuda_graph_max_bs": 16, "device": "cuda", "context_length": 4096, **cfg}
+    cfg = {"max_total_tokens": 16384, "cuda_graph_max_bs": 16, "device": "cuda", "context_length": 4096,
+           "piecewise_cuda_graph_max_tokens": 0, **cfg}  # (eager steps eager: the tests that want pieces say so)
     return ModelRunner(WorkerConfig(model=str(model), **cfg), str(model))
 
 
