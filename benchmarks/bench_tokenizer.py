@@ -17,7 +17,9 @@ replica's CPU seconds).
 that the fake scheduler answers at once (one token, finished): their time to first token is the
 front end's own round trip (gRPC in, the replica's loop, the socket to the scheduler and back,
 gRPC out) under the streaming load — W7's interactive requests minus the engine. The replica's
-``event_loop_lag`` lines are summed up with it.
+``event_loop_lag`` lines are summed up with it. ``--probe-in-step``: a probe's token comes with the
+next step's outputs instead, last in that batch (as a scheduler step answers an admitted request
+along with every running one): the probe then also waits for the replica to hand on the batch.
 
     python -m benchmarks.bench_tokenizer --streams 256 --tokens 400 --step-ms 25 --probe-rate 5
 """
@@ -48,7 +50,8 @@ from shared.messages.to_tokenizer import Load, ModelInfo, ToTokenizer, TokenOut,
 
 
 class FakeScheduler(threading.Thread):
-    def __init__(self, endpoint: str, text_ids: list[int], tokens: int, step_s: float, vocab: int) -> None:
+    def __init__(self, endpoint: str, text_ids: list[int], tokens: int, step_s: float, vocab: int,
+                 probe_in_step: bool = False) -> None:
         super().__init__(daemon=True)
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -58,6 +61,8 @@ class FakeScheduler(threading.Thread):
         self.active: dict[str, list] = {}  # rid -> [replica, sent]
         self.stop = False
         self.steps = 0
+        self.probe_in_step = probe_in_step
+        self.probes: list[tuple[bytes, TokenOut]] = []  # (probe_in_step) answered with the next step, last
 
     def send(self, ident: bytes, msg) -> None:
         self.sock.send_multipart([ident, self.enc.encode(msg)])
@@ -73,9 +78,12 @@ class FakeScheduler(threading.Thread):
                                                context_length=4096, pool_size=1 << 20, max_running_requests=4096,
                                                eos_token_ids=[], device="cpu", dtype="float32"))
                 elif isinstance(msg, GenerateReq) and msg.priority > 0:  # a probe: its token at once
-                    self.send(ident, TokenOutBatch(outs=[TokenOut(
-                        rid=msg.rid, token_ids=[self.ids[0]], finish=FinishReason.LENGTH,
-                        prompt_tokens=len(msg.input_ids), completion_tokens=1)]))
+                    out = TokenOut(rid=msg.rid, token_ids=[self.ids[0]], finish=FinishReason.LENGTH,
+                                   prompt_tokens=len(msg.input_ids), completion_tokens=1)
+                    if self.probe_in_step:
+                        self.probes.append((ident, out))
+                    else:
+                        self.send(ident, TokenOutBatch(outs=[out]))
                 elif isinstance(msg, GenerateReq):
                     self.active[msg.rid] = [ident, 0, len(msg.input_ids), msg.params.stream_interval, []]
                 elif isinstance(msg, AbortReq):
@@ -103,6 +111,9 @@ class FakeScheduler(threading.Thread):
                 held.clear()
                 if last:
                     del self.active[rid]
+            for ident, out in self.probes:  # (after every stream's output of the step)
+                batches.setdefault(ident, []).append(out)
+            self.probes.clear()
             for ident, outs in batches.items():
                 self.send(ident, TokenOutBatch(outs=outs))
 
@@ -190,6 +201,8 @@ def main() -> int:
                     "the fake scheduler sends their tokens that many at a time")
     ap.add_argument("--probe-rate", type=float, default=0.0, help="priority-10 one-token requests a second, "
                     "answered at once by the fake scheduler: the front end's TTFT under the load (0: none)")
+    ap.add_argument("--probe-in-step", action="store_true", help="a probe's token comes last in the next step's "
+                    "batch rather than at once")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -202,7 +215,7 @@ def main() -> int:
     text_ids = tok.encode((ROOT / "docs" / "architecture.md").read_text(), add_special_tokens=False)
     with tempfile.TemporaryDirectory() as tmp:
         endpoint, port_file = f"ipc://{tmp}/sched.ipc", f"{tmp}/tok.port"
-        sched = FakeScheduler(endpoint, text_ids, args.tokens, args.step_ms / 1e3, len(tok))
+        sched = FakeScheduler(endpoint, text_ids, args.tokens, args.step_ms / 1e3, len(tok), args.probe_in_step)
         sched.start()
         env = dict(os.environ, PYTHONPATH=args.root, OMP_NUM_THREADS="1")
         log_path = Path(tmp) / "replica.log"
@@ -245,7 +258,7 @@ def main() -> int:
             log_file.close()
     offered = args.streams * 1e3 / args.step_ms
     res.update(label=args.label, root=args.root, streams=args.streams, tokens_per_request=args.tokens,
-               stream_interval=args.stream_interval,
+               stream_interval=args.stream_interval, probe_in_step=args.probe_in_step,
                step_ms=args.step_ms, offered_tok_s=offered, delivered_tok_s=res["tokens"] / res["wall_s"],
                messages_s=res["messages"] / res["wall_s"], tokens_per_message=res["tokens"] / max(1, res["messages"]),
                cpu_us_per_token=res["replica_cpu_s"] / max(1, res["tokens"]) * 1e6, cpus=os.cpu_count())
@@ -254,7 +267,7 @@ def main() -> int:
           f"{res['cpu_us_per_token']:.1f} µs CPU/token · {res['tokens']} tokens in {res['wall_s']:.1f} s")
     if "probe" in res:
         pr, lag = res["probe"], res["replica_loop_lag"]
-        print(f"  probes ({pr['n']} at {pr['rate']}/s, answered at once): TTFT p50 / p90 / p99 / max "
+        print(f"  probes ({pr['n']} at {pr['rate']}/s, answered {'in the next step' if args.probe_in_step else 'at once'}): TTFT p50 / p90 / p99 / max "
               f"{pr['ttft_p50_ms']} / {pr['ttft_p90_ms']} / {pr['ttft_p99_ms']} / {pr['ttft_max_ms']} ms · replica "
               f"loop lag: {lag['windows']} windows over 5 ms, p99 ≤ {lag['p99_ms']} · max {lag['max_ms']} ms")
     if args.out:
