@@ -285,6 +285,11 @@ def test_compose_variants_are_valid(composes, flavour) -> None:
     mounts = [v if isinstance(v, str) else f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}"
               for v in worker["volumes"]]
     assert "/srv/models/some-model:/model:ro" in mounts, mounts
+    # the compiled kernels outlive the container, where the image's unprivileged user may write them
+    assert {m.split(":")[1] for m in mounts} >= {"/var/cache/flashinfer", "/var/cache/triton"}, mounts
+    dockerfile = (ROOT / "Dockerfile.gpu").read_text()
+    assert "TRITON_CACHE_DIR=/var/cache/triton" in dockerfile and "chown banyan /var/cache/flashinfer /var/cache/triton" \
+        in dockerfile
     r = run([*compose, "--profile", "monitoring", "config", "--services"], timeout=60, env=base)
     assert r.returncode == 0, explain(r)
     assert {"prometheus", "grafana", "otel-collector"} <= set(r.stdout.split()), r.stdout
