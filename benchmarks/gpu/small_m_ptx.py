@@ -27,10 +27,13 @@ INSTR = re.compile(r"\b(cp\.async[\w.]*|ld\.global[\w.]*|ld\.shared[\w.]*|st\.sh
 
 
 def config(name: str) -> sm.Config:
-    for c in sm.CONFIGS:
-        if str(c) == name:
-            return c
-    raise SystemExit(f"unknown config {name!r}; one of: {', '.join(map(str, sm.CONFIGS))}")
+    """A config by its name (``str(Config)``: kind_NxKwWsSkP[r], e.g. dot_32x128w4s4k4r, fma1_8x1024w4s4k1)."""
+    m = re.fullmatch(r"(dot|swap|fma(\d+))_(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(r?)", name)
+    if m is None:
+        raise SystemExit(f"not a config name: {name!r} (e.g. {', '.join(map(str, sm.CONFIGS[:3]))})")
+    kind, rows, bn, bk, w, st, k, r = m.groups()
+    return sm.Config(int(bn), int(bk), warps=int(w), stages=int(st), split=int(k), m_tile=int(rows or 16),
+                     swap=kind == "swap", last_adds=bool(r))
 
 
 def main() -> int:
