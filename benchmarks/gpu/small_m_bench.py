@@ -6,13 +6,15 @@ path (per-token quantization + ``torch._scaled_mm``) and the small-M kernel on t
 table, writes JSON.
 
     python -m benchmarks.gpu.small_m_bench --out /tmp/banyan-gpu/small_m.json       # ~1 min (compiles)
-    python -m benchmarks.gpu.small_m_bench --sweep --ms 1 --out s.json   # FP8 at M = 1: ~60 more configs
+    python -m benchmarks.gpu.small_m_bench --sweep --ms 1 --out s.json   # FP8 at M = 1: ~90 more configs
+    python -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --only 'p$' --out s.json   # the prefetching ones
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -46,7 +48,10 @@ def sweep_configs() -> list[sm.Config]:
            for bn, bk in ((16, 512), (32, 512), (64, 256), (64, 512), (128, 256)) for w in (4, 8) for sp in (1, 2, 4)]
     fma = [sm.Config(bn, bk, warps=w, stages=st, m_tile=1)
            for bn, bk in ((2, 2048), (4, 2048), (8, 1024), (16, 512), (8, 512)) for w in (2, 4, 8) for st in (2, 4)]
-    return [c for c in dot + fma if c not in sm.CONFIGS]
+    # the CUDA-core loop with the next weight tile loaded by hand (Triton does not pipeline it: small_m_ptx)
+    fetch = [sm.Config(bn, bk, warps=w, stages=1, m_tile=1, prefetch=True, split=sp)
+             for bn, bk in ((4, 1024), (8, 1024), (8, 512), (16, 512), (4, 2048)) for w in (2, 4, 8) for sp in (1, 2)]
+    return [c for c in dot + fma + fetch if c not in sm.CONFIGS]
 
 
 def main() -> int:
@@ -54,10 +59,13 @@ def main() -> int:
     ap.add_argument("--out", default="small_m.json")
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--fp8-only", action="store_true", help="only FP8 weights (and cuBLAS bf16 as the yardstick)")
-    ap.add_argument("--sweep", action="store_true", help="FP8 only, with ~60 more configs (sweep_configs), no lm_head")
+    ap.add_argument("--sweep", action="store_true", help="FP8 only, with ~90 more configs (sweep_configs), no lm_head")
+    ap.add_argument("--only", default="", help="(with --sweep) the configs whose name matches this regex, e.g. 'p$'")
     args = ap.parse_args()
     args.fp8_only |= args.sweep
     fp8_configs = list(sm.CONFIGS) + (sweep_configs() if args.sweep else [])
+    if args.only:
+        fp8_configs = [c for c in fp8_configs if re.search(args.only, str(c))]
     dev = torch.device("cuda")
     g = torch.Generator(device="cpu").manual_seed(0)
     rows, picks = [], {}

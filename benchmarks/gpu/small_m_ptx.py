@@ -28,12 +28,12 @@ INSTR = re.compile(r"\b(cp\.async[\w.]*|ld\.global[\w.]*|ld\.shared[\w.]*|st\.sh
 
 def config(name: str) -> sm.Config:
     """A config by its name (``str(Config)``: kind_NxKwWsSkP[r], e.g. dot_32x128w4s4k4r, fma1_8x1024w4s4k1)."""
-    m = re.fullmatch(r"(dot|swap|fma(\d+))_(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(r?)", name)
+    m = re.fullmatch(r"(dot|swap|fma(\d+))_(\d+)x(\d+)w(\d+)s(\d+)k(\d+)(r?)(p?)", name)
     if m is None:
         raise SystemExit(f"not a config name: {name!r} (e.g. {', '.join(map(str, sm.CONFIGS[:3]))})")
-    kind, rows, bn, bk, w, st, k, r = m.groups()
+    kind, rows, bn, bk, w, st, k, r, p = m.groups()
     return sm.Config(int(bn), int(bk), warps=int(w), stages=int(st), split=int(k), m_tile=int(rows or 16),
-                     swap=kind == "swap", last_adds=bool(r))
+                     swap=kind == "swap", last_adds=bool(r), prefetch=bool(p))
 
 
 def main() -> int:
@@ -54,7 +54,7 @@ def main() -> int:
             "out_ptr": "*fp32" if split else "*bf16"}
     consts = {"HAS_SCALE": args.weight == "fp8", "USE_DOT": cfg.m_tile == 16, "SWAP": cfg.swap, "PARTIAL": split,
               "LAST_ADDS": cfg.last_adds and split, "SPLIT": cfg.split, "SILU_MUL": False, "BLOCK_M": cfg.m_tile,
-              "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+              "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "PREFETCH": cfg.prefetch and cfg.m_tile < 16}
     sig |= dict.fromkeys(consts, "constexpr")
     aligned = {(ARGS.index(a),): [["tt.divisibility", 16]] for a in ARGS if a != "M"}
     kernel = triton.compile(ASTSource(fn=sm._linear_kernel, signature=sig, constexprs=consts, attrs=aligned),

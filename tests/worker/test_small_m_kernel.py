@@ -1,6 +1,6 @@
 """The decode-size linear kernel (``kernels/small_m.py``) in Triton's interpreter on the CPU: bf16-
 shaped and e4m3 weights with per-row scales, every config (tensor-core, swapped, CUDA-core; K split or not), M from 1 to 16 (each row's result independent of M for a config, bit for bit), N and K not
-multiples of the blocks, a strided activation; and the dispatch: a layer takes the kernel only for a
+multiples of the blocks, a strided activation, the CUDA-core loop with its next tile prefetched; and the dispatch: a layer takes the kernel only for a
 weight shape and M range ``kernels.choices`` holds. Float32 activations here
 (the interpreter has no bf16 matmul); the GPU path is timed and checked at start-up (``tune``).
 Skipped visibly where Triton is not installed."""
@@ -19,6 +19,8 @@ from services.worker.kernels import small_m as sm
 from services.worker.quant.fp8 import quantize_rows
 
 g = torch.Generator().manual_seed(0)
+# the CUDA-core loop that loads the next weight tile by hand (benchmarks' sweep): K split, 2–8 tiles a part
+PREFETCHING = (sm.Config(8, 64, stages=1, m_tile=1, prefetch=True, split=2),)
 for n, k in ((40, 300), (64, 1024)):
     w = torch.randn(n, k, generator=g)
     q, s = quantize_rows(w)
@@ -26,7 +28,7 @@ for n, k in ((40, 300), (64, 1024)):
         x = torch.randn(m, k + 8, generator=g)[:, :k]  # a strided view
         want_plain = x @ w.t()
         want_q = (x @ q.float().t()) * s
-        for cfg in sm.CONFIGS:
+        for cfg in sm.CONFIGS + PREFETCHING:
             got = sm.linear(x, w, None, cfg)
             assert torch.equal(sm.linear(x[:1], w, None, cfg), got[:1])  # row 0 alone: the same bits
             h = torch.randn(m, 2 * k, generator=g)  # [gate | up]: the activation fused into the read

@@ -14,7 +14,9 @@ scale applied at the end: weight-only FP8, the activations stay in their dtype).
   memory: the small x rather than the weight);
 - ``fma``: CUDA cores, one row of x a program, small ``block_n`` so that many programs keep many
   weight loads in flight; the products are summed elementwise across the K tiles and reduced once
-  at the end (a reduction per tile, measured first, ran far below bandwidth).
+  at the end (a reduction per tile, measured first, ran far below bandwidth). Triton pipelines only
+  loads that feed a dot, so with ``prefetch`` the loop loads the next weight tile itself before
+  this one's products (measured by the benchmarks' sweep; not among the tuner's ``CONFIGS`` yet).
 
 Two ways to run e4m3 weights faster were measured on the H200 and dropped: feeding the FP8 tensor
 cores (x quantized per K tile in registers) and widening to fp16 rather than bf16 (one instruction
@@ -59,7 +61,7 @@ def _load_x(x_at, x_mask, K, SILU_MUL: tl.constexpr):
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, y_ptr, cnt_ptr, M, N, K, k_per_split, stride_x, stride_w,
                    stride_out, HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr,
                    PARTIAL: tl.constexpr, LAST_ADDS: tl.constexpr, SPLIT: tl.constexpr, SILU_MUL: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = False):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -71,12 +73,20 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, y_ptr, cnt_ptr, M, N, K, k_per_
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:  # CUDA cores: products summed elementwise across the K tiles, reduced once at the end
         acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_w
+    if PREFETCH:  # (CUDA cores: Triton pipelines only loads that feed a dot; the next tile is loaded by hand)
+        rk = k_lo + tl.arange(0, BLOCK_K)
+        w_next = tl.load(w_rows + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
+        if PREFETCH:
+            w = w_next
+            rk_next = rk + BLOCK_K
+            w_next = tl.load(w_rows + rk_next[None, :], mask=(rn[:, None] < N) & (rk_next[None, :] < k_hi), other=0.0)
+        else:
+            w = tl.load(w_rows + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
         x = _load_x(x_ptr + rm[:, None] * stride_x + rk[None, :], (rm[:, None] < M) & (rk[None, :] < k_hi),
                     K, SILU_MUL)
-        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :],
-                    mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
         w = w.to(x_ptr.dtype.element_ty)
         if SWAP:  # y^T = W x^T: the weight, widened in registers, is the A operand (no shared-memory trip)
             acc_t += tl.dot(w, tl.trans(x))
@@ -134,10 +144,12 @@ class Config:
     m_tile: int = 16  # rows a program: 16 = one tensor-core tile (tl.dot); fewer = CUDA-core FMAs
     swap: bool = False  # (tensor cores) W x^T rather than x W^T: the weight tile is the A operand
     last_adds: bool = False  # (split) the parts added by each tile's last program, not by a second kernel
+    prefetch: bool = False  # (CUDA cores) the next weight tile loaded before this one's products
 
     def __str__(self) -> str:
         kind = ("swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
-        return f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}{'r' * self.last_adds}"
+        return (f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}{'r' * self.last_adds}"
+                f"{'p' * self.prefetch}")
 
 
 CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(32, 128, stages=4, split=4),
@@ -168,8 +180,8 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONF
     _linear_kernel[grid](x, w, s, out, y, counts, m, n, k, k_per_split, x.stride(0), w.stride(0), y.stride(0),
                          HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap,
                          PARTIAL=split > 1, LAST_ADDS=last_adds, SPLIT=split, SILU_MUL=silu_mul,
-                         BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
-                         num_stages=cfg.stages)
+                         BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                         PREFETCH=cfg.prefetch and cfg.m_tile < 16, num_warps=cfg.warps, num_stages=cfg.stages)
     if split > 1 and not last_adds:
         block = 1024
         _sum_kernel[(triton.cdiv(m * n, block),)](out, s, y, m, n, y.stride(0), SPLIT=split,
