@@ -7,7 +7,8 @@
 # FAST) · w5 (W5 with FAST) · bench8 (fp8_decode_bench) · w7 (W7, cap $CAP, FAST, traced) · w7t2 (the same with
 # two tokenizer replicas, the background over four connections) · w7si (the background streams 8 tokens a
 # message) · w45 (W4,W5 with FAST) · lof (W2, FAST, lof policy) · sweep8 (the small-M kernel's FP8 configs and
-# ~60 more at M = 1) · w34 (W3,W4 with FAST) · w34base (W3,W4 with the defaults: w34's baseline) · w2 (W2, FAST)
+# ~60 more at M = 1) · w34 (W3,W4 with FAST) · w34base (W3,W4 with the defaults: w34's baseline) · w2 (W2, FAST) · sweepp (the
+# prefetching CUDA-core FP8 configs only)
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -44,6 +45,8 @@ for step in ${STEPS:-fp8}; do
     w45) suite w45 200 --workloads W4,W5 -- "${fast[@]}" ;;
     sweep8) timeout 240 python3 -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --out "$OUT/sweep8.json" \
               >"$OUT/sweep8.log" 2>&1; echo "sweep8 (rc $?)"; grep '^| ' "$OUT/sweep8.log" | head -12 ;;
+    sweepp) timeout 150 python3 -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --only 'p$' --out "$OUT/sweepp.json" \
+              >"$OUT/sweepp.log" 2>&1; echo "sweepp (rc $?)"; grep '^| ' "$OUT/sweepp.log" | head -12 ;;
     w34) suite w34 220 --workloads W3,W4 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
     w2) suite w2 125 --workloads W2 --step-trace -- "${fast[@]}" ;;
     w34base) suite w34base 220 --workloads W3,W4 --w3-baselines= --w3-extra= ;;
