@@ -55,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--output-json", "--out", dest="out", default="bench-result.json",
                     help="JSON results (the PNG plots are written beside it)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--save-token-times", action="store_true", help="also write each request's token arrival times "
+                    "(Unix seconds, token_epochs) to the JSON: to line up with the server's step trace "
+                    "(python -m benchmarks.gpu.itl_trace)")
     return ap
 
 
@@ -130,7 +133,7 @@ async def _main(args) -> dict:
     try:
         return await run(backend, requests, args.request_rate, args.max_concurrency,
                          ignore_eos=not args.no_ignore_eos, temperature=args.temperature, seed=args.seed,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, token_epochs=args.save_token_times)
     finally:
         await backend.close()
 

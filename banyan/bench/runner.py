@@ -13,8 +13,12 @@ from banyan.bench.datasets import BenchRequest
 
 
 async def run(backend, requests: list[BenchRequest], request_rate: float, max_concurrency: int,
-              ignore_eos: bool = True, temperature: float = 0.0, seed: int = 0, progress: bool = True) -> dict:
+              ignore_eos: bool = True, temperature: float = 0.0, seed: int = 0, progress: bool = True,
+              token_epochs: bool = False) -> dict:
+    """``token_epochs``: the summary also lists each completed request's token arrival times as Unix
+    seconds (``token_epochs``), to line them up with the server's logs and step trace."""
     rng = random.Random(seed)
+    epoch = time.time() - time.perf_counter()  # (perf_counter's zero on the wall clock)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
     bar = None
     if progress:  # in output tokens as they stream (a request's first ones can take a while), requests aside
@@ -48,7 +52,10 @@ async def run(backend, requests: list[BenchRequest], request_rate: float, max_co
     duration = time.perf_counter() - start
     if bar is not None:
         bar.close()
-    return summarize(results, duration, start)
+    summary = summarize(results, duration, start)
+    if token_epochs:
+        summary["token_epochs"] = [[round(epoch + t, 6) for t in r.token_times] for r in results if r.ok]
+    return summary
 
 
 def _pct(xs: list[float], p: float) -> float:

@@ -49,7 +49,8 @@ def w7_client(target: str, s: Sizes, vocab: int, num: int, seed: int) -> tuple[s
     cmd = [sys.executable, "-m", "banyan", "bench", "--target", target, "--dataset", "random",
            "--num-prompts", str(num), "--input-len", f"{s.w7_int_input}:{s.w7_int_input}",
            "--output-len", f"{s.w7_int_output}:{s.w7_int_output}", "--vocab-size", str(vocab), "--seed", str(seed),
-           "--request-rate", str(s.w7_rate), "--priority", str(W7_PRIORITY), "--no-progress", "--out", out]
+           "--request-rate", str(s.w7_rate), "--priority", str(W7_PRIORITY), "--no-progress", "--save-token-times",
+           "--out", out]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out
 
 
@@ -95,7 +96,9 @@ def w7_mixed(target: str, s: Sizes, vocab: int, capacity_req_s: float) -> dict:
     tokens = bg_sum["total_output_tokens"] + fg_sum["total_output_tokens"]
     return {"background": brief(bg_sum), "interactive": brief(fg_sum), "wall_s": wall, "output_tok_s": tokens / wall,
             "output_tokens": tokens, "preemptions": after.preemptions - before.preemptions,
-            "retractions": after.retractions - before.retractions}
+            "retractions": after.retractions - before.retractions,
+            # each interactive request's token arrivals, Unix s: their gaps against the step trace (itl_trace)
+            "interactive_token_epochs": fg_sum.get("token_epochs", [])}
 
 
 def w7(start, s: Sizes, vocab: int) -> dict:

@@ -137,13 +137,14 @@ W7_SMALL = ["--length-scale", "0.05", "--w7-duration", "2", "--w7-calib-num", "6
 def test_tiny_w7_priority_workload(tmp_path, demo_dir) -> None:
     """W7 (priority scheduling: background at 1.5x capacity + interactive requests, on a server with
     --enable-priority-scheduling and on one without) end to end in tiny mode: every request served,
-    the three numbers of the issue computed, the table's rows."""
+    the three numbers of the issue computed, the table's rows; the interactive requests' token times
+    lined up with the step trace (``itl_trace``)."""
     if LLAMA3 is not None:
         model = ["--model", str(tmp_path / "model"), "--tokenizer", str(LLAMA3)]
     else:
         model = ["--model", str(make_tiny_model("llama", tmp_path / "model", demo_dir, seed=3))]
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.suite", "--tiny", "--workloads", "W7", *model,
-                        "--out", str(tmp_path / "out"), "--tag", "w7", *W7_SMALL],
+                        "--out", str(tmp_path / "out"), "--tag", "w7", "--step-trace", *W7_SMALL],
                        cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     doc = json.loads((tmp_path / "out" / "suite_w7.json").read_text())
@@ -162,6 +163,17 @@ def test_tiny_w7_priority_workload(tmp_path, demo_dir) -> None:
     assert w7["itl_p99_vs_idle"] > 0 and w7["throughput_vs_priority_off"] > 0
     table = (tmp_path / "out" / "suite_w7.md").read_text()
     assert table.count("| W7") == 3 and "≤ 100 ms" in table
+    epochs = w7["priority_on"]["interactive_token_epochs"]
+    assert len(epochs) == 4 and all(len(e) == 3 and e == sorted(e) for e in epochs)
+    steps = tmp_path / "out" / "steps_w7_priority.jsonl"
+    last = json.loads(steps.read_text().splitlines()[-1])["t"]
+    assert max(e[-1] for e in epochs) <= last + 5  # (one clock: the client's arrivals, the worker's answers)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.itl_trace", str(tmp_path / "out" / "suite_w7.json"),
+                        str(steps), "--over", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    n = int(r.stdout.split(" gaps of 4 requests")[0])  # (2 a request; fewer where a late replica merged two)
+    assert 1 <= n <= 8 and "by the step that ended them" in r.stdout, r.stdout
+    assert "answered" in r.stdout and " ms into the gap" in r.stdout
 
 
 def test_tiny_w6_and_w2h(tmp_path, demo_dir) -> None:

@@ -33,15 +33,21 @@ for step in ${STEPS:-fp8}; do
     w7) suite w7 270 --workloads W7 --w7-duration 20 --step-trace \
           --w7-priority-flags=--priority-prefill-cap,"$CAP" -- "${fast[@]}"
         python3 -m benchmarks.gpu.stage_trace "$OUT/w7/server_w7_priority.log" \
-          --steps "$OUT/w7/steps_w7_priority.jsonl" --top 5 >"$OUT/w7_stages.txt" 2>&1 ;;
+          --steps "$OUT/w7/steps_w7_priority.jsonl" --top 5 >"$OUT/w7_stages.txt" 2>&1
+        python3 -m benchmarks.gpu.itl_trace "$OUT/w7/suite_w7.json" "$OUT/w7/steps_w7_priority.jsonl" \
+          >"$OUT/w7_itl.txt" 2>&1 ;;
     w7t2) suite w7t2 270 --workloads W7 --w7-duration 20 --step-trace --w7-connections 4 \
           --w7-priority-flags=--priority-prefill-cap,"$CAP" -- --num-tokenizers 2 "${fast[@]}"
         python3 -m benchmarks.gpu.stage_trace "$OUT/w7t2/server_w7_priority.log" \
-          --steps "$OUT/w7t2/steps_w7_priority.jsonl" --top 5 >"$OUT/w7t2_stages.txt" 2>&1 ;;
+          --steps "$OUT/w7t2/steps_w7_priority.jsonl" --top 5 >"$OUT/w7t2_stages.txt" 2>&1
+        python3 -m benchmarks.gpu.itl_trace "$OUT/w7t2/suite_w7t2.json" "$OUT/w7t2/steps_w7_priority.jsonl" \
+          >"$OUT/w7t2_itl.txt" 2>&1 ;;
     w7si) suite w7si 270 --workloads W7 --w7-duration 20 --step-trace --w7-bg-stream-interval 8 \
           --w7-priority-flags=--priority-prefill-cap,"$CAP" -- "${fast[@]}"
         python3 -m benchmarks.gpu.stage_trace "$OUT/w7si/server_w7_priority.log" \
-          --steps "$OUT/w7si/steps_w7_priority.jsonl" --top 5 >"$OUT/w7si_stages.txt" 2>&1 ;;
+          --steps "$OUT/w7si/steps_w7_priority.jsonl" --top 5 >"$OUT/w7si_stages.txt" 2>&1
+        python3 -m benchmarks.gpu.itl_trace "$OUT/w7si/suite_w7si.json" "$OUT/w7si/steps_w7_priority.jsonl" \
+          >"$OUT/w7si_itl.txt" 2>&1 ;;
     w45) suite w45 200 --workloads W4,W5 -- "${fast[@]}" ;;
     sweep8) timeout 240 python3 -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --out "$OUT/sweep8.json" \
               >"$OUT/sweep8.log" 2>&1; echo "sweep8 (rc $?)"; grep '^| ' "$OUT/sweep8.log" | head -12 ;;
@@ -56,5 +62,5 @@ for step in ${STEPS:-fp8}; do
 done
 cd "$OUT" || exit 1
 rm -rf ./*/server_w7_plain.log ./*/steps_w7_plain.jsonl ./*/*.ready
-grep -h '^\[suite\]\|^| W' ./*.log 2>/dev/null | head -40; head -16 ./*_stages.txt 2>/dev/null
+grep -h '^\[suite\]\|^| W' ./*.log 2>/dev/null | head -40; head -16 ./*_stages.txt ./*_itl.txt 2>/dev/null
 tar czf /tmp/results.tgz . && rm -rf ./* && mv /tmp/results.tgz .  # (one file back: the tool's limit is 8)
