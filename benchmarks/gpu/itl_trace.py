@@ -23,9 +23,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 
-from benchmarks.gpu.stage_trace import quantile  # noqa: E402
-
-LATE_S = 0.0  # a token reaches the client after its step's answer: no step answered after it made it
+from benchmarks.gpu.stage_trace import load_steps, quantile  # noqa: E402
 
 
 def gaps(epochs: list[list[float]]) -> list[tuple[float, float]]:
@@ -41,7 +39,7 @@ def attribute(gap: tuple[float, float], steps: list[dict], ts: list[float]) -> l
     """The steps answered within the gap ``(a, b]`` (the last of them ended it), or the last step
     answered before ``b`` when none was."""
     a, b = gap
-    lo, hi = bisect.bisect_right(ts, a), bisect.bisect_right(ts, b - LATE_S)
+    lo, hi = bisect.bisect_right(ts, a), bisect.bisect_right(ts, b)
     return steps[lo:hi] if hi > lo else steps[max(0, hi - 1):hi]
 
 
@@ -97,7 +95,7 @@ def main() -> int:
     args = ap.parse_args()
     w7 = json.loads(args.suite_json.read_text())["results"]["W7"]
     epochs = w7[args.run].get("interactive_token_epochs") or []
-    steps = [json.loads(line) for line in args.steps.read_text().splitlines() if line.strip()]
+    steps = load_steps(args.steps)
     over = args.over if args.over is not None else 2 * w7["idle"]["itl_ms"]["p99"]
     print(report(epochs, steps, over, args.top))
     return 0
