@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The tenth session's device calls: 2026-12-03d.sh's steps, and W7 steps that carry their own cap:
+#   BANYAN_GIT_COMMIT=<tree> STEPS="w7t2@128 w7t2c@128" FAST="--kv-cache-dtype fp8_e4m3 --decode-attention triton" \
+#     bash benchmarks/gpu/calls/2026-12-03e.sh
+# `w7*@N` runs that W7 step with --priority-prefill-cap N (default $CAP) into $OUT/<step>_N; `w7t2c` is w7t2 with
+# the priority run's prompts chunked at 128 tokens (--chunked-prefill-size 128 on the priority side only).
+# Other steps: t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
+# with FP8 weights and FAST) — see 2026-12-03d.sh.
+source benchmarks/gpu/calls/setup.sh
+END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
+python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
+suite() {  # name timeout suite-args... -- serve-args...
+  local name=$1 limit=$2; shift 2
+  if [ $((SECONDS + limit)) -gt "$END" ]; then echo "$name: skipped (time)"; return; fi
+  local t0=$SECONDS
+  timeout -k 15 "$limit" python3 -m benchmarks.gpu.suite --model /tmp/llama8b --out "$OUT/$name" --tag "$name" "$@" \
+    >"$OUT/$name.log" 2>&1
+  echo "$name (rc $?): $((SECONDS - t0)) s"
+}
+w7step() {  # name cap suite-args... -- serve-args...: one W7 run, traced, then the stage and ITL traces
+  local name=$1 cap=$2; shift 2
+  local -a args=() serve=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+  shift; serve=("$@")
+  suite "$name" 270 --workloads W7 --w7-duration 20 --step-trace "${args[@]}" \
+    --w7-priority-flags=--priority-prefill-cap,"$cap""${PFLAGS:-}" -- "${serve[@]}" "${fast[@]}"
+  python3 -m benchmarks.gpu.stage_trace "$OUT/$name/server_w7_priority.log" \
+    --steps "$OUT/$name/steps_w7_priority.jsonl" --top 5 >"$OUT/${name}_stages.txt" 2>&1
+  python3 -m benchmarks.gpu.itl_trace "$OUT/$name/suite_$name.json" "$OUT/$name/steps_w7_priority.jsonl" \
+    >"$OUT/${name}_itl.txt" 2>&1
+}
+for step in ${STEPS:-fp8}; do
+  cap=$CAP; [[ $step == *@* ]] && cap=${step#*@}
+  case ${step%@*} in
+    w7) w7step "w7_$cap" "$cap" -- ;;
+    w7t2) w7step "w7t2_$cap" "$cap" --w7-connections 4 -- --num-tokenizers 2 ;;
+    w7t2c) PFLAGS=,--chunked-prefill-size,128 w7step "w7t2c_$cap" "$cap" --w7-connections 4 -- --num-tokenizers 2 ;;
+    w7si) w7step "w7si_$cap" "$cap" --w7-bg-stream-interval 8 -- ;;
+    w1q) suite w1q 200 --workloads W1,W2 -- --quantization fp8 "${fast[@]}" ;;
+    t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
+          >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
+    bench8) timeout 70 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
+              --shapes 64x1024,600x1536,1x1024 >"$OUT/fp8_decode.log" 2>&1; tail -6 "$OUT/fp8_decode.log" ;;
+    w5) suite w5 150 --workloads W5 -- "${fast[@]}" ;;
+    fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
+    bf16w3) suite bf16w3 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
+    w2h) suite w2h 250 --workloads W2,W2H -- "${fast[@]}" ;;
+    w45) suite w45 200 --workloads W4,W5 -- "${fast[@]}" ;;
+    sweep8) timeout 240 python3 -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --out "$OUT/sweep8.json" \
+              >"$OUT/sweep8.log" 2>&1; echo "sweep8 (rc $?)"; grep '^| ' "$OUT/sweep8.log" | head -12 ;;
+    sweepp) timeout 150 python3 -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --only 'p$' --out "$OUT/sweepp.json" \
+              >"$OUT/sweepp.log" 2>&1; echo "sweepp (rc $?)"; grep '^| ' "$OUT/sweepp.log" | head -12 ;;
+    w34) suite w34 220 --workloads W3,W4 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
+    w2) suite w2 125 --workloads W2 --step-trace -- "${fast[@]}" ;;
+    w34base) suite w34base 220 --workloads W3,W4 --w3-baselines= --w3-extra= ;;
+    lof) suite lof 110 --workloads W2 -- --schedule-policy lof "${fast[@]}" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+cd "$OUT" || exit 1
+rm -rf ./*/server_w7_plain.log ./*/steps_w7_plain.jsonl ./*/*.ready
+grep -h '^\[suite\]\|^| W' ./*.log 2>/dev/null | head -40; head -16 ./*_stages.txt ./*_itl.txt 2>/dev/null
+tar czf /tmp/results.tgz . && rm -rf ./* && mv /tmp/results.tgz .  # (one file back: the tool's limit is 8)
