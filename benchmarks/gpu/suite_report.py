@@ -250,11 +250,15 @@ def table(doc: dict) -> str:
         on, off = _get(r, "W2H", "output_throughput"), _get(r, "W2", "output_throughput")
         row("W2H: W2 with the host KV tier on: output tok/s · ÷ W2 (tier off)",
             f"{_n(on)} · {_pct(_ratio(on, off))}", goal_key="w2h_ratio", value=_ratio(on, off))
+        tier = _get(r, "W2H", "tier")
+        if isinstance(tier, dict) and tier:
+            row("W2H tier traffic: GB device → host · tokens demoted (copies a forward waited for)",
+                f"{_n(tier.get('moved_bytes|device_to_host', 0) / 1e9, 1)} · {_n(tier.get('demoted_tokens'))}")
     if "W2S" in r:
         off, on = _get(r, "W2S", "output_throughput"), _get(r, "W2", "output_throughput")
         row("W2S: W2 with the SMG gRPC service off (--disable-smg-grpc): output tok/s · W2 (service on) ÷ off",
             f"{_n(off)} · {_pct(_ratio(on, off))}", goal_key="w2s_ratio", value=_ratio(on, off))
-    for w in ("W1", "W2", "W3", "W4", "W5"):
+    for w in ("W1", "W2", "W2H", "W3", "W4", "W5"):
         kinds = _get(r, w, "steps_by_kind")
         if isinstance(kinds, dict) and kinds:
             row(f"{w} steps by kind: count × device ms (idle ms before them, in all; host ms to queue one / "

@@ -29,6 +29,7 @@ import shutil
 from banyan.bench import datasets
 from banyan.bench.backends import GrpcBackend
 from banyan.bench.multiturn import run_multiturn
+from benchmarks.gpu import suite_counters
 from benchmarks.gpu import suite_workloads as wl
 
 COUNTERS = ("prefill_computed_tokens", "prefill_cached_tokens", "host_cached_tokens", "disk_cached_tokens",
@@ -107,12 +108,40 @@ def w6(suite) -> dict:
 
 
 def w2h(suite) -> dict:
-    """W2 (no reuse) with the host tier on: the tier must cost nothing here."""
+    """W2 (no reuse) with the host tier on: the tier must cost nothing here. With its steps by kind
+    (as W2's) and the tier's traffic: tokens backed up / demoted (the copies a forward waits for)."""
     server = suite.server("w2h", "--hicache-size", str(suite.sizes.w6_host_gib))
     try:
-        return wl.w2(server.target, suite.sizes, suite.facts["vocab"])
+        before, tier0 = suite.counters(server), tier_counters(server)
+        res = wl.w2(server.target, suite.sizes, suite.facts["vocab"])
+        after, tier1 = suite.counters(server), tier_counters(server)
+        if before is not None and after is not None:
+            suite.doc["gpu_idle"]["W2H"] = suite_counters.worker_delta(res, "W2H", before, after)
+        if isinstance(res, dict) and tier0 is not None and tier1 is not None:
+            res["tier"] = {k: tier1[k] - tier0.get(k, 0.0) for k in tier1}
+        return res
     finally:
         server.stop()
+
+
+def tier_counters(server) -> dict | None:
+    """The scheduler's tier counters: bytes moved by direction, tokens demoted (None: no metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not server.scheduler_metrics_port:
+        return None
+    out = {}
+    try:
+        text = server.metrics("scheduler")
+    except OSError:
+        return None
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == "banyan:hicache_moved_bytes_total":
+                out[f"moved_bytes|{smp.labels.get('direction')}"] = smp.value
+            elif smp.name == "banyan:hicache_demoted_tokens_total":
+                out["demoted_tokens"] = smp.value
+    return out
 
 
 def w2s(suite) -> dict:

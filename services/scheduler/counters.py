@@ -25,6 +25,7 @@ class Counters:
     # hierarchical cache (hicache.py): prompt tokens of admitted requests whose KV came back from the host
     # or disk tier (part of prefill_cached), and the copies that ended, by direction (device_to_host,
     # host_to_device, host_to_disk, disk_to_host): tokens moved and seconds spent; failures by kind
+    demoted_tokens: int = 0  # pool evictions copied to the host on their way out (the next forward waits)
     cache_ops: int = 0  # tier copy ids handed out (like step ids, they go on across workers)
     host_hit_tokens: int = 0
     disk_hit_tokens: int = 0

@@ -44,6 +44,8 @@ class TierMetrics:
                              ["direction"], registry=r)
         self.seconds = Counter("banyan:hicache_copy_seconds", "Time the tier copies took (the worker's clock)",
                                ["direction"], registry=r)
+        self.demoted = Counter("banyan:hicache_demoted_tokens", "Tokens the pool evicted with a copy to the host "
+                               "on their way out (the next forward waits for it)", registry=r)
         self.failures = Counter("banyan:hicache_failures", "Tier copies that failed (the tokens are recomputed)",
                                 ["kind"], registry=r)
         self.fetch_wait = Histogram("banyan:hicache_fetch_wait_seconds", "Time a request was kept aside while its "
@@ -71,6 +73,9 @@ class TierMetrics:
             self._inc(self.moved, d, n * bpt)
         for d, s in c.tier_seconds.items():
             self._inc(self.seconds, d, s)
+        if c.demoted_tokens > self._seen.get("demoted", 0):
+            self.demoted.inc(c.demoted_tokens - self._seen.get("demoted", 0))
+            self._seen["demoted"] = c.demoted_tokens
         for k, n in c.tier_failures.items():
             self._inc(self.failures, k, n)
         for w in h.fetch_waits:

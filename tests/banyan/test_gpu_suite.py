@@ -200,5 +200,6 @@ def test_tiny_w6_and_w2h(tmp_path, demo_dir) -> None:
     # pass 2 replays pass 1's prompts: after the restart the disk spares most of what pass 1 computed
     assert w6["disk_supplied"] > 0.5, w6["disk_supplied"]
     assert doc["results"]["W2H"]["completed"] == 4
+    assert doc["results"]["W2H"]["tier"]["moved_bytes|device_to_host"] > 0  # (write-through: every prompt backed up)
     table = (tmp_path / "out" / "suite_w6.md").read_text()
     assert "W6 multi-turn 5×3" in table and "W6 disk tier" in table and "W2H" in table

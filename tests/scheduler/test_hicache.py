@@ -109,6 +109,36 @@ def test_write_back_demotes_on_eviction_and_frees_the_pool_at_once() -> None:
     kv.check_integrity([])
 
 
+def test_a_host_smaller_than_the_pool_demotes_only_over_older_copies() -> None:
+    """W2H's shape (write-through, a host tier smaller than the pool): a node whose host copy the
+    full host already dropped for a newer one leaves the pool with no copy (a demote would make the
+    next forward wait, only to drop something more recently used); a node used since is demoted,
+    over the older copy."""
+    kv, h, sent = tiered(host=48)
+    a, b = list(range(1, 41)), list(range(100, 140))
+    serve_once(kv, req("a", a))
+    ack(h, flush(h, sent))
+    serve_once(kv, req("b", b))  # its backup makes room by dropping a's host copy (a is older)
+    ack(h, flush(h, sent))
+    tree: TieredRadixCache = kv.cache
+    assert [n.host is not None for n in sorted(tree.nodes(), key=lambda n: n.key[0])] == [False, True]
+    assert tree.evict(10**6) == 80 and not flush(h, sent)  # a dropped, b kept on the host: no copy
+    assert kv.counters.demoted_tokens == 0 and tree.host_used == 40
+    kv.check_integrity([])
+
+    serve_once(kv, req("c", list(range(200, 240))))
+    ack(h, flush(h, sent))  # c's backup drops b's host copy
+    kv.cache.match("", list(range(200, 240)))  # c used again: newer than anything on the host
+    serve_once(kv, req("d", list(range(300, 340))))
+    ack(h, flush(h, sent))  # d's backup drops c's host copy (c still in the pool)
+    kv.cache.match("", list(range(200, 240)))
+    assert kv.cache.evict(10**6) == 80
+    (demote,) = flush(h, sent)  # d leaves the pool (on the host), c is demoted over d's older copy
+    assert demote.kind is CopyKind.DEMOTE and len(from_i32(demote.host)) == 40 and kv.counters.demoted_tokens == 40
+    ack(h, [demote])
+    kv.check_integrity([])
+
+
 def test_a_failed_load_leaves_the_request_to_compute() -> None:
     kv, h, sent = tiered()
     serve_once(kv, req("a", list(range(1, 101))))

@@ -13,13 +13,17 @@ which match never walks into, and overrides what differs (``node_type``, ``_spli
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Sequence
 
 from services.scheduler.cache.base import InsertResult, MatchResult, PeekResult, PrefixCache
 
 
+_NODE_SEQ = itertools.count()
+
+
 class Node:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "depth")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "depth", "seq")
 
     def __init__(self, key: list[int], value: list[int], parent: Node | None, tick: int = 0) -> None:
         self.children: dict = {}
@@ -31,13 +35,14 @@ class Node:
         # tokens from the root to the end of this edge: fixed for the node's life (a split puts a
         # new node above it, ending where its edge now starts)
         self.depth = (parent.depth if parent is not None else 0) + len(key)
+        self.seq = next(_NODE_SEQ)  # (creation order: the heaps' tie-break, the same on every run)
 
     @property
     def last_slot(self) -> int:
         return self.value[-1] if self.value else -1
 
     def __lt__(self, other: Node) -> bool:  # heap tie-break
-        return id(self) < id(other)
+        return self.seq < other.seq
 
 
 def _as_list(key: Sequence[int]) -> list[int]:

@@ -64,6 +64,7 @@ class TierOps:
         return True
 
     def demote(self, node: TierNode, slots: list[int], host: list[int]) -> None:
+        self.counters.demoted_tokens += len(host)
         self._start(CopyKind.DEMOTE, node, node.depth - len(node.key), len(host), device=i32(slots), host=i32(host))
 
     def load(self, nodes: list[TierNode], slots: list[int]) -> Op:

@@ -18,9 +18,10 @@ copy) keep the host / disk copy; a locked node keeps its host copy while it is n
 
 Eviction, least recently used first in every tier:
 - pool (``evict``, when the allocator runs short): a node already on the host or disk drops its
-  pool slots; otherwise it is demoted (write-back, or a write-through backup that did not happen:
-  a host copy is made, its pool slots are free at once — the worker orders the copy before the next
-  forward), else removed (a leaf) or left a hole.
+  pool slots; otherwise it is demoted (write-back, or a write-through backup that did not happen or
+  that the host has dropped since: a host copy is made, its pool slots are free at once — the worker
+  orders the copy before the next forward) if the host has room or holds less recently used copies
+  to make room with, else removed (a leaf) or left a hole.
 - host (``evict_host``, to make room): drop the host copy of a node in the pool or on disk, remove a
   host-only leaf.
 - disk (``evict_disk``): drop a disk reference (a file goes when no node refers to it), remove a
@@ -190,7 +191,10 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         self._leaves.discard(node)
         self._evictable -= n
         kept = node.host is not None or node.disk is not None
-        host = None if kept else self.alloc_host(n)  # (demote; still in the pool while host copies make room)
+        # demote — a copy the next forward waits for — only into room that holds less recent KV (LRU over
+        # both tiers: with write-through and a host tier smaller than the pool, a victim whose host copy
+        # the host has already dropped is older than all it holds, and goes)
+        host = None if kept else self.alloc_host(n, older_than=node.last_access)
         node.value = []
         node.parent.pool_children -= 1
         self._leaves.discard(node)  # (again: making room on the host may have removed its last child)
@@ -203,11 +207,12 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         return n
 
     # ---- host tier -------------------------------------------------------------------------
-    def alloc_host(self, n: int) -> list[int] | None:
-        """``n`` host slots (whole pages), evicting host copies if needed; None if they cannot be had."""
+    def alloc_host(self, n: int, older_than: int | None = None) -> list[int] | None:
+        """``n`` host slots (whole pages), evicting host copies if needed (only those used before
+        ``older_than``, when given); None if they cannot be had."""
         need = self.host.tokens_needed(None, n)
         if need > self.host.num_free:  # (a 64th of the tier at least: one LRU pass serves many allocations)
-            self.evict_host(max(need - self.host.num_free, self.host.pool_size // 64))
+            self.evict_host(max(need - self.host.num_free, self.host.pool_size // 64), older_than)
         return self.host.alloc(None, n) if need <= self.host.num_free else None
 
     def set_host(self, node: TierNode, host: list[int]) -> None:
@@ -225,8 +230,11 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         with no copy becomes a hole (they come back into reach if an insert refills it)."""
         return n.host_ready and not n.host_busy and n.incoming is None and not (n.lock_ref and not n.value)
 
-    def evict_host(self, num_tokens: int) -> int:
-        heap = [(n.last_access, -n.depth, n) for n in self._on_host if self._host_droppable(n)]
+    def evict_host(self, num_tokens: int, older_than: int | None = None) -> int:
+        """Drop up to ``num_tokens`` of host copies, least recently used first (only those used before
+        ``older_than``, when given)."""
+        heap = [(n.last_access, -n.depth, n) for n in self._on_host
+                if self._host_droppable(n) and (older_than is None or n.last_access < older_than)]
         heapq.heapify(heap)  # (least recently used first; deeper first among equals)
         freed = 0
         while freed < num_tokens and heap:
