@@ -139,6 +139,30 @@ def test_a_host_smaller_than_the_pool_demotes_only_over_older_copies() -> None:
     kv.check_integrity([])
 
 
+def test_write_through_copies_again_what_the_host_dropped_while_in_use() -> None:
+    """A prefix whose host copy a small host dropped while its request ran (W2H: requests outlive the
+    host's turnover) is backed up again when the request's KV goes back into the tree, so its eviction
+    later frees the pool with no copy the next forward would wait for."""
+    kv, h, sent = tiered(host=48)
+    a = req("a", list(range(1, 41)))
+    kv.admit(a)
+    kv.extend(a, a.to_compute)
+    a.status = Status.RUNNING
+    kv.cache_prefix(a)  # (chunked prefill: what it computed is in the tree, backed up)
+    ack(h, flush(h, sent))
+    serve_once(kv, req("b", list(range(100, 140))))  # meanwhile: b's backup drops a's host copy
+    ack(h, flush(h, sent))
+    tree: TieredRadixCache = kv.cache
+    assert tree.host_used == 40 and all(n.host is None for n in tree.nodes() if n.key[0] == 1)
+    kv.release(a)
+    a.status = Status.FINISHED
+    again = flush(h, sent)
+    assert [o.kind for o in again] == [CopyKind.BACKUP] and len(from_i32(again[0].device)) == 40
+    ack(h, again)
+    assert tree.evict(10**6) == 80 and not flush(h, sent) and kv.counters.demoted_tokens == 0
+    kv.check_integrity([])
+
+
 def test_a_failed_load_leaves_the_request_to_compute() -> None:
     kv, h, sent = tiered()
     serve_once(kv, req("a", list(range(1, 101))))
@@ -152,6 +176,29 @@ def test_a_failed_load_leaves_the_request_to_compute() -> None:
     assert kv.ready(b)  # the host copy is suspect and dropped: nothing left to load
     kv.admit(b)
     assert b.cached_tokens == 0 and kv.counters.tier_failures == {"copy": 1} and kv.counters.host_hit_tokens == 0
+    kv.check_integrity([])
+
+
+def test_a_failed_load_keeps_a_host_copy_a_disk_write_still_reads() -> None:
+    """A load from a host copy that a disk write is still reading fails: the host copy stays until
+    that write ends (its slots are not reused under it), and the file then holds the right KV."""
+    kv, h, sent = tiered(disk=10**6)
+    serve_once(kv, req("a", list(range(1, 41))))
+    ack(h, flush(h, sent))  # backed up
+    (write,) = flush(h, sent)
+    assert write.kind is CopyKind.DISK_WRITE
+    kv.cache.evict(10**6)
+    b = req("b", list(range(1, 41)) + [5])
+    assert not kv.ready(b)
+    (load,) = flush(h, sent)
+    assert load.kind is CopyKind.LOAD and from_i32(load.host).tolist() == from_i32(write.host).tolist()
+    ack(h, [load], ok=False)
+    tree: TieredRadixCache = kv.cache
+    (node,) = tree.nodes()
+    assert node.host == from_i32(write.host).tolist() and tree.host_used == 40  # kept: the write reads it
+    kv.check_integrity([])
+    ack(h, [write])
+    assert node.disk_ready and kv.counters.tier_failures == {"copy": 1}
     kv.check_integrity([])
 
 

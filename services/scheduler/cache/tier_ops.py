@@ -140,7 +140,8 @@ class TierOps:
                     self.enter_pool(n, slots)
                 else:
                     self._free_slots(slots)
-                    self.drop_host(n)  # (suspect: the next try reads the disk, or recomputes)
+                    if not n.host_busy:  # (suspect: the next try reads the disk, or recomputes; but a disk
+                        self.drop_host(n)  # write still reading it keeps it: a failed load wrote no host byte)
         elif kind is CopyKind.DISK_WRITE:
             self.disk_writes -= 1
             for n in seg:

@@ -66,7 +66,9 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
         self._incoming = 0  # pool slots of loads in flight (locked: counted in ``locked_size``)
         self._on_host: set[TierNode] = set()
         self._on_disk: set[TierNode] = set()
-        self.fresh: list[TierNode] = []  # nodes that entered the pool by insert (write-through backs them up)
+        self.fresh: list[TierNode] = []  # pool nodes an insert entered or went through with no copy elsewhere
+        # (write-through backs them up: a long-running request's prefix whose host copy a small host dropped
+        # is copied again when the request's KV goes back into the tree, so evicting it later needs no demote)
 
     # ---- sizes -----------------------------------------------------------------------------
     @property
@@ -148,6 +150,8 @@ class TieredRadixCache(TierOps, DiskTier, RadixCache):
                 self.enter_pool(child, list(slots[pos:pos + n]))
                 if child.host is None:
                     self.fresh.append(child)
+            elif child.host is None and child.disk is None:  # (in use again, its host copy dropped meanwhile:
+                self.fresh.append(child)  # write-through copies it again, so its eviction needs no demote)
             node, pos = child, pos + n
         if cached < 0:
             cached = pos
