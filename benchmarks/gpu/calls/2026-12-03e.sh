@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The tenth session's device calls: 2026-12-03d.sh's steps, and W7 steps that carry their own cap:
+# The tenth session's device calls: the ninth's steps (2026-12-03d.sh runs this script; its W7 steps now
+# write to $OUT/<step>_<cap>), and W7 steps that carry their own cap:
 #   BANYAN_GIT_COMMIT=<tree> STEPS="w7t2@128 w7t2c@128" FAST="--kv-cache-dtype fp8_e4m3 --decode-attention triton" \
 #     bash benchmarks/gpu/calls/2026-12-03e.sh
 # `w7*@N` runs that W7 step with --priority-prefill-cap N (default $CAP) into $OUT/<step>_N; `w7t2c` is w7t2 with
 # the priority run's prompts chunked at 128 tokens (--chunked-prefill-size 128 on the priority side only).
 # Other steps: t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
-# with FP8 weights and FAST) — see 2026-12-03d.sh.
+# with FP8 weights and FAST).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
