@@ -16,7 +16,7 @@ from pathlib import Path
 
 from banyan.demo import ensure_demo_model
 from benchmarks.gpu import suite_workloads as wl
-from benchmarks.gpu.suite_w6 import tier_counters
+from benchmarks.gpu.suite_counters import tier_counters
 from tests.support import Server, make_tiny_model
 
 

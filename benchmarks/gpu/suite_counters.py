@@ -43,6 +43,26 @@ def worker_counters(server) -> dict | None:
     return sums if found else None
 
 
+def tier_counters(server) -> dict | None:
+    """The scheduler's tier counters: bytes moved by direction, tokens demoted (None: no metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not server.scheduler_metrics_port:
+        return None
+    out = {}
+    try:
+        text = server.metrics("scheduler")
+    except OSError:
+        return None
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == "banyan:hicache_moved_bytes_total":
+                out[f"moved_bytes|{smp.labels.get('direction')}"] = smp.value
+            elif smp.name == "banyan:hicache_demoted_tokens_total":
+                out["demoted_tokens"] = smp.value
+    return out
+
+
 def worker_delta(res, workload: str, before: dict, after: dict) -> float | None:
     """What the worker's counters say of one workload (``worker_counters`` before and after it),
     added to its results ``res``: steps by kind, W3's shared-prefix steps, the grammar bitmask's

@@ -112,9 +112,9 @@ def w2h(suite) -> dict:
     (as W2's) and the tier's traffic: tokens backed up / demoted (the copies a forward waits for)."""
     server = suite.server("w2h", "--hicache-size", str(suite.sizes.w6_host_gib))
     try:
-        before, tier0 = suite.counters(server), tier_counters(server)
+        before, tier0 = suite.counters(server), suite_counters.tier_counters(server)
         res = wl.w2(server.target, suite.sizes, suite.facts["vocab"])
-        after, tier1 = suite.counters(server), tier_counters(server)
+        after, tier1 = suite.counters(server), suite_counters.tier_counters(server)
         if before is not None and after is not None:
             suite.doc["gpu_idle"]["W2H"] = suite_counters.worker_delta(res, "W2H", before, after)
         if isinstance(res, dict) and tier0 is not None and tier1 is not None:
@@ -122,26 +122,6 @@ def w2h(suite) -> dict:
         return res
     finally:
         server.stop()
-
-
-def tier_counters(server) -> dict | None:
-    """The scheduler's tier counters: bytes moved by direction, tokens demoted (None: no metrics)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    if not server.scheduler_metrics_port:
-        return None
-    out = {}
-    try:
-        text = server.metrics("scheduler")
-    except OSError:
-        return None
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            if smp.name == "banyan:hicache_moved_bytes_total":
-                out[f"moved_bytes|{smp.labels.get('direction')}"] = smp.value
-            elif smp.name == "banyan:hicache_demoted_tokens_total":
-                out["demoted_tokens"] = smp.value
-    return out
 
 
 def w2s(suite) -> dict:

@@ -39,8 +39,8 @@
   ``banyan:hicache_copy_seconds_total{direction}`` (device_to_host, host_to_device, host_to_disk,
   disk_to_host: copies acknowledged); ``banyan:hicache_failures_total{kind}`` (copy, disk_full, corrupt,
   io); ``banyan:hicache_demoted_tokens_total`` (pool evictions copied out on their way: the next forward
-  waits for those copies); ``banyan:hicache_fetch_wait_seconds`` (how long a request was kept aside while its prefix came
-  back into the pool).
+  waits for those copies); ``banyan:hicache_fetch_wait_seconds`` (how long a request was kept aside while
+  its prefix came back into the pool).
 - ``banyan:gc_pause_seconds{generation}``: Python GC pauses of the scheduler process (``shared/gc_pause.py``;
   the worker and the tokenizer report theirs too).
 """

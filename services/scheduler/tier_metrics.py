@@ -52,11 +52,11 @@ class TierMetrics:
                                     "cached prefix came back into the KV pool", buckets=WAIT_BUCKETS, registry=r)
         self._seen: dict = {}
 
-    def _inc(self, metric: Counter, label: str, total: float) -> None:
+    def _inc(self, metric: Counter, label: str | None, total: float) -> None:
         key = (id(metric), label)
         last = self._seen.get(key, 0)
         if total > last:
-            metric.labels(label).inc(total - last)
+            (metric if label is None else metric.labels(label)).inc(total - last)
             self._seen[key] = total
 
     def update(self, c: Counters, h: HiCache) -> None:
@@ -73,9 +73,7 @@ class TierMetrics:
             self._inc(self.moved, d, n * bpt)
         for d, s in c.tier_seconds.items():
             self._inc(self.seconds, d, s)
-        if c.demoted_tokens > self._seen.get("demoted", 0):
-            self.demoted.inc(c.demoted_tokens - self._seen.get("demoted", 0))
-            self._seen["demoted"] = c.demoted_tokens
+        self._inc(self.demoted, None, c.demoted_tokens)
         for k, n in c.tier_failures.items():
             self._inc(self.failures, k, n)
         for w in h.fetch_waits:
