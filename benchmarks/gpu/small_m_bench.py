@@ -26,6 +26,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 
 from services.worker import kernels  # noqa: E402
 from services.worker.kernels import small_m as sm  # noqa: E402
+from services.worker.kernels import cuda_gemv  # noqa: E402
 from services.worker.quant.fp8 import library_fp8_linear, quantize_rows  # noqa: E402
 
 HBM = 4.3e12
@@ -63,7 +64,9 @@ def main() -> int:
     ap.add_argument("--only", default="", help="(with --sweep) the configs whose name matches this regex, e.g. 'p$'")
     args = ap.parse_args()
     args.fp8_only |= args.sweep
-    fp8_configs = list(sm.CONFIGS) + (sweep_configs() if args.sweep else [])
+    cuda = list(cuda_gemv.CONFIGS) if cuda_gemv.library() is not None else []  # (gemv.cu, built here)
+    print(f"cuda gemv: {'built' if cuda else cuda_gemv.unavailable()}")
+    fp8_configs = list(sm.CONFIGS) + cuda + (sweep_configs() if args.sweep else [])
     if args.only:
         fp8_configs = [c for c in fp8_configs if re.search(args.only, str(c))]
     dev = torch.device("cuda")
@@ -84,7 +87,7 @@ def main() -> int:
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
-                       w.numel() * 2, len(ws)) for c in sm.CONFIGS if not args.fp8_only],
+                       w.numel() * 2, len(ws)) for c in list(sm.CONFIGS) + cuda if not args.fp8_only],
                     ("scaled_mm_fp8", lambda i: library_fp8_linear(x, qs[i], s), q.numel(), len(qs)),
                     *[(f"kernel_fp8_{c}", lambda i, c=c: sm.linear(x, qs[i], s, c),
                        q.numel(), len(qs)) for c in fp8_configs]):

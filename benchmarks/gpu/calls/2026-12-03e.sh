@@ -5,7 +5,8 @@
 #     bash benchmarks/gpu/calls/2026-12-03e.sh
 # `w7*@N` runs that W7 step with --priority-prefill-cap N (default $CAP) into $OUT/<step>_N; `w7t2c` is w7t2 with
 # the priority run's prompts chunked at 128 tokens (--chunked-prefill-size 128 on the priority side only).
-# Other steps: t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
+# Other steps: gemv (the CUDA decode linear: GPU tests, small_m_bench with its configs) · w1b · w1f (W1 bf16 /
+# FP8 weights) · t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
 # with FP8 weights and FAST).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
@@ -38,6 +39,12 @@ for step in ${STEPS:-fp8}; do
     w7t2c) PFLAGS=,--chunked-prefill-size,128 w7step "w7t2c_$cap" "$cap" --w7-connections 4 -- --num-tokenizers 2 ;;
     w7si) w7step "w7si_$cap" "$cap" --w7-bg-stream-interval 8 -- ;;
     w1q) suite w1q 200 --workloads W1,W2 -- --quantization fp8 "${fast[@]}" ;;
+    gemv) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_cuda_gemv_gpu.py tests/gpu/test_small_m_gpu.py \
+            -p no:cacheprovider >"$OUT/gemv_tests.log" 2>&1; echo "gemv tests (rc $?)"; tail -3 "$OUT/gemv_tests.log"
+          timeout 240 python3 -m benchmarks.gpu.small_m_bench --ms 1,4,16 --out "$OUT/gemv.json" >"$OUT/gemv.log" 2>&1
+          echo "gemv bench (rc $?)"; grep '^| \|^cuda' "$OUT/gemv.log" ;;
+    w1b) suite w1b 150 --workloads W1 -- "${fast[@]}" ;;
+    w1f) suite w1f 150 --workloads W1 -- --quantization fp8 "${fast[@]}" ;;
     t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
           >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
     bench8) timeout 70 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \

@@ -18,6 +18,9 @@ scale applied at the end: weight-only FP8, the activations stay in their dtype).
   loads that feed a dot, so with ``prefetch`` the loop loads the next weight tile itself before
   this one's products (measured by the benchmarks' sweep; not among the tuner's ``CONFIGS`` yet).
 
+And a fourth, not Triton: ``cuda_gemv`` (``gemv.cu``, built with nvcc where there is one), whose e4m3
+weights are widened by integer instructions; ``tune`` times its configs beside these.
+
 Two ways to run e4m3 weights faster were measured on the H200 and dropped: feeding the FP8 tensor
 cores (x quantized per K tile in registers) and widening to fp16 rather than bf16 (one instruction
 a pair; x scaled into fp16's range by a first pass over it): both 10–50 % slower than the plain
@@ -41,7 +44,7 @@ import triton
 import triton.language as tl
 
 from services.worker import kernels
-from services.worker.kernels import BUCKETS, MAX_M
+from services.worker.kernels import BUCKETS, MAX_M, cuda_gemv
 
 Tensor = torch.Tensor
 
@@ -160,10 +163,13 @@ CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2),
 _counts: dict[torch.device, Tensor] = {}  # per device: a count per output tile of the running call (LAST_ADDS)
 
 
-def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config = CONFIGS[0], silu_mul: bool = False) -> Tensor:
+def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config | cuda_gemv.CudaConfig = CONFIGS[0],
+           silu_mul: bool = False) -> Tensor:
     """x (M ≤ MAX_M, K) @ w (N, K)^T, times ``scale`` (N,) per output row if given → (M, N) in x's dtype.
     ``silu_mul``: x is (M, 2K), [gate | up], and the product is taken with silu(gate) · up (the
     activation fused into the weight's read: one kernel less a layer)."""
+    if isinstance(cfg, cuda_gemv.CudaConfig):  # (the CUDA kernel: gemv.cu)
+        return cuda_gemv.linear(x, w, scale, cfg, silu_mul)
     m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
     assert m <= MAX_M and x.shape[1] == (2 * k if silu_mul else k) and w.stride(1) == 1
@@ -253,14 +259,14 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
             want = (x if act is None else act(x)).float() @ deq.t()
             base = _time(lambda i: lib(x, ws[i], s), copies)
             best, best_t = None, base / 1.03
-            for cfg in CONFIGS:
+            for cfg in CONFIGS + cuda_gemv.configs_for(w, x):
                 try:
                     got = linear(x, w, s, cfg, act is not None)
                     if not _close(got.float(), want):
                         continue
                     # the tile's last program adds the parts: the same bits every time (its count and
                     # the parts' visibility across programs, exercised)
-                    if cfg.last_adds and not all(torch.equal(linear(x, w, s, cfg, act is not None), got)
+                    if (not isinstance(cfg, Config) or cfg.last_adds) and not all(torch.equal(linear(x, w, s, cfg, act is not None), got)
                                                  for _ in range(16)):
                         continue
                     t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg, act is not None), copies)

@@ -1,0 +1,171 @@
+"""The CUDA decode-size linear (``gemv.cu``): built with nvcc at first use, cached, called via ctypes.
+
+``gemv.cu`` says why it exists (e4m3 weights widened by integer instructions, not the conversion
+pipe that bounds the Triton kernels at 37–64 % of bandwidth) and how it works. Here: the build (the
+source compiled once per source, device architecture and nvcc into a shared library under the kernel
+cache: ``$BANYAN_KERNEL_CACHE``, else ``$BANYAN_CACHE_DIR/kernels``, else ``~/.cache/banyan/kernels``),
+the launch on torch's current stream (so CUDA graphs capture it), and the configs ``small_m.tune``
+times beside its own (``CudaConfig``). No nvcc, no CUDA, a failed build: no configs, and the Triton
+kernels and the library paths stand, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+Tensor = torch.Tensor
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("gemv.cu")
+FP8 = torch.float8_e4m3fn
+_lib: ctypes.CDLL | None = None
+_error: str | None = None  # why the library is not there (once tried)
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    warps: int = 8  # warps a block (16 weight rows), each a contiguous part of K
+    unroll: int = 4  # steps (16 bytes a lane of each of its two rows) loaded before their products
+
+    def __str__(self) -> str:
+        return f"cuda_w{self.warps}u{self.unroll}"
+
+
+CONFIGS = tuple(CudaConfig(w, u) for w in (4, 8) for u in (2, 4))  # (the ones gemv.cu instantiates)
+
+
+def cache_dir() -> Path:
+    if os.environ.get("BANYAN_KERNEL_CACHE"):
+        return Path(os.environ["BANYAN_KERNEL_CACHE"]).expanduser()
+    if os.environ.get("BANYAN_CACHE_DIR"):
+        return Path(os.environ["BANYAN_CACHE_DIR"]).expanduser() / "kernels"
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "banyan" / "kernels"
+
+
+def find_nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc") or (str(p) if (p := Path("/usr/local/cuda/bin/nvcc")).is_file() else None)
+
+
+def arch_flag(capability: tuple[int, int]) -> str:
+    major, minor = capability
+    return f"sm_{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+
+
+def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None) -> Path:
+    """The shared library for ``arch`` (e.g. ``sm_90a``), compiled unless the cache has it → its path.
+    Raises RuntimeError with nvcc's message when the build fails."""
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (CUDA_HOME, PATH)")
+    src = SOURCE.read_bytes()
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
+    out_dir = out_dir or cache_dir()
+    lib = out_dir / f"gemv_{arch}_{key}.so"
+    if lib.is_file():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        tmp_lib = Path(tmp) / lib.name
+        cmd = [nvcc, "-O3", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC", "-o", str(tmp_lib), str(SOURCE)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({done.returncode}): {(done.stderr or done.stdout)[-800:]}")
+        os.replace(tmp_lib, lib)  # (atomic: another process building the same finds a whole file)
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library for the current CUDA device (built on first call), or None — the
+    reason in ``unavailable()``."""
+    global _lib, _error
+    if _lib is not None or _error is not None:
+        return _lib
+    try:
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device")
+        cap = torch.cuda.get_device_capability()
+        if cap < (8, 0):
+            raise RuntimeError(f"compute capability {cap} < 8.0 (mma.sync bf16)")
+        lib = ctypes.CDLL(str(build(arch_flag(cap))))
+        fn = lib.banyan_gemv
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 4 + [
+            ctypes.c_void_p]
+        _lib = lib
+    except Exception as e:  # (no nvcc, a compiler or driver problem: the other paths stand)
+        _error = f"{type(e).__name__}: {e}"[:400]
+        log.info("cuda gemv unavailable: %s", _error)
+    return _lib
+
+
+def unavailable() -> str | None:
+    return _error
+
+
+def supports(x: Tensor, w: Tensor) -> bool:
+    """Whether the kernel takes ``x @ w.T`` (x (M ≤ 16, K) bf16/fp16; w e4m3 or x's dtype; K a
+    multiple of its step; 16-byte aligned rows)."""
+    if x.dim() != 2 or w.dim() != 2 or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if w.dtype not in (FP8, x.dtype) or w.stride(1) != 1 or not 1 <= x.shape[0] <= 16:
+        return False
+    k = w.shape[1]
+    step = 64 if w.dtype == FP8 else 32
+    return k % step == 0 and w.stride(0) == k and w.data_ptr() % 16 == 0
+
+
+def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul: bool = False) -> Tensor:
+    """x (M, K) @ w (N, K)^T (× ``scale`` per output row) → (M, N) in x's dtype, on the current
+    stream. ``silu_mul``: x is (M, 2K) = [gate | up] and the product is taken with silu(gate) · up
+    (computed first by the model's activation kernel)."""
+    if silu_mul:
+        from services.worker.models.ops import current_ops
+
+        x = current_ops().silu_and_mul(x)
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"cuda gemv unavailable: {_error}")
+    if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
+        x = x.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    if not supports(x, w) or w.shape[1] != k:
+        raise ValueError(f"cuda gemv: unsupported x {tuple(x.shape)} {x.dtype} @ w {tuple(w.shape)} {w.dtype}")
+    if scale is not None:
+        scale = scale.float().contiguous()
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
+                         m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(x.dtype == torch.bfloat16),
+                         cfg.warps, cfg.unroll, torch.cuda.current_stream(x.device).cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
+    return y
+
+
+def configs_for(w: Tensor, x: Tensor) -> tuple[CudaConfig, ...]:
+    """The configs to time for ``x @ w.T`` (none when the kernel does not take it or is unavailable)."""
+    return CONFIGS if supports(x, w) and library() is not None else ()
+
+
+# --- the widening, as the kernel does it, in torch integer ops: the CPU tests check it exactly ----------
+
+def widen_reference(codes: Tensor, bf16: bool = True) -> Tensor:
+    """e4m3 bytes (uint8) → the 16-bit patterns ``gemv.cu``'s ``widen4`` makes (int32 holding the
+    pattern): a sign-extended byte shifted into place and masked; the value they stand for is the
+    e4m3 value × 2^-120 (bf16) or × 2^-8 (f16)."""
+    sext = codes.to(torch.int32)
+    sext = torch.where(sext >= 128, sext - 256, sext) & 0xFFFF  # the byte sign-extended over 16 bits (PRMT)
+    return ((sext << 4) & 0x87F0) if bf16 else ((sext << 7) & 0xBF80)

@@ -1,0 +1,231 @@
+// Linear layers at decode batch sizes (M <= 16 rows of x): y = x W^T (x per-row scale), streaming W once.
+// Built at start-up by kernels/cuda_gemv.py (nvcc, cached) and called through ctypes on torch's stream;
+// used only for the weight shapes where kernels/small_m.tune measured it correct and faster.
+//
+// Why a CUDA kernel beside the Triton ones: e4m3 weights must be widened before any bf16/fp16 product,
+// and the conversion instructions (cvt: e4m3x2 -> f16x2, then f16 -> f32 -> bf16) run on the narrow
+// conversion pipe: at M = 1 the Triton kernels read FP8 weights at 37-64 % of HBM bandwidth, no faster
+// than bf16 tiles of the same shape. Here the widening is integer work only: PRMT replicates each byte's
+// sign over a 16-bit half, a shift places exponent and mantissa, a mask keeps one sign bit: 3 integer
+// instructions a pair of weights, exact for every e4m3 value, subnormals included, as the bit pattern of
+// value x 2^-120 (bf16) or x 2^-8 (f16); the power of two is folded back after the products.
+//
+// The products are tensor-core mma.sync m16n8k16 with the weight as the A operand (16 rows x 16 k) and
+// x^T as B (16 k x 8 columns: the M <= 8 rows of x, zero-padded; two such tiles for M <= 16). The order of
+// k inside an mma is free as long as A and B agree, so each lane loads 16 contiguous bytes of its weight
+// rows and the matching 16 bytes or 32 bytes of x: every load is a 16-byte vector. A block of KW warps
+// takes 16 weight rows; each warp a contiguous part of K; the warps' partial sums are added in a fixed
+// order (the same bits every run, whatever M).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(0u), "r"(sel));
+  return r;
+}
+
+// Four e4m3 bytes -> two pairs of 16-bit floats (bytes 0,1 in lo; 2,3 in hi), low element in the low half.
+template <bool BF16>
+__device__ __forceinline__ void widen4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t s01 = prmt(w, 0x9180u);  // halves: byte 0, byte 1, each sign-extended to 16 bits
+  const uint32_t s23 = prmt(w, 0xB3A2u);
+  if (BF16) {  // sign at 15, exponent|mantissa at 4..10: value x 2^-120
+    lo = (s01 << 4) & 0x87F087F0u;
+    hi = (s23 << 4) & 0x87F087F0u;
+  } else {  // sign at 15, exponent|mantissa at 7..13: value x 2^-8
+    lo = (s01 << 7) & 0xBF80BF80u;
+    hi = (s23 << 7) & 0xBF80BF80u;
+  }
+}
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {  // a weight: read once, kept out of L1
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 load_x(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <bool BF16>
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                    uint32_t b0, uint32_t b1) {
+  if (BF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// U steps of one warp from step s0: the loads of all U first (16 bytes each), then the products.
+template <bool FP8, bool BF16, int NT, int U>
+__device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa, const uint8_t* wb,
+                                          const uint16_t* const (&xr)[NT], const bool (&xin)[NT], int s0) {
+  constexpr int E = FP8 ? 16 : 8;  // weight elements a lane reads per row and step (16 bytes)
+  constexpr int STEP = 4 * E;      // k per step (a warp: 16 rows x STEP k)
+  constexpr int XV = FP8 ? 2 : 1;  // 16-byte vectors of x a lane reads per step
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  // x scaled by 2^64 when e4m3 weights are widened as bf16 x 2^-120 (products stay far from subnormals)
+  const __nv_bfloat162 x_up = __floats2bfloat162_rn(18446744073709551616.f, 18446744073709551616.f);
+  uint4 va[U], vb[U], vx[NT][U][XV];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const long off = (long)(s0 + u) * STEP * (FP8 ? 1 : 2);
+    va[u] = load_stream(wa + off);
+    vb[u] = load_stream(wb + off);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int h = 0; h < XV; ++h) vx[n][u][h] = xin[n] ? load_x(xr[n] + (long)(s0 + u) * STEP + h * 8) : zero;
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) {  // one mma per 4 of the lane's k (16 k across the group)
+      uint32_t a0, a1, a2, a3;  // rows g, g+8 at logical k 2t..2t+1 (a0, a1) and 2t+8..2t+9 (a2, a3)
+      if (FP8) {
+        widen4<BF16>(word(va[u], j), a0, a2);
+        widen4<BF16>(word(vb[u], j), a1, a3);
+      } else {
+        a0 = word(va[u], 2 * j); a2 = word(va[u], 2 * j + 1);
+        a1 = word(vb[u], 2 * j); a3 = word(vb[u], 2 * j + 1);
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4& xv = vx[n][u][FP8 ? j / 2 : 0];
+        const int base = FP8 ? (j % 2) * 2 : 2 * j;
+        uint32_t b0 = word(xv, base), b1 = word(xv, base + 1);
+        if (FP8 && BF16) {
+          __nv_bfloat162 p0 = *reinterpret_cast<__nv_bfloat162*>(&b0), p1 = *reinterpret_cast<__nv_bfloat162*>(&b1);
+          p0 = __hmul2(p0, x_up);
+          p1 = __hmul2(p1, x_up);
+          b0 = *reinterpret_cast<uint32_t*>(&p0);
+          b1 = *reinterpret_cast<uint32_t*>(&p1);
+        }
+        mma<BF16>(acc[n], a0, a1, a2, a3, b0, b1);
+      }
+    }
+  }
+}
+
+// x (M, K) in T (bf16 if BF16 else f16, rows ldx apart), W (N, K) e4m3 (FP8) or T, scale (N) float or
+// null, y (M, N) in T (rows ldy apart). K a multiple of the step (64 k for e4m3, 32 for T), pointers and
+// row strides 16-byte aligned (checked by the caller).
+// Lane (g = lane / 4, t = lane % 4) reads, per step, 16 bytes of weight rows g and g + 8 of the block's
+// tile (a row past N reads row N - 1, its sums never stored) and the same k of x row g (and x row g + 8
+// for the second column tile; rows of x past M are zeros).
+template <bool FP8, bool BF16, int NT, int KW, int U>
+__global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
+                                                       const float* __restrict__ scale, void* __restrict__ y,
+                                                       int M, int N, int K, long ldx, long ldy, float post) {
+  constexpr int E = FP8 ? 16 : 8;
+  constexpr int STEP = 4 * E;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  const int steps = K / STEP;
+  const int per_warp = (steps + KW - 1) / KW;
+  const int s_lo = min(steps, warp * per_warp), s_hi = min(steps, s_lo + per_warp);
+  const long wrow = (long)K * (FP8 ? 1 : 2);
+  const uint8_t* wa = w + min(row0 + g, N - 1) * wrow + t * 16;
+  const uint8_t* wb = w + min(row0 + g + 8, N - 1) * wrow + t * 16;
+  const uint16_t* xs = static_cast<const uint16_t*>(x);
+  bool xin[NT];
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    xin[n] = n * 8 + g < M;
+    xr[n] = xs + (long)(n * 8 + g) * ldx + t * E;
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  int s0 = s_lo;
+  for (; s0 + U <= s_hi; s0 += U) run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
+  for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1>(acc, wa, wb, xr, xin, s0);
+
+  __shared__ float part[KW][NT][4][32];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+    for (int i = 0; i < 4; ++i) part[warp][n][i][lane] = acc[n][i];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v = part[0][n][i][lane];
+#pragma unroll
+      for (int q = 1; q < KW; ++q) v += part[q][n][i][lane];  // (in order: the same sum every run)
+      const int row = row0 + g + (i >= 2 ? 8 : 0);
+      const int m = n * 8 + 2 * t + (i & 1);
+      if (row < N && m < M) {
+        v *= post;
+        if (scale != nullptr) v *= scale[row];
+        if (BF16) static_cast<__nv_bfloat16*>(y)[(long)m * ldy + row] = __float2bfloat16_rn(v);
+        else static_cast<__half*>(y)[(long)m * ldy + row] = __float2half_rn(v);
+      }
+    }
+  }
+}
+
+template <bool FP8, bool BF16, int NT>
+int launch_kw_u(int kw, int unroll, dim3 grid, cudaStream_t st, const void* x, const uint8_t* w, const float* s,
+                void* y, int M, int N, int K, long ldx, long ldy, float post) {
+#define BANYAN_GEMV(KW_, U_)                                                                                  \
+  if (kw == KW_ && unroll == U_) {                                                                           \
+    gemv_kernel<FP8, BF16, NT, KW_, U_><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post);     \
+    return 0;                                                                                                \
+  }
+  BANYAN_GEMV(4, 2) BANYAN_GEMV(4, 4) BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4)
+#undef BANYAN_GEMV
+  return -1;
+}
+
+}  // namespace
+
+// -> 0, or -1 for a configuration not built here, or a CUDA error code of the launch.
+extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
+                           long ldy, int w_fp8, int act_bf16, int kw, int unroll, void* stream) {
+  if (M < 1 || M > 16 || N < 1 || K % (w_fp8 ? 64 : 32) != 0) return -1;
+  const dim3 grid((N + 15) / 16);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
+  const float post = !w_fp8 ? 1.f : act_bf16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
+  int rc;
+  if (w_fp8 && act_bf16)
+    rc = M <= 8 ? launch_kw_u<true, true, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<true, true, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+  else if (w_fp8)
+    rc = M <= 8 ? launch_kw_u<true, false, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<true, false, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+  else if (act_bf16)
+    rc = M <= 8 ? launch_kw_u<false, true, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<false, true, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+  else
+    rc = M <= 8 ? launch_kw_u<false, false, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<false, false, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+  if (rc != 0) return rc;
+  return static_cast<int>(cudaGetLastError());
+}

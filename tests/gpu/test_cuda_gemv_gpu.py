@@ -1,0 +1,93 @@
+"""The CUDA decode-size linear (``kernels/gemv.cu``) on the GPU (skipped without CUDA): every e4m3
+code widened exactly, both activation dtypes, bf16/fp16 and e4m3 weights, M 1–16, N not a multiple of
+16, against float64; the same bits run to run and whatever M; captured in a CUDA graph.
+
+    python -m pytest -q -m gpu tests/gpu/test_cuda_gemv_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(scope="module")
+def gemv():
+    from services.worker.kernels import cuda_gemv
+
+    assert cuda_gemv.library() is not None, cuda_gemv.unavailable()  # (nvcc is part of the GPU host)
+    return cuda_gemv
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_e4m3_code_at_every_lane_position_comes_out_exact(gemv, dtype) -> None:
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes[codes & 0x7F == 0x7F] = 0  # (the two NaN codes: weights never hold them)
+    k = 64
+    for at in range(k):  # each code at each k position of a step: every lane and word of the widening
+        w = torch.zeros(256, k, dtype=torch.uint8)
+        w[:, at] = codes
+        x = torch.zeros(1, k, dtype=dtype)
+        x[0, at] = 1.0
+        w8 = w.view(FP8).cuda()
+        y = gemv.linear(x.cuda(), w8, None, gemv.CONFIGS[0])
+        assert torch.equal(y.float().cpu(), w.view(FP8).float()[:, at][None, :]), at
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_products_match_float64_for_every_config_and_shape(gemv, dtype) -> None:
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for n, k in ((100, 64), (4096, 4096), (48, 14336)):
+        w = torch.randn(n, k, generator=g) * 0.05
+        s = w.abs().amax(1) / 448
+        q = (w / s[:, None]).to(FP8)
+        for m in (1, 3, 8, 9, 16):
+            x = torch.randn(m, k, generator=g).to(dtype)
+            want_q = x.double() @ (q.double() * s.double()[:, None]).t()
+            want_p = x.double() @ w.to(dtype).double().t()
+            for cfg in gemv.CONFIGS:
+                got_q = gemv.linear(x.cuda(), q.cuda(), s.cuda(), cfg).double().cpu()
+                got_p = gemv.linear(x.cuda(), w.to(dtype).cuda(), None, cfg).double().cpu()
+                for got, want in ((got_q, want_q), (got_p, want_p)):
+                    tol = 1e-2 * want.abs().max() + 1e-6
+                    assert got.shape == (m, n) and (got - want).abs().max() <= tol, (n, k, m, cfg)
+
+
+def test_the_same_bits_every_run_whatever_m_and_inside_a_graph(gemv) -> None:
+    g = torch.Generator(device="cpu").manual_seed(1)
+    q = (torch.randn(6144, 4096, generator=g) * 100).clamp(-448, 448).to(FP8).cuda()
+    s = (torch.rand(6144, generator=g) / 100).cuda()
+    x = torch.randn(16, 4096, generator=g).to(torch.bfloat16).cuda()
+    for cfg in gemv.CONFIGS:
+        full = gemv.linear(x, q, s, cfg)
+        assert all(torch.equal(gemv.linear(x, q, s, cfg), full) for _ in range(20)), cfg
+        for m in (1, 5, 8):
+            assert torch.equal(gemv.linear(x[:m], q, s, cfg), full[:m]), (cfg, m)
+    cfg = gemv.CONFIGS[-1]
+    out = torch.empty(1, 6144, dtype=torch.bfloat16, device="cuda")
+    gemv.linear(x[:1], q, s, cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(gemv.linear(x[:1], q, s, cfg))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, gemv.linear(x[:1], q, s, cfg))
+
+
+def test_silu_mul_takes_the_activation_first(gemv) -> None:
+    import torch.nn.functional as F
+
+    g = torch.Generator(device="cpu").manual_seed(2)
+    k = 14336
+    q = (torch.randn(256, k, generator=g) * 50).clamp(-448, 448).to(FP8).cuda()
+    s = torch.full((256,), 1e-3).cuda()
+    h = torch.randn(2, 2 * k, generator=g).to(torch.bfloat16).cuda()
+    act = (F.silu(h[:, :k].float()) * h[:, k:].float()).to(torch.bfloat16)
+    want = act.double() @ (q.double() * s.double()[:, None]).t()
+    got = gemv.linear(h, q, s, gemv.CONFIGS[0], silu_mul=True).double()
+    assert (got - want).abs().max() <= 1e-2 * want.abs().max()

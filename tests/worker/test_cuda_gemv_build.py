@@ -1,0 +1,60 @@
+"""The CUDA decode-size linear's CPU-checkable parts (``kernels/cuda_gemv.py``, ``gemv.cu``): the
+integer widening of e4m3 weights is exact for every code in both activation types; the source compiles
+with nvcc for Hopper into a library exporting the launcher (and is then found in the cache, not built
+again); without a CUDA tensor no config is offered, so the tuner keeps the Triton and library paths.
+The products themselves run in ``tests/gpu/test_cuda_gemv_gpu.py``."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import pytest
+import torch
+
+from services.worker.kernels import cuda_gemv
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize(("bf16", "dtype", "power"), [(True, torch.bfloat16, 2.0**120), (False, torch.float16, 2.0**8)])
+def test_the_integer_widening_is_exact_for_every_code(bf16, dtype, power) -> None:
+    codes = torch.arange(256, dtype=torch.uint8)
+    true = codes.view(FP8).double()
+    pattern = cuda_gemv.widen_reference(codes, bf16)
+    assert int(pattern.min()) >= 0 and int(pattern.max()) <= 0xFFFF
+    value = pattern.to(torch.int32).to(torch.int16).view(dtype).double() * power  # (16-bit patterns, wrapped)
+    finite = ~torch.isnan(true)
+    assert int(finite.sum()) == 254  # (0x7F and 0xFF are e4m3fn's NaNs)
+    assert torch.equal(value[finite], true[finite])
+    assert torch.equal(value[0x01:0x08], true[0x01:0x08]) and float(value[0x01]) == 2.0**-9  # subnormals too
+
+
+def test_the_source_compiles_for_hopper_and_is_cached(tmp_path) -> None:
+    nvcc = cuda_gemv.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed here (the GPU host has it)")
+    lib = cuda_gemv.build("sm_90a", nvcc, tmp_path)
+    assert lib.is_file() and lib.parent == tmp_path and "sm_90a" in lib.name
+    assert hasattr(ctypes.CDLL(str(lib)), "banyan_gemv")
+    t0 = time.monotonic()
+    assert cuda_gemv.build("sm_90a", nvcc, tmp_path) == lib  # (the cache: same source, arch and nvcc)
+    assert time.monotonic() - t0 < 5
+    assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # (no temporary left behind)
+
+
+def test_no_configs_without_a_cuda_tensor_and_the_names() -> None:
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    w = torch.zeros(32, 64, dtype=torch.uint8).view(FP8)
+    assert cuda_gemv.configs_for(w, x) == ()
+    assert not cuda_gemv.supports(x, w)
+    assert [str(c) for c in cuda_gemv.CONFIGS] == ["cuda_w4u2", "cuda_w4u4", "cuda_w8u2", "cuda_w8u4"]
+    assert cuda_gemv.arch_flag((9, 0)) == "sm_90a" and cuda_gemv.arch_flag((8, 9)) == "sm_89"
+
+
+def test_the_kernel_cache_follows_the_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("BANYAN_KERNEL_CACHE", str(tmp_path / "k"))
+    assert cuda_gemv.cache_dir() == tmp_path / "k"
+    monkeypatch.delenv("BANYAN_KERNEL_CACHE")
+    monkeypatch.setenv("BANYAN_CACHE_DIR", str(tmp_path))
+    assert cuda_gemv.cache_dir() == tmp_path / "kernels"
