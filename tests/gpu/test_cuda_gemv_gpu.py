@@ -46,12 +46,13 @@ def test_products_match_float64_for_every_config_and_shape(gemv, dtype) -> None:
         s = w.abs().amax(1) / 448
         q = (w / s[:, None]).to(FP8)
         for m in (1, 3, 8, 9, 16):
-            x = torch.randn(m, k, generator=g).to(dtype)
-            want_q = x.double() @ (q.double() * s.double()[:, None]).t()
-            want_p = x.double() @ w.to(dtype).double().t()
+            x = torch.randn(m, k, generator=g).to(dtype).cuda()
+            qc, sc, wc = q.cuda(), s.cuda(), w.to(dtype).cuda()
+            want_q = x.double() @ (qc.double() * sc.double()[:, None]).t()
+            want_p = x.double() @ wc.double().t()
             for cfg in gemv.CONFIGS:
-                got_q = gemv.linear(x.cuda(), q.cuda(), s.cuda(), cfg).double().cpu()
-                got_p = gemv.linear(x.cuda(), w.to(dtype).cuda(), None, cfg).double().cpu()
+                got_q = gemv.linear(x, qc, sc, cfg).double()
+                got_p = gemv.linear(x, wc, None, cfg).double()
                 for got, want in ((got_q, want_q), (got_p, want_p)):
                     tol = 1e-2 * want.abs().max() + 1e-6
                     assert got.shape == (m, n) and (got - want).abs().max() <= tol, (n, k, m, cfg)

@@ -35,12 +35,15 @@ _error: str | None = None  # why the library is not there (once tried)
 class CudaConfig:
     warps: int = 8  # warps a block (16 weight rows), each a contiguous part of K
     unroll: int = 4  # steps (16 bytes a lane of each of its two rows) loaded before their products
+    ahead: int = 0  # chunks of ``unroll`` steps prefetched into L2 before they are loaded (sm_90)
 
     def __str__(self) -> str:
-        return f"cuda_w{self.warps}u{self.unroll}"
+        return f"cuda_w{self.warps}u{self.unroll}a{self.ahead}"
 
 
-CONFIGS = tuple(CudaConfig(w, u) for w in (4, 8) for u in (2, 4))  # (the ones gemv.cu instantiates)
+# (warps, unroll: pairs gemv.cu instantiates)
+CONFIGS = (CudaConfig(8, 4), CudaConfig(8, 4, 2), CudaConfig(8, 4, 4), CudaConfig(16, 4, 1), CudaConfig(16, 4, 2),
+           CudaConfig(16, 2, 4), CudaConfig(4, 4, 2))
 
 
 def cache_dir() -> Path:
@@ -102,7 +105,7 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(build(arch_flag(cap))))
         fn = lib.banyan_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 4 + [
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 5 + [
             ctypes.c_void_p]
         _lib = lib
     except Exception as e:  # (no nvcc, a compiler or driver problem: the other paths stand)
@@ -149,7 +152,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(x.dtype == torch.bfloat16),
-                         cfg.warps, cfg.unroll, torch.cuda.current_stream(x.device).cuda_stream)
+                         cfg.warps, cfg.unroll, cfg.ahead, torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y

@@ -50,6 +50,14 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {  // a weight: read
   return v;
 }
 
+// Ahead of the loads: ``bytes`` (a multiple of 16) of a weight row into L2, with no register held (Hopper's
+// bulk prefetch), so the bytes in flight do not depend on how many loads the compiler keeps issued at once.
+__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 __device__ __forceinline__ uint4 load_x(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -136,7 +144,8 @@ __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa
 template <bool FP8, bool BF16, int NT, int KW, int U>
 __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                        const float* __restrict__ scale, void* __restrict__ y,
-                                                       int M, int N, int K, long ldx, long ldy, float post) {
+                                                       int M, int N, int K, long ldx, long ldy, float post,
+                                                       int ahead) {
   constexpr int E = FP8 ? 16 : 8;
   constexpr int STEP = 4 * E;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -160,8 +169,22 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
 #pragma unroll
   for (int n = 0; n < NT; ++n)
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  // ``ahead`` chunks of U steps prefetched into L2 before they are loaded: lanes t = 0 each take two rows
+  const uint8_t* pa = wa - t * 16;
+  const uint8_t* pb = wb - t * 16;
+  auto fetch = [&](int s) {
+    if (t == 0 && s < s_hi) {
+      const int bytes = min(U, s_hi - s) * STEP * (FP8 ? 1 : 2);
+      prefetch_l2(pa + (long)s * STEP * (FP8 ? 1 : 2), bytes);
+      prefetch_l2(pb + (long)s * STEP * (FP8 ? 1 : 2), bytes);
+    }
+  };
+  for (int c = 0; c < ahead; ++c) fetch(s_lo + c * U);
   int s0 = s_lo;
-  for (; s0 + U <= s_hi; s0 += U) run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
+  for (; s0 + U <= s_hi; s0 += U) {
+    if (ahead > 0) fetch(s0 + ahead * U);
+    run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
+  }
   for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1>(acc, wa, wb, xr, xin, s0);
 
   __shared__ float part[KW][NT][4][32];
@@ -190,14 +213,14 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
 }
 
 template <bool FP8, bool BF16, int NT>
-int launch_kw_u(int kw, int unroll, dim3 grid, cudaStream_t st, const void* x, const uint8_t* w, const float* s,
-                void* y, int M, int N, int K, long ldx, long ldy, float post) {
+int launch_kw_u(int kw, int unroll, int ahead, dim3 grid, cudaStream_t st, const void* x, const uint8_t* w,
+                const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post) {
 #define BANYAN_GEMV(KW_, U_)                                                                                  \
   if (kw == KW_ && unroll == U_) {                                                                           \
-    gemv_kernel<FP8, BF16, NT, KW_, U_><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post);     \
+    gemv_kernel<FP8, BF16, NT, KW_, U_><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post, ahead); \
     return 0;                                                                                                \
   }
-  BANYAN_GEMV(4, 2) BANYAN_GEMV(4, 4) BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4)
+  BANYAN_GEMV(4, 4) BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
   return -1;
 }
@@ -206,7 +229,7 @@ int launch_kw_u(int kw, int unroll, dim3 grid, cudaStream_t st, const void* x, c
 
 // -> 0, or -1 for a configuration not built here, or a CUDA error code of the launch.
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
-                           long ldy, int w_fp8, int act_bf16, int kw, int unroll, void* stream) {
+                           long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, void* stream) {
   if (M < 1 || M > 16 || N < 1 || K % (w_fp8 ? 64 : 32) != 0) return -1;
   const dim3 grid((N + 15) / 16);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -215,17 +238,17 @@ extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, voi
   const float post = !w_fp8 ? 1.f : act_bf16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
   int rc;
   if (w_fp8 && act_bf16)
-    rc = M <= 8 ? launch_kw_u<true, true, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<true, true, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+    rc = M <= 8 ? launch_kw_u<true, true, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<true, true, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
   else if (w_fp8)
-    rc = M <= 8 ? launch_kw_u<true, false, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<true, false, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+    rc = M <= 8 ? launch_kw_u<true, false, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<true, false, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
   else if (act_bf16)
-    rc = M <= 8 ? launch_kw_u<false, true, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<false, true, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+    rc = M <= 8 ? launch_kw_u<false, true, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<false, true, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
   else
-    rc = M <= 8 ? launch_kw_u<false, false, 1>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<false, false, 2>(kw, unroll, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+    rc = M <= 8 ? launch_kw_u<false, false, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                : launch_kw_u<false, false, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
   if (rc != 0) return rc;
   return static_cast<int>(cudaGetLastError());
 }
