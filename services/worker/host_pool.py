@@ -13,7 +13,8 @@ through a device staging buffer and one DMA per run of host slots, timed by even
   by the loop), and a batch lists the loads it may read (``cache_ready``): the compute stream
   waits for those (already done on rank 0; ranks > 0 may be a little behind).
 - demote: its device slots were freed and may be written by the next step, so the next forward
-  waits for it (``before_forward``).
+  waits for it (``before_forward``); demotes have a stream and staging buffer of their own (high
+  priority), so that wait is for the demote alone, not for the backups queued before it.
 On the CPU the "device" pool is host memory too and every copy is a synchronous index copy.
 
 ``BANYAN_HICACHE_FAULTS`` (tests only): ``kind:n,...`` fails the n-th op of that kind on this rank
@@ -44,6 +45,7 @@ from services.worker.tp import TPGroup
 
 log = get_logger("worker")
 STAGING_BYTES = 256 << 20  # device buffer of a copy in flight (larger copies go in chunks of it)
+DEMOTE_STAGING_BYTES = 64 << 20  # the same for demotes (their own stream)
 
 
 class Faults:
@@ -129,9 +131,14 @@ class TierCopier:
         self.loads: dict[int, Any] = {}  # load op id → its end event (``cache_ready`` waits for it)
         self.demotes: list[Any] = []  # end events the next forward waits for
         if self.cuda:
-            self.stream = torch.cuda.Stream(kv.device)
             per = host.data.shape[1]
+            self.stream = torch.cuda.Stream(kv.device)
             self.staging = torch.empty((max(1, STAGING_BYTES // per), per), dtype=torch.uint8, device=kv.device)
+            # demotes on a stream (and staging buffer) of their own, at high priority: the next forward
+            # waits for each, and behind the backups' queue it would wait for all of theirs too (W2H)
+            self.demote_stream = torch.cuda.Stream(kv.device, priority=-1)
+            self.demote_staging = torch.empty((max(1, DEMOTE_STAGING_BYTES // per), per), dtype=torch.uint8,
+                                              device=kv.device)
 
     # ---- ops -------------------------------------------------------------------------------
     def submit(self, msg: CacheOps) -> None:
@@ -180,13 +187,15 @@ class TierCopier:
         marker = torch.cuda.Event()
         marker.record()  # the compute stream so far (steps that wrote or may still write these slots)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(self.stream):
-            self.stream.wait_event(marker)
-            start.record(self.stream)
-            cap = self.staging.shape[0]
+        demote = op.kind is CopyKind.DEMOTE
+        stream, staging = (self.demote_stream, self.demote_staging) if demote else (self.stream, self.staging)
+        with torch.cuda.stream(stream):
+            stream.wait_event(marker)
+            start.record(stream)
+            cap = staging.shape[0]
             for a in range(0, len(dev), cap):
                 b = min(len(dev), a + cap)
-                stage = self.staging[: b - a]
+                stage = staging[: b - a]
                 shaped = stage.view(b - a, *self.row)
                 if to_host:
                     torch.index_select(self.tok, 0, idx[a:b], out=shaped)
@@ -197,10 +206,10 @@ class TierCopier:
                         stage[pos:pos + n].copy_(self.host.data[h0:h0 + n], non_blocking=True)
                 if not to_host:
                     self.tok.index_copy_(0, idx[a:b], shaped)
-            end.record(self.stream)
-        idx.record_stream(self.stream)
+            end.record(stream)
+        idx.record_stream(stream)
         self.inflight.append(_InFlight(op.op_id, start, end))
-        if op.kind is CopyKind.DEMOTE:
+        if demote:
             self.demotes.append(end)
         elif op.kind is CopyKind.LOAD:
             self.loads[op.op_id] = end
@@ -209,9 +218,14 @@ class TierCopier:
         """A wait for the copies queued so far (a disk job must not race one on the same host slots)."""
         if not self.cuda:
             return None
-        ev = torch.cuda.Event()
-        ev.record(self.stream)
-        return ev.synchronize
+        events = [torch.cuda.Event(), torch.cuda.Event()]
+        events[0].record(self.stream)
+        events[1].record(self.demote_stream)
+
+        def wait() -> None:
+            for ev in events:
+                ev.synchronize()
+        return wait
 
     def before_forward(self, cache_ready: bytes) -> None:
         """The compute stream waits for the demotes issued so far and for the loads this batch lists."""

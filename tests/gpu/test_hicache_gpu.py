@@ -1,6 +1,7 @@
 """The hierarchical cache's GPU path (skipped without CUDA): copies on the copy stream through a
 staging buffer smaller than one op (chunks), one DMA per run of host slots; a demote is complete
-before the next forward writes its freed slots; a load is waited for by the batch that lists it;
+before the next forward writes its freed slots, and that forward waits for it alone (not for the backups
+queued before it); a load is waited for by the batch that lists it;
 and end to end, greedy outputs with the host tier equal those without it on a capped pool.
 
     python -m pytest -q -m gpu tests/gpu/test_hicache_gpu.py
@@ -42,6 +43,7 @@ def until_done(c: TierCopier, ids: set[int]) -> dict[int, float]:
 @pytest.fixture()
 def copier(monkeypatch) -> TierCopier:
     monkeypatch.setattr(host_pool, "STAGING_BYTES", 100 * 2 * 4 * 8 * 128 * 2)  # 100 tokens a chunk
+    monkeypatch.setattr(host_pool, "DEMOTE_STAGING_BYTES", 100 * 2 * 4 * 8 * 128 * 2)
     pool = KVPool(4, 4097, 8, 128, torch.bfloat16, "cuda")
     pool.buf.normal_()
     return TierCopier(pool, HostPool(3000, pool.bytes_per_token, pin=True), None)
@@ -75,6 +77,23 @@ def test_the_next_forward_waits_for_a_demote(copier) -> None:
     torch.cuda.synchronize()
     until_done(copier, {3})
     assert torch.equal(copier.host.data[1:1001].view(want.shape), want)
+
+
+def test_a_demote_does_not_wait_for_the_backups_queued_before_it(copier) -> None:
+    pool = copier.kv
+    want = pool.tokens()[100:300].cpu()
+    with torch.cuda.stream(copier.stream):
+        torch.cuda._sleep(2_000_000_000)  # (~1 s: a long queue of backups on the copy stream)
+    copier.submit(CacheOps([op(4, CopyKind.DEMOTE, range(100, 300), range(1, 201))]))
+    copier.before_forward(b"")
+    mark = torch.cuda.Event()
+    mark.record()  # (the next forward: after the demote)
+    t0 = time.monotonic()
+    mark.synchronize()
+    assert time.monotonic() - t0 < 0.5 and not copier.stream.query()  # (the backups' queue still runs)
+    until_done(copier, {4})
+    assert torch.equal(copier.host.data[1:201].view(want.shape), want)
+    torch.cuda.synchronize()
 
 
 def test_host_tier_outputs_equal_the_gpu_tier_alone(tmp_path: Path) -> None:
