@@ -6,7 +6,7 @@
 # `w7*@N` runs that W7 step with --priority-prefill-cap N (default $CAP) into $OUT/<step>_N; `w7t2c` is w7t2 with
 # the priority run's prompts chunked at 128 tokens (--chunked-prefill-size 128 on the priority side only).
 # Other steps: gemv (the CUDA decode linear: GPU tests, small_m_bench with its configs) · w1b · w1f (W1 bf16 /
-# FP8 weights) · t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
+# FP8 weights) · hic (the host tier's copier tests) · t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
 # with FP8 weights and FAST).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
@@ -43,6 +43,8 @@ for step in ${STEPS:-fp8}; do
             "cuda or tune" -p no:cacheprovider >"$OUT/gemv_tests.log" 2>&1; echo "gemv tests (rc $?)"; tail -3 "$OUT/gemv_tests.log"
           timeout 240 python3 -m benchmarks.gpu.small_m_bench --ms "${GEMV_MS:-1,4}" --out "$OUT/gemv.json" >"$OUT/gemv.log" 2>&1
           echo "gemv bench (rc $?)"; grep '^| \|^cuda' "$OUT/gemv.log" ;;
+    hic) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_hicache_gpu.py -k "not outputs" -p no:cacheprovider \
+           >"$OUT/hic.log" 2>&1; echo "hic tests (rc $?)"; tail -2 "$OUT/hic.log" ;;
     w1b) suite w1b 150 --workloads W1 -- "${fast[@]}" ;;
     w1f) suite w1f 150 --workloads W1 -- --quantization fp8 "${fast[@]}" ;;
     t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
