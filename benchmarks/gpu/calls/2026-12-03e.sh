@@ -46,7 +46,7 @@ for step in ${STEPS:-fp8}; do
     hic) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_hicache_gpu.py -k "not outputs" -p no:cacheprovider \
            >"$OUT/hic.log" 2>&1; echo "hic tests (rc $?)"; tail -2 "$OUT/hic.log" ;;
     w1b) suite w1b 150 --workloads W1 -- "${fast[@]}" ;;
-    w1f) suite w1f 150 --workloads W1 -- --quantization fp8 "${fast[@]}" ;;
+    w1f) read -r -a w1f <<<"${W1F:-}"; suite w1f 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}" ;;
     t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
           >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
     bench8) timeout 70 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
