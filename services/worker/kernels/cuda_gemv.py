@@ -42,8 +42,8 @@ class CudaConfig:
 
 
 # (warps, unroll: pairs gemv.cu instantiates)
-CONFIGS = (CudaConfig(8, 4), CudaConfig(8, 4, 2), CudaConfig(8, 4, 4), CudaConfig(16, 4, 1), CudaConfig(16, 4, 2),
-           CudaConfig(16, 2, 4), CudaConfig(4, 4, 2))
+CONFIGS = (CudaConfig(8, 4), CudaConfig(8, 4, 2), CudaConfig(16, 4), CudaConfig(16, 4, 1), CudaConfig(16, 4, 2),
+           CudaConfig(16, 2, 4), CudaConfig(8, 2, 2))
 
 
 def cache_dir() -> Path:

@@ -141,7 +141,7 @@ __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa
 // Lane (g = lane / 4, t = lane % 4) reads, per step, 16 bytes of weight rows g and g + 8 of the block's
 // tile (a row past N reads row N - 1, its sums never stored) and the same k of x row g (and x row g + 8
 // for the second column tile; rows of x past M are zeros).
-template <bool FP8, bool BF16, int NT, int KW, int U>
+template <bool FP8, bool BF16, int NT, int KW, int U, bool PF>
 __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                        const float* __restrict__ scale, void* __restrict__ y,
                                                        int M, int N, int K, long ldx, long ldy, float post,
@@ -179,11 +179,15 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
       prefetch_l2(pb + (long)s * STEP * (FP8 ? 1 : 2), bytes);
     }
   };
-  for (int c = 0; c < ahead; ++c) fetch(s_lo + c * U);
   int s0 = s_lo;
-  for (; s0 + U <= s_hi; s0 += U) {
-    if (ahead > 0) fetch(s0 + ahead * U);
-    run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
+  if (PF) {  // (a kernel of its own: the loop without prefetches is compiled as it was measured)
+    for (int c = 0; c < ahead; ++c) fetch(s_lo + c * U);
+    for (; s0 + U <= s_hi; s0 += U) {
+      fetch(s0 + ahead * U);
+      run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
+    }
+  } else {
+    for (; s0 + U <= s_hi; s0 += U) run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
   }
   for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1>(acc, wa, wb, xr, xin, s0);
 
@@ -217,10 +221,15 @@ int launch_kw_u(int kw, int unroll, int ahead, dim3 grid, cudaStream_t st, const
                 const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post) {
 #define BANYAN_GEMV(KW_, U_)                                                                                  \
   if (kw == KW_ && unroll == U_) {                                                                           \
-    gemv_kernel<FP8, BF16, NT, KW_, U_><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post, ahead); \
+    if (ahead > 0)                                                                                           \
+      gemv_kernel<FP8, BF16, NT, KW_, U_, true><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post, \
+                                                                          ahead);                           \
+    else                                                                                                     \
+      gemv_kernel<FP8, BF16, NT, KW_, U_, false><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post, \
+                                                                           0);                              \
     return 0;                                                                                                \
   }
-  BANYAN_GEMV(4, 4) BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
+  BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
   return -1;
 }
