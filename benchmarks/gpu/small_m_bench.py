@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="(with --sweep) the configs whose name matches this regex, e.g. 'p$'")
     args = ap.parse_args()
     args.fp8_only |= args.sweep
-    cuda = list(cuda_gemv.CONFIGS) if cuda_gemv.library() is not None else []  # (gemv.cu, built here)
+    cuda = list(cuda_gemv.CONFIGS) if cuda_gemv.library(True) is not None else []  # (gemv.cu, built here)
     print(f"cuda gemv: {'built' if cuda else cuda_gemv.unavailable()}")
     fp8_configs = list(sm.CONFIGS) + cuda + (sweep_configs() if args.sweep else [])
     if args.only:

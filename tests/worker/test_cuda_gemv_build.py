@@ -35,12 +35,14 @@ def test_the_source_compiles_for_hopper_and_is_cached(tmp_path) -> None:
     if nvcc is None:
         pytest.skip("nvcc not installed here (the GPU host has it)")
     lib = cuda_gemv.build("sm_90a", nvcc, tmp_path)
-    assert lib.is_file() and lib.parent == tmp_path and "sm_90a" in lib.name
+    assert lib.is_file() and lib.parent == tmp_path and "sm_90a_bf16" in lib.name
     assert hasattr(ctypes.CDLL(str(lib)), "banyan_gemv")
     t0 = time.monotonic()
-    assert cuda_gemv.build("sm_90a", nvcc, tmp_path) == lib  # (the cache: same source, arch and nvcc)
+    assert cuda_gemv.build("sm_90a", nvcc, tmp_path) == lib  # (the cache: same source, arch, type and nvcc)
     assert time.monotonic() - t0 < 5
     assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # (no temporary left behind)
+    fp16 = cuda_gemv.build("sm_90a", nvcc, tmp_path, bf16=False)  # (a library per activation type)
+    assert fp16 != lib and "sm_90a_fp16" in fp16.name
 
 
 def test_no_configs_without_a_cuda_tensor_and_the_names() -> None:

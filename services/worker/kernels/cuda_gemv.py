@@ -27,8 +27,9 @@ Tensor = torch.Tensor
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("gemv.cu")
 FP8 = torch.float8_e4m3fn
-_lib: ctypes.CDLL | None = None
-_error: str | None = None  # why the library is not there (once tried)
+MAX_M = 8  # rows of x the kernel takes (one 8-column tensor-core tile)
+_libs: dict[bool, ctypes.CDLL | None] = {}  # per activation type (bf16: True, fp16: False), once tried
+_errors: dict[bool, str] = {}  # why it is not there
 
 
 @dataclass(frozen=True)
@@ -66,23 +67,26 @@ def arch_flag(capability: tuple[int, int]) -> str:
     return f"sm_{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
 
 
-def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None) -> Path:
-    """The shared library for ``arch`` (e.g. ``sm_90a``), compiled unless the cache has it → its path.
-    Raises RuntimeError with nvcc's message when the build fails."""
+def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None, bf16: bool = True) -> Path:
+    """The shared library for ``arch`` (e.g. ``sm_90a``) and one activation type (bf16, else fp16),
+    compiled unless the cache has it → its path. Raises RuntimeError with nvcc's message when the
+    build fails."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (CUDA_HOME, PATH)")
     src = SOURCE.read_bytes()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
+    act = "bf16" if bf16 else "fp16"
+    key = hashlib.sha256(src + arch.encode() + act.encode() + version.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
-    lib = out_dir / f"gemv_{arch}_{key}.so"
+    lib = out_dir / f"gemv_{arch}_{act}_{key}.so"
     if lib.is_file():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
-        cmd = [nvcc, "-O3", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC", "-o", str(tmp_lib), str(SOURCE)]
+        cmd = [nvcc, "-O3", f"-arch={arch}", f"-DBANYAN_GEMV_BF16={int(bf16)}", "-shared", "-Xcompiler", "-fPIC",
+               "-o", str(tmp_lib), str(SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc failed ({done.returncode}): {(done.stderr or done.stdout)[-800:]}")
@@ -90,40 +94,40 @@ def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None) -> Pa
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library for the current CUDA device (built on first call), or None — the
-    reason in ``unavailable()``."""
-    global _lib, _error
-    if _lib is not None or _error is not None:
-        return _lib
+def library(bf16: bool = True) -> ctypes.CDLL | None:
+    """The loaded kernel library for the current CUDA device and activation type (built on first
+    call), or None — the reason in ``unavailable()``."""
+    if bf16 in _libs:
+        return _libs[bf16]
+    _libs[bf16] = None
     try:
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA device")
         cap = torch.cuda.get_device_capability()
         if cap < (8, 0):
             raise RuntimeError(f"compute capability {cap} < 8.0 (mma.sync bf16)")
-        lib = ctypes.CDLL(str(build(arch_flag(cap))))
+        lib = ctypes.CDLL(str(build(arch_flag(cap), bf16=bf16)))
         fn = lib.banyan_gemv
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 5 + [
             ctypes.c_void_p]
-        _lib = lib
+        _libs[bf16] = lib
     except Exception as e:  # (no nvcc, a compiler or driver problem: the other paths stand)
-        _error = f"{type(e).__name__}: {e}"[:400]
-        log.info("cuda gemv unavailable: %s", _error)
-    return _lib
+        _errors[bf16] = f"{type(e).__name__}: {e}"[:400]
+        log.info("cuda gemv unavailable: %s", _errors[bf16])
+    return _libs[bf16]
 
 
-def unavailable() -> str | None:
-    return _error
+def unavailable(bf16: bool = True) -> str | None:
+    return _errors.get(bf16)
 
 
 def supports(x: Tensor, w: Tensor) -> bool:
-    """Whether the kernel takes ``x @ w.T`` (x (M ≤ 16, K) bf16/fp16; w e4m3 or x's dtype; K a
+    """Whether the kernel takes ``x @ w.T`` (x (M ≤ 8, K) bf16/fp16; w e4m3 or x's dtype; K a
     multiple of its step; 16-byte aligned rows)."""
     if x.dim() != 2 or w.dim() != 2 or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if w.dtype not in (FP8, x.dtype) or w.stride(1) != 1 or not 1 <= x.shape[0] <= 16:
+    if w.dtype not in (FP8, x.dtype) or w.stride(1) != 1 or not 1 <= x.shape[0] <= MAX_M:
         return False
     k = w.shape[1]
     step = 64 if w.dtype == FP8 else 32
@@ -138,9 +142,10 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
         from services.worker.models.ops import current_ops
 
         x = current_ops().silu_and_mul(x)
-    lib = library()
+    bf16 = x.dtype == torch.bfloat16
+    lib = library(bf16)
     if lib is None:
-        raise RuntimeError(f"cuda gemv unavailable: {_error}")
+        raise RuntimeError(f"cuda gemv unavailable: {unavailable(bf16)}")
     if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
         x = x.contiguous()
     m, k = x.shape
@@ -151,7 +156,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
         scale = scale.float().contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
-                         m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(x.dtype == torch.bfloat16),
+                         m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16),
                          cfg.warps, cfg.unroll, cfg.ahead, torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
@@ -160,7 +165,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
 
 def configs_for(w: Tensor, x: Tensor) -> tuple[CudaConfig, ...]:
     """The configs to time for ``x @ w.T`` (none when the kernel does not take it or is unavailable)."""
-    return CONFIGS if supports(x, w) and library() is not None else ()
+    return CONFIGS if supports(x, w) and library(x.dtype == torch.bfloat16) is not None else ()
 
 
 # --- the widening, as the kernel does it, in torch integer ops: the CPU tests check it exactly ----------

@@ -1,4 +1,4 @@
-// Linear layers at decode batch sizes (M <= 16 rows of x): y = x W^T (x per-row scale), streaming W once.
+// Linear layers at decode batch sizes (M <= 8 rows of x): y = x W^T (x per-row scale), streaming W once.
 // Built at start-up by kernels/cuda_gemv.py (nvcc, cached) and called through ctypes on torch's stream;
 // used only for the weight shapes where kernels/small_m.tune measured it correct and faster.
 //
@@ -11,7 +11,7 @@
 // value x 2^-120 (bf16) or x 2^-8 (f16); the power of two is folded back after the products.
 //
 // The products are tensor-core mma.sync m16n8k16 with the weight as the A operand (16 rows x 16 k) and
-// x^T as B (16 k x 8 columns: the M <= 8 rows of x, zero-padded; two such tiles for M <= 16). The order of
+// x^T as B (16 k x 8 columns: the M <= 8 rows of x, zero-padded; the code takes NT such tiles, built for one). The order of
 // k inside an mma is free as long as A and B agree, so each lane loads 16 contiguous bytes of its weight
 // rows and the matching 16 bytes or 32 bytes of x: every load is a 16-byte vector. A block of KW warps
 // takes 16 weight rows; each warp a contiguous part of K; the warps' partial sums are added in a fixed
@@ -236,28 +236,22 @@ int launch_kw_u(int kw, int unroll, int ahead, dim3 grid, cudaStream_t st, const
 
 }  // namespace
 
-// -> 0, or -1 for a configuration not built here, or a CUDA error code of the launch.
+// -> 0, or -1 for a configuration not built here (M > 8, the other activation type: one library per type, built
+// with BANYAN_GEMV_BF16 = 1 or 0, so that a start-up compiles only what its model runs), or a CUDA error code.
+#ifndef BANYAN_GEMV_BF16
+#define BANYAN_GEMV_BF16 1
+#endif
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
                            long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, void* stream) {
-  if (M < 1 || M > 16 || N < 1 || K % (w_fp8 ? 64 : 32) != 0) return -1;
+  constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
+  if (M < 1 || M > 8 || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16) return -1;
   const dim3 grid((N + 15) / 16);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
-  const float post = !w_fp8 ? 1.f : act_bf16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
-  int rc;
-  if (w_fp8 && act_bf16)
-    rc = M <= 8 ? launch_kw_u<true, true, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<true, true, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
-  else if (w_fp8)
-    rc = M <= 8 ? launch_kw_u<true, false, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<true, false, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
-  else if (act_bf16)
-    rc = M <= 8 ? launch_kw_u<false, true, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<false, true, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
-  else
-    rc = M <= 8 ? launch_kw_u<false, false, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                : launch_kw_u<false, false, 2>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+  const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
+  const int rc = w_fp8 ? launch_kw_u<true, BF16, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                       : launch_kw_u<false, BF16, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
   if (rc != 0) return rc;
   return static_cast<int>(cudaGetLastError());
 }
