@@ -1,6 +1,7 @@
 """The CUDA decode-size linear (``kernels/gemv.cu``) on the GPU (skipped without CUDA): every e4m3
 code widened exactly, both activation dtypes, bf16/fp16 and e4m3 weights, M 1–8 (more: not taken), N
-not a multiple of 16, against float64; the same bits run to run and whatever M; captured in a CUDA graph.
+not a multiple of 16, against float64; the same bits run to run and whatever M; captured in a CUDA graph; launched
+overlapping the kernel before it (PDL), still reading that kernel's output.
 
     python -m pytest -q -m gpu tests/gpu/test_cuda_gemv_gpu.py
 """
@@ -84,6 +85,31 @@ def test_the_same_bits_every_run_whatever_m_and_inside_a_graph(gemv) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, gemv.linear(x[:1], q, s, cfg))
+
+
+def test_launched_overlapping_the_kernel_before_it_reads_that_kernels_output(gemv) -> None:
+    """The PDL configs start before the kernel that writes x ends: what they read is still its result —
+    eagerly and replayed from a graph, with x made by a long GEMM right before them."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    q = (torch.randn(4096, 4096, generator=g) * 100).clamp(-448, 448).to(FP8).cuda()
+    s = (torch.rand(4096, generator=g) / 100).cuda()
+    a = torch.randn(4, 65536, generator=g).to(torch.bfloat16).cuda()
+    b = torch.randn(65536, 4096, generator=g).to(torch.bfloat16).cuda() / 256
+
+    for cfg in (c for c in gemv.CONFIGS if c.pdl):
+        plain = gemv.CudaConfig(cfg.warps, cfg.unroll, cfg.ahead)
+        want = gemv.linear(a @ b, q, s, plain)
+        for _ in range(5):
+            assert torch.equal(gemv.linear(a @ b, q, s, cfg), want), cfg
+        out = torch.empty_like(want)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(gemv.linear(a @ b, q, s, cfg))
+        for _ in range(3):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), cfg
 
 
 def test_silu_mul_takes_the_activation_first(gemv) -> None:

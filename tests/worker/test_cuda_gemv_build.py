@@ -50,7 +50,8 @@ def test_no_configs_without_a_cuda_tensor_and_the_names() -> None:
     w = torch.zeros(32, 64, dtype=torch.uint8).view(FP8)
     assert cuda_gemv.configs_for(w, x) == ()
     assert not cuda_gemv.supports(x, w)
-    assert str(cuda_gemv.CudaConfig(16, 2, 4)) == "cuda_w16u2a4" and len(set(cuda_gemv.CONFIGS)) == 7
+    assert str(cuda_gemv.CudaConfig(16, 2, 4)) == "cuda_w16u2a4" and len(set(cuda_gemv.CONFIGS)) == 10
+    assert str(cuda_gemv.CudaConfig(8, 4, 0, True)) == "cuda_w8u4a0p"
     assert cuda_gemv.arch_flag((9, 0)) == "sm_90a" and cuda_gemv.arch_flag((8, 9)) == "sm_89"
 
 

@@ -37,14 +37,17 @@ class CudaConfig:
     warps: int = 8  # warps a block (16 weight rows), each a contiguous part of K
     unroll: int = 4  # steps (16 bytes a lane of each of its two rows) loaded before their products
     ahead: int = 0  # chunks of ``unroll`` steps prefetched into L2 before they are loaded (sm_90)
+    pdl: bool = False  # launched to overlap the kernel before it (programmatic dependent launch, sm_90): its
+    # blocks start, and prefetch their first weight chunks, while that kernel's last blocks still run
 
     def __str__(self) -> str:
-        return f"cuda_w{self.warps}u{self.unroll}a{self.ahead}"
+        return f"cuda_w{self.warps}u{self.unroll}a{self.ahead}{'p' * self.pdl}"
 
 
-# (warps, unroll: pairs gemv.cu instantiates)
-CONFIGS = (CudaConfig(8, 4), CudaConfig(8, 4, 2), CudaConfig(16, 4), CudaConfig(16, 4, 1), CudaConfig(16, 4, 2),
-           CudaConfig(16, 2, 4), CudaConfig(8, 2, 2))
+# (warps, unroll: pairs gemv.cu instantiates; the configs that won a shape in the 2026-12-03 calls, each also
+# launched overlapping the kernel before it)
+CONFIGS = tuple(CudaConfig(w, u, a, pdl) for pdl in (False, True)
+                for w, u, a in ((8, 4, 0), (8, 2, 0), (16, 4, 1), (16, 4, 2), (16, 2, 4)))
 
 
 def cache_dir() -> Path:
@@ -109,7 +112,7 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(build(arch_flag(cap), bf16=bf16)))
         fn = lib.banyan_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 5 + [
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 6 + [
             ctypes.c_void_p]
         _libs[bf16] = lib
     except Exception as e:  # (no nvcc, a compiler or driver problem: the other paths stand)
@@ -157,7 +160,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16),
-                         cfg.warps, cfg.unroll, cfg.ahead, torch.cuda.current_stream(x.device).cuda_stream)
+                         cfg.warps, cfg.unroll, cfg.ahead, int(cfg.pdl), torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y

@@ -58,6 +58,15 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 #endif
 }
 
+// Launched with programmatic stream serialization (``pdl``), the kernel's blocks may start while the kernel
+// before it still runs: nothing it produced (x) is read, and nothing is written, before this wait (a no-op
+// otherwise). Only the weights (never written) are prefetched ahead of it.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint4 load_x(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -182,11 +191,13 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
   int s0 = s_lo;
   if (PF) {  // (a kernel of its own: the loop without prefetches is compiled as it was measured)
     for (int c = 0; c < ahead; ++c) fetch(s_lo + c * U);
+    wait_for_previous_kernel();
     for (; s0 + U <= s_hi; s0 += U) {
       fetch(s0 + ahead * U);
       run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
     }
   } else {
+    wait_for_previous_kernel();
     for (; s0 + U <= s_hi; s0 += U) run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
   }
   for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1>(acc, wa, wb, xr, xin, s0);
@@ -216,18 +227,30 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
   }
 }
 
+template <typename... Params, typename... Args>
+int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
 template <bool FP8, bool BF16, int NT>
-int launch_kw_u(int kw, int unroll, int ahead, dim3 grid, cudaStream_t st, const void* x, const uint8_t* w,
-                const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post) {
+int launch_kw_u(int kw, int unroll, int ahead, bool pdl, dim3 grid, cudaStream_t st, const void* x,
+                const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post) {
 #define BANYAN_GEMV(KW_, U_)                                                                                  \
   if (kw == KW_ && unroll == U_) {                                                                           \
     if (ahead > 0)                                                                                           \
-      gemv_kernel<FP8, BF16, NT, KW_, U_, true><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post, \
-                                                                          ahead);                           \
-    else                                                                                                     \
-      gemv_kernel<FP8, BF16, NT, KW_, U_, false><<<grid, 32 * KW_, 0, st>>>(x, w, s, y, M, N, K, ldx, ldy, post, \
-                                                                           0);                              \
-    return 0;                                                                                                \
+      return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, true>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K, ldx, \
+                    ldy, post, ahead);                                                                       \
+    return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, false>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K, ldx,  \
+                  ldy, post, 0);                                                                             \
   }
   BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
@@ -242,7 +265,8 @@ int launch_kw_u(int kw, int unroll, int ahead, dim3 grid, cudaStream_t st, const
 #define BANYAN_GEMV_BF16 1
 #endif
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
-                           long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, void* stream) {
+                           long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, int pdl,
+                           void* stream) {
   constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
   if (M < 1 || M > 8 || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16) return -1;
   const dim3 grid((N + 15) / 16);
@@ -250,8 +274,8 @@ extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, voi
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
   const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
-  const int rc = w_fp8 ? launch_kw_u<true, BF16, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                       : launch_kw_u<false, BF16, 1>(kw, unroll, ahead, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+  const int rc = w_fp8 ? launch_kw_u<true, BF16, 1>(kw, unroll, ahead, pdl != 0, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+                       : launch_kw_u<false, BF16, 1>(kw, unroll, ahead, pdl != 0, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
   if (rc != 0) return rc;
   return static_cast<int>(cudaGetLastError());
 }
