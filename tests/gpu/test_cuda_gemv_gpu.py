@@ -112,15 +112,32 @@ def test_launched_overlapping_the_kernel_before_it_reads_that_kernels_output(gem
             assert torch.equal(out, want), cfg
 
 
-def test_silu_mul_takes_the_activation_first(gemv) -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_mul_in_the_kernel_and_before_it(gemv, dtype) -> None:
+    """M ≤ 2: silu(gate) · up made inside the kernel (spread over the warp, shuffled to the lanes that
+    multiply): the same result as the activation kernel first, for e4m3 and plain weights; M > 2: the
+    activation kernel first."""
     import torch.nn.functional as F
 
+    from services.worker.models.ops import current_ops
+
     g = torch.Generator(device="cpu").manual_seed(2)
-    k = 14336
-    q = (torch.randn(256, k, generator=g) * 50).clamp(-448, 448).to(FP8).cuda()
-    s = torch.full((256,), 1e-3).cuda()
-    h = torch.randn(2, 2 * k, generator=g).to(torch.bfloat16).cuda()
-    act = (F.silu(h[:, :k].float()) * h[:, k:].float()).to(torch.bfloat16)
-    want = act.double() @ (q.double() * s.double()[:, None]).t()
-    got = gemv.linear(h, q, s, gemv.CONFIGS[0], silu_mul=True).double()
-    assert (got - want).abs().max() <= 1e-2 * want.abs().max()
+    for k in (14336, 64, 96):
+        q = (torch.randn(256, k, generator=g) * 50).clamp(-448, 448).to(FP8).cuda()
+        s = torch.full((256,), 1e-3).cuda()
+        wp = (torch.randn(256, k, generator=g) * 0.05).to(dtype).cuda()
+        for m in (1, 2, 3):
+            h = torch.randn(m, 2 * k, generator=g).to(dtype).cuda()
+            act = (F.silu(h[:, :k].float()) * h[:, k:].float()).to(dtype)
+            for w, sc in ((q, s), (wp, None)):
+                if w.dtype != FP8 and k % 32:
+                    continue
+                if w.dtype == FP8 and k % 64:
+                    continue
+                want = act.double() @ (w.double() * (sc.double()[:, None] if sc is not None else 1)).t()
+                for cfg in gemv.CONFIGS:
+                    got = gemv.linear(h, w, sc, cfg, silu_mul=True)
+                    assert got.shape == (m, 256)
+                    assert (got.double() - want).abs().max() <= 1e-2 * want.abs().max() + 1e-6, (k, m, w.dtype, cfg)
+                    if m > gemv.SILU_MAX_M:  # (the model's activation kernel, then the same kernel: the same bits)
+                        assert torch.equal(gemv.linear(current_ops().silu_and_mul(h), w, sc, cfg), got), (k, m, cfg)

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("gemv.cu")
 FP8 = torch.float8_e4m3fn
 MAX_M = 8  # rows of x the kernel takes (one 8-column tensor-core tile)
+SILU_MAX_M = 2  # rows up to which it computes silu(gate) · up itself (more: the activation kernel first)
 _libs: dict[bool, ctypes.CDLL | None] = {}  # per activation type (bf16: True, fp16: False), once tried
 _errors: dict[bool, str] = {}  # why it is not there
 
@@ -112,7 +113,7 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(build(arch_flag(cap), bf16=bf16)))
         fn = lib.banyan_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 6 + [
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 7 + [
             ctypes.c_void_p]
         _libs[bf16] = lib
     except Exception as e:  # (no nvcc, a compiler or driver problem: the other paths stand)
@@ -139,28 +140,27 @@ def supports(x: Tensor, w: Tensor) -> bool:
 
 def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul: bool = False) -> Tensor:
     """x (M, K) @ w (N, K)^T (× ``scale`` per output row) → (M, N) in x's dtype, on the current
-    stream. ``silu_mul``: x is (M, 2K) = [gate | up] and the product is taken with silu(gate) · up
-    (computed first by the model's activation kernel)."""
-    if silu_mul:
+    stream. ``silu_mul``: x is (M, 2K) = [gate | up] and the product is taken with silu(gate) · up —
+    computed inside the kernel for M ≤ ``SILU_MAX_M``, else first by the model's activation kernel."""
+    if silu_mul and x.shape[0] > SILU_MAX_M:
         from services.worker.models.ops import current_ops
 
-        x = current_ops().silu_and_mul(x)
+        x, silu_mul = current_ops().silu_and_mul(x), False
     bf16 = x.dtype == torch.bfloat16
     lib = library(bf16)
     if lib is None:
         raise RuntimeError(f"cuda gemv unavailable: {unavailable(bf16)}")
     if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
         x = x.contiguous()
-    m, k = x.shape
-    n = w.shape[0]
-    if not supports(x, w) or w.shape[1] != k:
+    m, k, n = x.shape[0], w.shape[1], w.shape[0]
+    if not supports(x, w) or x.shape[1] != (2 * k if silu_mul else k):
         raise ValueError(f"cuda gemv: unsupported x {tuple(x.shape)} {x.dtype} @ w {tuple(w.shape)} {w.dtype}")
     if scale is not None:
         scale = scale.float().contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
-                         m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16),
-                         cfg.warps, cfg.unroll, cfg.ahead, int(cfg.pdl), torch.cuda.current_stream(x.device).cuda_stream)
+                         m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
+                         cfg.ahead, int(cfg.pdl), int(silu_mul), torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y

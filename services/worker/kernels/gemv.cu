@@ -11,11 +11,12 @@
 // value x 2^-120 (bf16) or x 2^-8 (f16); the power of two is folded back after the products.
 //
 // The products are tensor-core mma.sync m16n8k16 with the weight as the A operand (16 rows x 16 k) and
-// x^T as B (16 k x 8 columns: the M <= 8 rows of x, zero-padded; the code takes NT such tiles, built for one). The order of
-// k inside an mma is free as long as A and B agree, so each lane loads 16 contiguous bytes of its weight
-// rows and the matching 16 bytes or 32 bytes of x: every load is a 16-byte vector. A block of KW warps
-// takes 16 weight rows; each warp a contiguous part of K; the warps' partial sums are added in a fixed
-// order (the same bits every run, whatever M).
+// x^T as B (16 k x 8 columns: the M <= 8 rows of x, zero-padded; the code takes NT such tiles, built for
+// one). The order of k inside an mma is free as long as A and B agree, so each lane loads 16 contiguous
+// bytes of its weight rows and the matching 16 or 32 bytes of x: every load is a 16-byte vector. A block
+// of KW warps takes 16 weight rows; each warp a contiguous part of K; the warps' partial sums are added in
+// a fixed order (the same bits every run, whatever M). Options: chunks prefetched into L2 ahead of their
+// loads; a launch that overlaps the kernel before (PDL); silu(gate) * up made in the kernel (M <= 2).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -93,10 +94,44 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+__device__ __forceinline__ uint32_t& word_ref(uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// silu(gate) * up of a pair of 16-bit values each (float32 math, rounded to T as SiluAndMul rounds it)
+template <bool BF16>
+__device__ __forceinline__ uint32_t silu_mul2(uint32_t gate, uint32_t up) {
+  float g[2], u[2];
+  if (BF16) {
+    const float2 gf = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&gate));
+    const float2 uf = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&up));
+    g[0] = gf.x; g[1] = gf.y; u[0] = uf.x; u[1] = uf.y;
+  } else {
+    const float2 gf = __half22float2(*reinterpret_cast<__half2*>(&gate));
+    const float2 uf = __half22float2(*reinterpret_cast<__half2*>(&up));
+    g[0] = gf.x; g[1] = gf.y; u[0] = uf.x; u[1] = uf.y;
+  }
+  const float a0 = g[0] / (1.f + expf(-g[0])) * u[0], a1 = g[1] / (1.f + expf(-g[1])) * u[1];
+  uint32_t r;
+  if (BF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a0, a1);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(a0, a1);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  }
+  return r;
+}
+
 // U steps of one warp from step s0: the loads of all U first (16 bytes each), then the products.
-template <bool FP8, bool BF16, int NT, int U>
+// SILU (M <= 2, NT = 1): x is [gate | up] (M, 2K); the activation of the step's M x STEP values is spread over
+// the warp (lane p makes the pair at k 2p: 32 pairs a row for e4m3, 16 for T) and handed to the lanes that
+// multiply it by shuffles — 2 exponentials a lane and row, where each consumer lane making its own 16 would
+// keep the warp's special-function unit busy longer than its loads.
+template <bool FP8, bool BF16, int NT, int U, bool SILU>
 __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa, const uint8_t* wb,
-                                          const uint16_t* const (&xr)[NT], const bool (&xin)[NT], int s0) {
+                                          const uint16_t* const (&xr)[NT], const bool (&xin)[NT], int s0,
+                                          const uint16_t* xs, long ldx, int M, int K) {
   constexpr int E = FP8 ? 16 : 8;  // weight elements a lane reads per row and step (16 bytes)
   constexpr int STEP = 4 * E;      // k per step (a warp: 16 rows x STEP k)
   constexpr int XV = FP8 ? 2 : 1;  // 16-byte vectors of x a lane reads per step
@@ -104,15 +139,42 @@ __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa
   // x scaled by 2^64 when e4m3 weights are widened as bf16 x 2^-120 (products stay far from subnormals)
   const __nv_bfloat162 x_up = __floats2bfloat162_rn(18446744073709551616.f, 18446744073709551616.f);
   uint4 va[U], vb[U], vx[NT][U][XV];
+  uint32_t gate[SILU ? U : 1][2], up[SILU ? U : 1][2];
+  const int lane = threadIdx.x & 31;
+  const int pk = 2 * (FP8 ? lane : (lane & 15));  // (SILU) the pair this lane makes, its k in the step
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const long off = (long)(s0 + u) * STEP * (FP8 ? 1 : 2);
     va[u] = load_stream(wa + off);
     vb[u] = load_stream(wb + off);
+    if (SILU) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+      for (int r = 0; r < 2; ++r) {
+        const uint16_t* at = xs + (long)r * ldx + (long)(s0 + u) * STEP + pk;
+        gate[u][r] = r < M ? __ldg(reinterpret_cast<const unsigned int*>(at)) : 0u;
+        up[u][r] = r < M ? __ldg(reinterpret_cast<const unsigned int*>(at + K)) : 0u;
+      }
+    } else {
 #pragma unroll
-      for (int h = 0; h < XV; ++h) vx[n][u][h] = xin[n] ? load_x(xr[n] + (long)(s0 + u) * STEP + h * 8) : zero;
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int h = 0; h < XV; ++h) vx[n][u][h] = xin[n] ? load_x(xr[n] + (long)(s0 + u) * STEP + h * 8) : zero;
+    }
+  }
+  if (SILU) {  // consumer lane (g, t) takes pair i of its 16-byte x vector(s) from lane (E / 2) t + i
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t act0 = silu_mul2<BF16>(gate[u][0], up[u][0]);
+      const uint32_t act1 = M > 1 ? silu_mul2<BF16>(gate[u][1], up[u][1]) : 0u;
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) {
+        const int src = (E / 2) * t + i;
+        const uint32_t v0 = __shfl_sync(0xffffffffu, act0, src);
+        const uint32_t v1 = __shfl_sync(0xffffffffu, act1, src);
+        word_ref(vx[0][u][i / 4], i % 4) = g == 0 ? v0 : g == 1 && M > 1 ? v1 : 0u;
+      }
+    }
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -150,7 +212,7 @@ __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa
 // Lane (g = lane / 4, t = lane % 4) reads, per step, 16 bytes of weight rows g and g + 8 of the block's
 // tile (a row past N reads row N - 1, its sums never stored) and the same k of x row g (and x row g + 8
 // for the second column tile; rows of x past M are zeros).
-template <bool FP8, bool BF16, int NT, int KW, int U, bool PF>
+template <bool FP8, bool BF16, int NT, int KW, int U, bool PF, bool SILU>
 __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                        const float* __restrict__ scale, void* __restrict__ y,
                                                        int M, int N, int K, long ldx, long ldy, float post,
@@ -194,13 +256,13 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
     wait_for_previous_kernel();
     for (; s0 + U <= s_hi; s0 += U) {
       fetch(s0 + ahead * U);
-      run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
+      run_steps<FP8, BF16, NT, U, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
     }
   } else {
     wait_for_previous_kernel();
-    for (; s0 + U <= s_hi; s0 += U) run_steps<FP8, BF16, NT, U>(acc, wa, wb, xr, xin, s0);
+    for (; s0 + U <= s_hi; s0 += U) run_steps<FP8, BF16, NT, U, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
   }
-  for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1>(acc, wa, wb, xr, xin, s0);
+  for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
 
   __shared__ float part[KW][NT][4][32];
 #pragma unroll
@@ -241,16 +303,16 @@ int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, b
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-template <bool FP8, bool BF16, int NT>
+template <bool FP8, bool BF16, int NT, bool SILU>
 int launch_kw_u(int kw, int unroll, int ahead, bool pdl, dim3 grid, cudaStream_t st, const void* x,
                 const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post) {
 #define BANYAN_GEMV(KW_, U_)                                                                                  \
   if (kw == KW_ && unroll == U_) {                                                                           \
     if (ahead > 0)                                                                                           \
-      return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, true>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K, ldx, \
-                    ldy, post, ahead);                                                                       \
-    return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, false>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K, ldx,  \
-                  ldy, post, 0);                                                                             \
+      return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, true, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, \
+                    K, ldx, ldy, post, ahead);                                                               \
+    return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, false, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N,  \
+                  K, ldx, ldy, post, 0);                                                                     \
   }
   BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
@@ -265,17 +327,24 @@ int launch_kw_u(int kw, int unroll, int ahead, bool pdl, dim3 grid, cudaStream_t
 #define BANYAN_GEMV_BF16 1
 #endif
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
-                           long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, int pdl,
+                           long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, int pdl, int silu,
                            void* stream) {
   constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
-  if (M < 1 || M > 8 || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16) return -1;
+  if (M < 1 || M > (silu ? 2 : 8) || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16) return -1;
   const dim3 grid((N + 15) / 16);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
   const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
-  const int rc = w_fp8 ? launch_kw_u<true, BF16, 1>(kw, unroll, ahead, pdl != 0, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
-                       : launch_kw_u<false, BF16, 1>(kw, unroll, ahead, pdl != 0, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post);
+  const bool p = pdl != 0;
+  int rc;
+#define BANYAN_LAUNCH(FP8_, SILU_) \
+  launch_kw_u<FP8_, BF16, 1, SILU_>(kw, unroll, ahead, p, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+  if (silu)  // (K is the weight's: x holds 2K per row)
+    rc = w_fp8 ? BANYAN_LAUNCH(true, true) : BANYAN_LAUNCH(false, true);
+  else
+    rc = w_fp8 ? BANYAN_LAUNCH(true, false) : BANYAN_LAUNCH(false, false);
+#undef BANYAN_LAUNCH
   if (rc != 0) return rc;
   return static_cast<int>(cudaGetLastError());
 }
