@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from banyan.demo_corpus import CORPUS
+from shared.model_path import cache_root
 
 __all__ = ["CHAT_TEMPLATE", "DEMO_FILES", "SPECIAL_TOKENS", "demo_cache_root", "demo_version", "ensure_demo_model"]
 
@@ -101,13 +102,7 @@ def demo_version() -> str:
 
 def demo_cache_root(cache_dir: str | None = None) -> Path:
     """The cache root: argument, ``$BANYAN_CACHE_DIR``, ``$XDG_CACHE_HOME/banyan``, ``~/.cache/banyan``."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    if os.environ.get("BANYAN_CACHE_DIR"):
-        return Path(os.environ["BANYAN_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "banyan"
-    return Path.home() / ".cache" / "banyan"
+    return Path(cache_dir).expanduser() if cache_dir else cache_root()
 
 
 def ensure_demo_model(cache_dir: str | None = None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from shared.config import ConfigError
 
@@ -46,3 +47,13 @@ def cached_snapshot(repo_id: str) -> tuple[str, str]:
     except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError):
         return "", constants.HF_HUB_CACHE
     return (path if os.path.isfile(os.path.join(path, "config.json")) else ""), constants.HF_HUB_CACHE
+
+
+def cache_root() -> Path:
+    """Banyan's cache folder (the demo model, built kernels): ``$BANYAN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/banyan``, else ``~/.cache/banyan``."""
+    if os.environ.get("BANYAN_CACHE_DIR"):
+        return Path(os.environ["BANYAN_CACHE_DIR"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "banyan"
+    return Path.home() / ".cache" / "banyan"

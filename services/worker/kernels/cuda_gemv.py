@@ -3,7 +3,7 @@
 ``gemv.cu`` says why it exists (e4m3 weights widened by integer instructions, not the conversion
 pipe that bounds the Triton kernels at 37–64 % of bandwidth) and how it works. Here: the build (the
 source compiled once per source, device architecture and nvcc into a shared library under the kernel
-cache: ``$BANYAN_KERNEL_CACHE``, else ``$BANYAN_CACHE_DIR/kernels``, else ``~/.cache/banyan/kernels``),
+cache: ``$BANYAN_KERNEL_CACHE``, else ``kernels/`` in Banyan's cache folder: ``shared.model_path.cache_root``),
 the launch on torch's current stream (so CUDA graphs capture it), and the configs ``small_m.tune``
 times beside its own (``CudaConfig``). No nvcc, no CUDA, a failed build: no configs, and the Triton
 kernels and the library paths stand, as before.
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from shared.model_path import cache_root
 
 Tensor = torch.Tensor
 log = logging.getLogger(__name__)
@@ -54,9 +56,7 @@ CONFIGS = tuple(CudaConfig(w, u, a, pdl) for pdl in (False, True)
 def cache_dir() -> Path:
     if os.environ.get("BANYAN_KERNEL_CACHE"):
         return Path(os.environ["BANYAN_KERNEL_CACHE"]).expanduser()
-    if os.environ.get("BANYAN_CACHE_DIR"):
-        return Path(os.environ["BANYAN_CACHE_DIR"]).expanduser() / "kernels"
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "banyan" / "kernels"
+    return cache_root() / "kernels"
 
 
 def find_nvcc() -> str | None:

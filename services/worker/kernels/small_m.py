@@ -264,10 +264,10 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
                     got = linear(x, w, s, cfg, act is not None)
                     if not _close(got.float(), want):
                         continue
-                    # the tile's last program adds the parts: the same bits every time (its count and
-                    # the parts' visibility across programs, exercised)
-                    if (not isinstance(cfg, Config) or cfg.last_adds) and not all(torch.equal(linear(x, w, s, cfg, act is not None), got)
-                                                 for _ in range(16)):
+                    # the same bits every time where parts are added across programs (the tile's last
+                    # program, its count and the parts' visibility; the CUDA kernel's warps)
+                    repeats = not isinstance(cfg, Config) or cfg.last_adds
+                    if repeats and not all(torch.equal(linear(x, w, s, cfg, act is not None), got) for _ in range(16)):
                         continue
                     t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg, act is not None), copies)
                 except Exception:  # (a config the compiler rejects on this device)
