@@ -30,11 +30,13 @@ from services.worker.runner import ModelRunner  # noqa: E402
 from shared.config import WorkerConfig  # noqa: E402
 
 GROUPS = (  # (group, pattern on the kernel's name), first match wins
+    ("rope + kv write", r"rope_store"),
     ("kv write", r"store_kv|index_copy|indexCopy|scatter"),
     ("norm", r"rmsnorm|RMSNorm|norm_kernel"),
     ("rope", r"rope|Rope|[Rr]otary"),
     ("activation", r"silu|act_and_mul|ActAndMul|gelu"),
-    ("attention", r"BatchDecode|BatchPrefill|SingleDecode|SinglePrefill|MergeState|merge_state|fmha|[Aa]ttention"),
+    ("attention", r"BatchDecode|BatchPrefill|SingleDecode|SinglePrefill|MergeState|merge_state|fmha|[Aa]ttention|"
+                   r"_partial_kernel|_merge_kernel"),
     ("gemm/gemv", r"gemm|gemv|Gemm|Gemv|cutlass|cublas|sm90_xmma|nvjet|_linear_kernel|_sum_kernel|scaled_mm|matmul"),
     ("sampling", r"sampling|argmax|ArgMax|topk|TopK|softmax|Softmax|sort|Sort|multinomial|reduce_kernel"),
     ("copies", r"[Cc]opy|memcpy|Memcpy|memset|Memset|fill|Fill"),
@@ -76,6 +78,44 @@ def profile_steps(driver: Driver, rids: list[str], steps: int) -> dict:
                      "us_per_step": round(us / steps, 2)} for name, (n, us) in top]}
 
 
+def profile_graph(driver: Driver, runner: ModelRunner, rids: list[str], steps: int) -> dict | None:
+    """Kernels of ``steps`` decode steps replayed from the CUDA graph, as the device ran them: per group,
+    µs a step in kernels and in the gaps before them (the previous kernel's end to this one's start, within
+    a step: launch latency, ramp-up, the drain the next kernel waits for). None: no graph at this size."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if runner.graphs is None or runner.graphs.size_for(len(rids)) is None:
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            driver.run([(r, [7], True) for r in rids])
+            torch.cuda.synchronize()  # (steps apart: a gap before a step's first kernel is the host's)
+    evs = sorted(((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                  if ev.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e[0])
+    if not evs:
+        return {"visible": False}
+    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    prev_end = None
+    for start, end, name in evs:
+        gap = start - prev_end if prev_end is not None and 0 <= start - prev_end < 200 else 0.0
+        for d in (groups[group_of(name)], per_kernel[name]):
+            d[0] += 1
+            d[1] += end - start
+            d[2] += gap
+        prev_end = end
+    top = sorted(per_kernel.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))[:40]
+    return {"visible": True, "kernels_per_step": round(len(evs) / steps, 1),
+            "kernel_us_per_step": round(sum(e - s for s, e, _ in evs) / steps, 1),
+            "gap_us_per_step": round(sum(d[2] for d in groups.values()) / steps, 1),
+            "groups": {g: {"kernels_per_step": round(n / steps, 2), "us_per_step": round(us / steps, 1),
+                           "gap_us_per_step": round(gap / steps, 1)}
+                       for g, (n, us, gap) in sorted(groups.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))},
+            "top": [{"name": name[:160], "group": group_of(name), "per_step": round(n / steps, 2),
+                     "us_per_step": round(us / steps, 2), "gap_us_per_step": round(gap / steps, 2)}
+                    for name, (n, us, gap) in top]}
+
+
 def graph_ms(driver: Driver, runner: ModelRunner, rids: list[str], steps: int) -> float | None:
     """Median wall ms of a decode step that replays the CUDA graph (None: no graph at this size)."""
     if runner.graphs is None or runner.graphs.size_for(len(rids)) is None:
@@ -111,7 +151,8 @@ def main() -> int:
         rids = [f"b{b}_{i}" for i in range(b)]
         g = torch.Generator().manual_seed(b)
         driver.run([(r, torch.randint(0, runner.spec.vocab_size, (128,), generator=g).tolist(), True) for r in rids])
-        res = {"graph_step_ms": graph_ms(driver, runner, rids, args.steps)}
+        res = {"graph_step_ms": graph_ms(driver, runner, rids, args.steps),
+               "graph": profile_graph(driver, runner, rids, args.steps)}
         graphs, runner.graphs = runner.graphs, None  # eager: every kernel launched where the profiler sees it
         for _ in range(3):
             driver.run([(r, [7], True) for r in rids])
@@ -131,6 +172,17 @@ def main() -> int:
         for g, v in e["groups"].items():
             print(f"| {g} | {v['kernels_per_step']} | {v['us_per_step']} |")
         print("heaviest:", ", ".join(f"{k['name'][:60]} {k['us_per_step']}" for k in e["top"][:8]))
+        gr = res.get("graph")
+        if gr and gr.get("visible"):
+            print(f"\ngraph replay, as the device ran it: {gr['kernels_per_step']} kernels a step, "
+                  f"{gr['kernel_us_per_step']} µs in kernels + {gr['gap_us_per_step']} µs in gaps between them")
+            print("| group | kernels a step | µs a step | gap µs before them |\n| --- | ---: | ---: | ---: |")
+            for g, v in gr["groups"].items():
+                print(f"| {g} | {v['kernels_per_step']} | {v['us_per_step']} | {v['gap_us_per_step']} |")
+            for k in gr["top"][:14]:
+                print(f"  {k['per_step']:6.1f} × {k['name'][:90]}: {k['us_per_step']} µs + gaps {k['gap_us_per_step']}")
+        elif gr is not None:
+            print("graph replay: its kernels are not visible to the profiler here")
     print(f"\nJSON: {args.out}")
     return 0
 

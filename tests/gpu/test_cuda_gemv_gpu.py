@@ -141,3 +141,41 @@ def test_silu_mul_in_the_kernel_and_before_it(gemv, dtype) -> None:
                     assert (got.double() - want).abs().max() <= 1e-2 * want.abs().max() + 1e-6, (k, m, w.dtype, cfg)
                     if m > gemv.SILU_MAX_M:  # (the model's activation kernel, then the same kernel: the same bits)
                         assert torch.equal(gemv.linear(current_ops().silu_and_mul(h), w, sc, cfg), got), (k, m, cfg)
+
+
+def test_the_l2_chain_changes_no_result_eagerly_or_in_a_graph(gemv) -> None:
+    """Linears feeding each other (PDL configs, each one's blocks let the next start once its loads are issued),
+    each prefetching the next weight into L2 (``chain``, the last the first's): the same bits as unchained,
+    eagerly and replayed from a graph; ``recording`` lists the weights in call order."""
+    g = torch.Generator(device="cpu").manual_seed(4)
+    ws = [(torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(FP8).cuda() for n, k in
+          ((6144, 4096), (4096, 6144), (4096, 4096))]
+    ss = [(torch.rand(w.shape[0], generator=g) / 3000).cuda() for w in ws]
+    x0 = torch.randn(1, 4096, generator=g).to(torch.bfloat16).cuda()
+    cfgs = [c for c in gemv.CONFIGS if c.pdl]
+
+    def step(cfg):
+        x = x0
+        for w, s in zip(ws, ss):
+            x = gemv.linear(x, w, s, cfg)
+        return x
+
+    try:
+        want = {cfg: step(cfg) for cfg in cfgs}
+        with gemv.recording() as order:
+            step(cfgs[0])
+        assert [w.data_ptr() for w in order] == [w.data_ptr() for w in ws]
+        assert gemv.chain(order, 8 << 20) == 3
+        for cfg in cfgs:
+            assert all(torch.equal(step(cfg), want[cfg]) for _ in range(5)), cfg
+            out = torch.empty_like(want[cfg])
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out.copy_(step(cfg))
+            for _ in range(3):
+                out.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(out, want[cfg]), cfg
+    finally:
+        gemv.chain([], 0)

@@ -10,6 +10,9 @@ lack it): which weight shapes use a kernel, as ``small_m.tune`` measured them.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import torch
 
 MAX_M = 16  # rows up to which a linear may take the small-M kernel
@@ -89,3 +92,29 @@ def enable_rope_store(device: torch.device) -> str:
         return "rope, then the write (the fused kernel disagreed with them)"
     except Exception as e:  # no Triton, a compiler problem: the two steps are correct
         return f"rope, then the write ({type(e).__name__}: {e})"[:300]
+
+
+def chain_l2(decode_step: Callable[[], object], device: torch.device) -> str:
+    """Run one decode step (``decode_step``: batch 1, eager) and record the weights the CUDA decode linear
+    reads, in order; from then on each of them prefetches the next one's first bytes (up to half the L2
+    cache) into L2 as its own loads are issued, so the latency-bound kernels between two linears (norm,
+    rope, attention) overlap the next weight's first bytes → what was set (logged). Capture CUDA graphs
+    after this: the kernels' arguments are fixed there. ``BANYAN_GEMV_L2_CHAIN=0`` turns it off."""
+    clear_l2_chain()
+    if os.environ.get("BANYAN_GEMV_L2_CHAIN", "1") == "0":
+        return "off (BANYAN_GEMV_L2_CHAIN=0)"
+    if not choices:
+        return "no decode linears chosen"
+    from services.worker.kernels import cuda_gemv
+
+    with cuda_gemv.recording() as order:
+        decode_step()
+    cap = torch.cuda.get_device_properties(device).L2_cache_size // 2
+    return f"{cuda_gemv.chain(order, cap)} linears, up to {cap >> 20} MiB each" if order else "no CUDA decode linears"
+
+
+def clear_l2_chain() -> None:
+    """Forget the chain (its weights may be an earlier model's, since freed)."""
+    from services.worker.kernels import cuda_gemv
+
+    cuda_gemv.chain([], 0)

@@ -18,6 +18,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,10 @@ MAX_M = 8  # rows of x the kernel takes (one 8-column tensor-core tile)
 SILU_MAX_M = 2  # rows up to which it computes silu(gate) · up itself (more: the activation kernel first)
 _libs: dict[bool, ctypes.CDLL | None] = {}  # per activation type (bf16: True, fp16: False), once tried
 _errors: dict[bool, str] = {}  # why it is not there
+# The L2 chain (``chain``): a weight's data_ptr → (the data_ptr of the weight the decode step reads next, bytes of
+# it to prefetch into L2 once this one's loads are issued); ``_order`` collects the weights while ``recording``.
+_next: dict[int, tuple[int, int]] = {}
+_order: list[Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         fn = lib.banyan_gemv
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 7 + [
-            ctypes.c_void_p]
+            ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
         _libs[bf16] = lib
     except Exception as e:  # (no nvcc, a compiler or driver problem: the other paths stand)
         _errors[bf16] = f"{type(e).__name__}: {e}"[:400]
@@ -158,12 +164,41 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     if scale is not None:
         scale = scale.float().contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if _order is not None:
+        _order.append(w)
+    pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
-                         cfg.ahead, int(cfg.pdl), int(silu_mul), torch.cuda.current_stream(x.device).cuda_stream)
+                         cfg.ahead, int(cfg.pdl), int(silu_mul), pf, pf_bytes,
+                         torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y
+
+
+@contextmanager
+def recording() -> Iterator[list[Tensor]]:
+    """The weights this kernel multiplies by while inside, in call order (a decode step's: ``chain``)."""
+    global _order
+    _order = order = []
+    try:
+        yield order
+    finally:
+        _order = None
+
+
+def chain(order: list[Tensor], cap: int) -> int:
+    """Each weight of ``order`` (one decode step's linears, in the order the step reads them) prefetches
+    the first ``cap`` bytes of the next one (the last: the first, the next step's) into L2 → links made.
+    Replaces any chain before; an empty ``order`` clears it. The bytes are a hint: which weights
+    and how much change nothing but where the next kernel finds its first bytes."""
+    _next.clear()
+    if len(order) < 2:
+        return 0
+    for w, nxt in zip(order, order[1:] + order[:1]):
+        size = nxt.numel() * nxt.element_size()
+        _next[w.data_ptr()] = (nxt.data_ptr(), min(size, cap) // 16 * 16)
+    return len(_next)
 
 
 def configs_for(w: Tensor, x: Tensor) -> tuple[CudaConfig, ...]:

@@ -16,7 +16,8 @@
 // bytes of its weight rows and the matching 16 or 32 bytes of x: every load is a 16-byte vector. A block
 // of KW warps takes 16 weight rows; each warp a contiguous part of K; the warps' partial sums are added in
 // a fixed order (the same bits every run, whatever M). Options: chunks prefetched into L2 ahead of their
-// loads; a launch that overlaps the kernel before (PDL); silu(gate) * up made in the kernel (M <= 2).
+// loads; a launch that overlaps the kernel before (PDL); silu(gate) * up made in the kernel (M <= 2); the next
+// linear's weight prefetched into L2 once this one's loads are issued.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -66,6 +67,25 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// After its last weight load is issued, the kernel lets the one after it be scheduled (that one, launched with
+// ``pdl``, starts its blocks and prefetches its weights but reads nothing of ours before its wait).
+__device__ __forceinline__ void let_next_kernel_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The block's share of the next linear's weight (``pf``, ``pf_bytes``: the layer after this one in the decode
+// step, set by cuda_gemv.chain) into L2, issued when the block's own loads are: those bytes come in while the
+// kernels between the two (norm, rope, attention: latency-bound, little traffic) run, so the next linear reads
+// them from L2, not from HBM.
+__device__ __forceinline__ void prefetch_next_weight(const uint8_t* pf, long pf_bytes) {
+  const long per = ((pf_bytes + gridDim.x - 1) / gridDim.x + 15) & ~15L;
+  const long hi = min(pf_bytes, (long)(blockIdx.x + 1) * per);
+  for (long o = (long)blockIdx.x * per + (long)threadIdx.x * 4096; o < hi; o += (long)blockDim.x * 4096)
+    prefetch_l2(pf + o, (int)min(4096L, hi - o));
 }
 
 __device__ __forceinline__ uint4 load_x(const void* p) {
@@ -216,7 +236,7 @@ template <bool FP8, bool BF16, int NT, int KW, int U, bool PF, bool SILU>
 __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                        const float* __restrict__ scale, void* __restrict__ y,
                                                        int M, int N, int K, long ldx, long ldy, float post,
-                                                       int ahead) {
+                                                       int ahead, const uint8_t* __restrict__ pf, long pf_bytes) {
   constexpr int E = FP8 ? 16 : 8;
   constexpr int STEP = 4 * E;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -263,6 +283,8 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
     for (; s0 + U <= s_hi; s0 += U) run_steps<FP8, BF16, NT, U, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
   }
   for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
+  let_next_kernel_start();
+  if (pf_bytes > 0) prefetch_next_weight(pf, pf_bytes);
 
   __shared__ float part[KW][NT][4][32];
 #pragma unroll
@@ -305,14 +327,15 @@ int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, b
 
 template <bool FP8, bool BF16, int NT, bool SILU>
 int launch_kw_u(int kw, int unroll, int ahead, bool pdl, dim3 grid, cudaStream_t st, const void* x,
-                const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post) {
+                const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post,
+                const uint8_t* pf, long pf_bytes) {
 #define BANYAN_GEMV(KW_, U_)                                                                                  \
   if (kw == KW_ && unroll == U_) {                                                                           \
     if (ahead > 0)                                                                                           \
       return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, true, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, \
-                    K, ldx, ldy, post, ahead);                                                               \
+                    K, ldx, ldy, post, ahead, pf, pf_bytes);                                                 \
     return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, false, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N,  \
-                  K, ldx, ldy, post, 0);                                                                     \
+                  K, ldx, ldy, post, 0, pf, pf_bytes);                                                       \
   }
   BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
@@ -328,9 +351,11 @@ int launch_kw_u(int kw, int unroll, int ahead, bool pdl, dim3 grid, cudaStream_t
 #endif
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
                            long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, int pdl, int silu,
-                           void* stream) {
+                           const void* pf, long pf_bytes, void* stream) {
   constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
-  if (M < 1 || M > (silu ? 2 : 8) || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16) return -1;
+  if (M < 1 || M > (silu ? 2 : 8) || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16 ||
+      pf_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(pf) % 16 != 0)
+    return -1;
   const dim3 grid((N + 15) / 16);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
@@ -339,7 +364,8 @@ extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, voi
   const bool p = pdl != 0;
   int rc;
 #define BANYAN_LAUNCH(FP8_, SILU_) \
-  launch_kw_u<FP8_, BF16, 1, SILU_>(kw, unroll, ahead, p, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post)
+  launch_kw_u<FP8_, BF16, 1, SILU_>(kw, unroll, ahead, p, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, \
+                                    static_cast<const uint8_t*>(pf), pf ? pf_bytes : 0)
   if (silu)  // (K is the weight's: x holds 2K per row)
     rc = w_fp8 ? BANYAN_LAUNCH(true, true) : BANYAN_LAUNCH(false, true);
   else
