@@ -36,7 +36,7 @@ def test_the_source_compiles_for_hopper_and_is_cached(tmp_path) -> None:
         pytest.skip("nvcc not installed here (the GPU host has it)")
     lib = cuda_gemv.build("sm_90a", nvcc, tmp_path)
     assert lib.is_file() and lib.parent == tmp_path and "sm_90a_bf16" in lib.name
-    assert hasattr(ctypes.CDLL(str(lib)), "banyan_gemv")
+    assert hasattr(ctypes.CDLL(str(lib)), "banyan_gemv") and hasattr(ctypes.CDLL(str(lib)), "banyan_add_rmsnorm")
     t0 = time.monotonic()
     assert cuda_gemv.build("sm_90a", nvcc, tmp_path) == lib  # (the cache: same source, arch, type and nvcc)
     assert time.monotonic() - t0 < 5

@@ -94,23 +94,63 @@ def enable_rope_store(device: torch.device) -> str:
         return f"rope, then the write ({type(e).__name__}: {e})"[:300]
 
 
+def enable_cuda_norm(device: torch.device) -> str:
+    """Our add-RMSNorm kernel (``norm.cu``) for decode-size rows (M ≤ 8) of this process's FlashInfer
+    ops where it agrees with the PyTorch reference on ``device`` → what the norms use (logged).
+    ``BANYAN_CUDA_NORM=0``: FlashInfer's."""
+    from services.worker.models import ops
+
+    ops.set_small_norm(None)
+    if os.environ.get("BANYAN_CUDA_NORM", "1") == "0":
+        return "flashinfer (BANYAN_CUDA_NORM=0)"
+    try:
+        from services.worker.kernels import cuda_gemv
+
+        g = torch.Generator(device="cpu").manual_seed(0)
+        for dtype in (torch.bfloat16,):
+            for m, k in ((1, 4096), (3, 5120), (8, 128)):
+                x, r = (torch.randn(m, k, generator=g).to(dtype).to(device) for _ in range(2))
+                w = (1 + torch.randn(k, generator=g) / 4).to(dtype).to(device)
+                if not cuda_gemv.norm_supports(x, w):
+                    return f"flashinfer (ours unavailable: {cuda_gemv.unavailable(True)})"
+                want, want_r = ops._torch_fused_add_rmsnorm(x, r, w, 1e-6)
+                got, got_r = cuda_gemv.add_rmsnorm(x, r, w, 1e-6)
+                plain = cuda_gemv.add_rmsnorm(x, None, w, 1e-6)[0]
+                if not (torch.equal(got_r, want_r) and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+                        and torch.allclose(plain.float(), ops._torch_rmsnorm(x, w, 1e-6).float(), rtol=2e-2,
+                                           atol=2e-2)):
+                    return "flashinfer (ours disagreed with the reference)"
+    except Exception as e:  # no nvcc, a driver problem: FlashInfer's are correct
+        return f"flashinfer ({type(e).__name__}: {e})"[:300]
+
+    def small(x, residual, weight, eps):
+        if not cuda_gemv.norm_supports(x, weight) or (residual is not None and residual.shape != x.shape):
+            return None
+        return cuda_gemv.add_rmsnorm(x, residual, weight, eps)
+
+    ops.set_small_norm(small)
+    return f"ours up to {cuda_gemv.NORM_MAX_M} rows (norm.cu), flashinfer above"
+
+
 def chain_l2(decode_step: Callable[[], object], device: torch.device) -> str:
-    """Run one decode step (``decode_step``: batch 1, eager) and record the weights the CUDA decode linear
-    reads, in order; from then on each of them prefetches the next one's first bytes (up to half the L2
-    cache) into L2 as its own loads are issued, so the latency-bound kernels between two linears (norm,
-    rope, attention) overlap the next weight's first bytes → what was set (logged). Capture CUDA graphs
-    after this: the kernels' arguments are fixed there. ``BANYAN_GEMV_L2_CHAIN=0`` turns it off."""
+    """Opt-in (``BANYAN_GEMV_L2_CHAIN=<MiB>``): run one decode step (``decode_step``: batch 1, eager),
+    recording the weights the CUDA decode linear reads, in order; from then on each of them prefetches
+    the next one's first MiB (up to half the L2 cache) into L2 once its own loads are issued, for the
+    latency-bound kernels between two linears (norm, rope, attention) to overlap them → what was set
+    (logged). Capture CUDA graphs after this: the kernels' arguments are fixed there. Off by default:
+    with 25 MiB links the FP8 batch-1 step measured 9 % slower (docs/perf.md, 2026-12-03 twelfth)."""
     clear_l2_chain()
-    if os.environ.get("BANYAN_GEMV_L2_CHAIN", "1") == "0":
-        return "off (BANYAN_GEMV_L2_CHAIN=0)"
+    mib = int(os.environ.get("BANYAN_GEMV_L2_CHAIN", "0") or 0)
+    if mib <= 0:
+        return "off"
     if not choices:
         return "no decode linears chosen"
     from services.worker.kernels import cuda_gemv
 
     with cuda_gemv.recording() as order:
         decode_step()
-    cap = torch.cuda.get_device_properties(device).L2_cache_size // 2
-    return f"{cuda_gemv.chain(order, cap)} linears, up to {cap >> 20} MiB each" if order else "no CUDA decode linears"
+    cap = min(mib << 20, torch.cuda.get_device_properties(device).L2_cache_size // 2)
+    return f"{cuda_gemv.chain(order, cap)} linears, {cap >> 20} MiB each" if order else "no CUDA decode linears"
 
 
 def clear_l2_chain() -> None:

@@ -30,6 +30,8 @@ from shared.model_path import cache_root
 Tensor = torch.Tensor
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("gemv.cu")
+SOURCES = (SOURCE, SOURCE.with_name("norm.cu"))  # compiled into one library (and the header they share)
+HEADERS = (SOURCE.with_name("pdl.cuh"),)
 FP8 = torch.float8_e4m3fn
 MAX_M = 8  # rows of x the kernel takes (one 8-column tensor-core tile)
 SILU_MAX_M = 2  # rows up to which it computes silu(gate) · up itself (more: the activation kernel first)
@@ -84,7 +86,7 @@ def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None, bf16:
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (CUDA_HOME, PATH)")
-    src = SOURCE.read_bytes()
+    src = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
     act = "bf16" if bf16 else "fp16"
     key = hashlib.sha256(src + arch.encode() + act.encode() + version.encode()).hexdigest()[:16]
@@ -96,7 +98,7 @@ def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None, bf16:
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
         cmd = [nvcc, "-O3", f"-arch={arch}", f"-DBANYAN_GEMV_BF16={int(bf16)}", "-shared", "-Xcompiler", "-fPIC",
-               "-o", str(tmp_lib), str(SOURCE)]
+               "-o", str(tmp_lib), *map(str, SOURCES)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc failed ({done.returncode}): {(done.stderr or done.stdout)[-800:]}")
@@ -121,6 +123,10 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 7 + [
             ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+        norm = lib.banyan_add_rmsnorm
+        norm.restype = ctypes.c_int
+        norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 2 + [ctypes.c_long] * 4 + [
+            ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         _libs[bf16] = lib
     except Exception as e:  # (no nvcc, a compiler or driver problem: the other paths stand)
         _errors[bf16] = f"{type(e).__name__}: {e}"[:400]
@@ -174,6 +180,41 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y
+
+
+NORM_MAX_M = 8  # rows up to which ``add_rmsnorm`` is used (a block a row)
+
+
+def norm_supports(x: Tensor, weight: Tensor) -> bool:
+    """Whether ``add_rmsnorm`` takes x (M ≤ NORM_MAX_M, K) bf16/fp16 with a (K,) weight of its dtype."""
+    return (x.dim() == 2 and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and 1 <= x.shape[0] <= NORM_MAX_M and x.shape[1] % 8 == 0 and x.shape[1] <= 32768
+            and weight.shape == (x.shape[1],) and library(x.dtype == torch.bfloat16) is not None)
+
+
+def add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, pdl: bool = True
+                ) -> tuple[Tensor, Tensor]:
+    """(rmsnorm(x + residual) · weight, x + residual) as the PyTorch reference rounds them (without
+    ``residual``: (rmsnorm(x) · weight, x)), new tensors, one kernel (``norm.cu``) on the current stream;
+    ``pdl``: launched to overlap the kernel before it, and letting the one after it start at once."""
+    if not norm_supports(x, weight):
+        raise ValueError(f"cuda add_rmsnorm: unsupported x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)}")
+    x = x if x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 else x.contiguous()
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1
+                                 or residual.stride(0) % 8 or residual.data_ptr() % 16):
+        residual = residual.reshape(x.shape).to(x.dtype).contiguous()
+    weight = weight.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None else x
+    lib = library(x.dtype == torch.bfloat16)
+    rc = lib.banyan_add_rmsnorm(x.data_ptr(), residual.data_ptr() if residual is not None else None,
+                                weight.data_ptr(), out.data_ptr(), res_out.data_ptr() if residual is not None else None,
+                                x.shape[0], x.shape[1], x.stride(0), residual.stride(0) if residual is not None else 0,
+                                out.stride(0), out.stride(0), eps, int(x.dtype == torch.bfloat16), int(pdl),
+                                torch.cuda.current_stream(x.device).cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"cuda add_rmsnorm: launch failed ({rc})")
+    return out, res_out
 
 
 @contextmanager

@@ -23,7 +23,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "pdl.cuh"
+
 namespace {
+using banyan::let_next_kernel_start;
+using banyan::prefetch_l2;
+using banyan::wait_for_previous_kernel;
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
   uint32_t r;
@@ -52,35 +57,10 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {  // a weight: read
   return v;
 }
 
-// Ahead of the loads: ``bytes`` (a multiple of 16) of a weight row into L2, with no register held (Hopper's
-// bulk prefetch), so the bytes in flight do not depend on how many loads the compiler keeps issued at once.
-__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// Launched with programmatic stream serialization (``pdl``), the kernel's blocks may start while the kernel
-// before it still runs: nothing it produced (x) is read, and nothing is written, before this wait (a no-op
-// otherwise). Only the weights (never written) are prefetched ahead of it.
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// After its last weight load is issued, the kernel lets the one after it be scheduled (that one, launched with
-// ``pdl``, starts its blocks and prefetches its weights but reads nothing of ours before its wait).
-__device__ __forceinline__ void let_next_kernel_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // The block's share of the next linear's weight (``pf``, ``pf_bytes``: the layer after this one in the decode
 // step, set by cuda_gemv.chain) into L2, issued when the block's own loads are: those bytes come in while the
 // kernels between the two (norm, rope, attention: latency-bound, little traffic) run, so the next linear reads
-// them from L2, not from HBM.
+// them from L2, not from HBM. (Opt-in: 25 MiB links measured slower, docs/perf.md.)
 __device__ __forceinline__ void prefetch_next_weight(const uint8_t* pf, long pf_bytes) {
   const long per = ((pf_bytes + gridDim.x - 1) / gridDim.x + 15) & ~15L;
   const long hi = min(pf_bytes, (long)(blockIdx.x + 1) * per);

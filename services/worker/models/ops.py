@@ -85,6 +85,16 @@ TORCH_OPS = Ops("torch", _torch_rmsnorm, _torch_fused_add_rmsnorm, _torch_silu_a
 
 # --- FlashInfer ------------------------------------------------------------------------------
 
+# Our CUDA norm for decode-size rows (``kernels.enable_cuda_norm``): (x, residual or None, weight, eps) →
+# (normed, x + residual), or None where it does not take the shape; FlashInfer's kernels otherwise.
+_small_norm: Callable[[Tensor, Tensor | None, Tensor, float], tuple[Tensor, Tensor] | None] | None = None
+
+
+def set_small_norm(fn: Callable[[Tensor, Tensor | None, Tensor, float], tuple[Tensor, Tensor] | None] | None) -> None:
+    global _small_norm
+    _small_norm = fn
+
+
 
 def flashinfer_ops() -> Ops:
     """FlashInfer's fused kernels (CUDA, fp16/bf16). ImportError when FlashInfer is missing."""
@@ -93,9 +103,13 @@ def flashinfer_ops() -> Ops:
     import flashinfer.rope
 
     def rmsnorm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        if _small_norm is not None and (done := _small_norm(x, None, weight, eps)) is not None:
+            return done[0]
         return flashinfer.norm.rmsnorm(x.contiguous(), weight, eps)
 
     def fused_add_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        if _small_norm is not None and (done := _small_norm(x, residual, weight, eps)) is not None:
+            return done
         x = x.contiguous()
         flashinfer.norm.fused_add_rmsnorm(x, residual, weight, eps)  # in place: residual += x; x = norm
         return x, residual
