@@ -7,8 +7,9 @@
 # the priority run's prompts chunked at 128 tokens (--chunked-prefill-size 128 on the priority side only).
 # Other steps: gemv (the CUDA decode linear: GPU tests, small_m_bench with its configs) · w1b · w1f (W1 bf16 /
 # FP8 weights) · hic (the host tier's copier tests) · t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
-# with FP8 weights and FAST) · prof, prof0 (decode_profile at batch $PROF_BATCH of FP8 W1's setup, or $PROF:
-# kernels and the gaps between them in the graph replay; prof0 with the decode linears' L2 chain off).
+# with FP8 weights and FAST) · prof, prof0, profc (decode_profile at batch $PROF_BATCH of FP8 W1's setup, or $PROF:
+# kernels and the gaps between them in the graph replay; prof0 with FlashInfer's norms, profc with the L2 chain)
+# · gtest (the norm and decode-linear GPU tests, the worker parity tests).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -65,11 +66,19 @@ for step in ${STEPS:-fp8}; do
     w2) suite w2 125 --workloads W2 --step-trace -- "${fast[@]}" ;;
     w34base) suite w34base 220 --workloads W3,W4 --w3-baselines= --w3-extra= ;;
     lof) suite lof 110 --workloads W2 -- --schedule-policy lof "${fast[@]}" ;;
-    prof|prof0) [ "$step" = prof0 ] && export BANYAN_GEMV_L2_CHAIN=0  # (prof0: the decode linears' L2 chain off)
+    prof|prof0|profc)  # (prof0: FlashInfer's norms, not norm.cu; profc: + the decode linears' L2 chain, $CHAIN_MIB)
+          [ "$step" = prof0 ] && export BANYAN_CUDA_NORM=0
+          [ "$step" = profc ] && export BANYAN_GEMV_L2_CHAIN=${CHAIN_MIB:-4}
           read -r -a pa <<<"${PROF:---quantization fp8 --fp8-vocab true --decode-attention triton}"
           timeout 200 python3 -m benchmarks.gpu.decode_profile --model /tmp/llama8b --batch "${PROF_BATCH:-1}" \
             --out "$OUT/$step.json" -- "${pa[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"
-          grep -A12 '^graph replay' "$OUT/$step.log" | head -14; grep 'graph step' "$OUT/$step.log"; unset BANYAN_GEMV_L2_CHAIN ;;
+          grep -A12 '^graph replay' "$OUT/$step.log" | head -14; grep 'graph step' "$OUT/$step.log"
+          unset BANYAN_GEMV_L2_CHAIN BANYAN_CUDA_NORM ;;
+    gtest) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_cuda_norm_gpu.py tests/gpu/test_cuda_gemv_gpu.py \
+             "tests/gpu/test_gpu_parity.py::test_flashinfer_worker_matches_torch_worker" \
+             "tests/gpu/test_gpu_parity.py::test_cuda_graph_replay_matches_eager" \
+             "tests/gpu/test_gpu_parity.py::test_logits_match_hf_fp32" -p no:cacheprovider \
+             >"$OUT/gtest.log" 2>&1; echo "gtest (rc $?)"; tail -4 "$OUT/gtest.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
