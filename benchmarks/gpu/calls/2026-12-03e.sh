@@ -74,7 +74,7 @@ for step in ${STEPS:-fp8}; do
             --out "$OUT/$step.json" -- "${pa[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"
           grep -A12 '^graph replay' "$OUT/$step.log" | head -14; grep 'graph step' "$OUT/$step.log"
           unset BANYAN_GEMV_L2_CHAIN BANYAN_CUDA_NORM ;;
-    gtest) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_cuda_norm_gpu.py tests/gpu/test_cuda_gemv_gpu.py \
+    gtest) timeout ${GTEST_T:-300} python3 -m pytest -q -m gpu tests/gpu/test_cuda_norm_gpu.py tests/gpu/test_cuda_gemv_gpu.py \
              "tests/gpu/test_gpu_parity.py::test_flashinfer_worker_matches_torch_worker" \
              "tests/gpu/test_gpu_parity.py::test_cuda_graph_replay_matches_eager" \
              "tests/gpu/test_gpu_parity.py::test_logits_match_hf_fp32" -p no:cacheprovider \
