@@ -13,7 +13,6 @@ from collections.abc import Callable
 import torch
 
 from services.worker.attention.base import AttentionBackend, AttentionBatch
-from services.worker.kernels import chain_l2
 from services.worker.models import CausalLM
 
 # rows of the fixed int64 input buffer, in the order the runner packs a step's host arrays
@@ -72,9 +71,6 @@ class DecodeGraphs:
         return self.model.compute_logits(self.model(x[IDS], x[POSITIONS], self.attn), out=self.logits[:bs])
 
     def _capture(self, req_to_token: torch.Tensor) -> None:
-        one = self.batch_sizes[0]  # (first, the decode linears' L2 chain, from an eager step: graphs fix it)
-        self.attn.prepare_graph(self.batch(req_to_token, one, [0] * one), one)
-        self.l2_chain = chain_l2(lambda: self._forward(one), req_to_token.device)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         for bs in reversed(self.batch_sizes):  # largest first: smaller graphs reuse its memory

@@ -33,7 +33,7 @@ from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
-from services.worker.kernels import clear_l2_chain, enable_cuda_norm, enable_rope_store, tune_small_m
+from services.worker.kernels import chain_l2, enable_cuda_norm, enable_rope_store, tune_small_m
 from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
@@ -146,12 +146,12 @@ class ModelRunner:
         self.req_to_token = torch.zeros((1, self.table_width), dtype=torch.int32, device=self.device)
         self.pad_row = 0  # the table's last row: all zeros (slot 0), never a request's
         self.graphs: DecodeGraphs | None = None
-        clear_l2_chain()  # (an earlier runner's, in this process; the graphs' capture makes this one's)
+        if self.device.type == "cuda":  # (before the graphs: they fix the kernels' arguments)
+            kernels["l2_chain"] = chain_l2(self.model, self.device)
         if self.device.type == "cuda" and self.attn.supports_cuda_graph and not cfg.disable_cuda_graph:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device, self.spec.vocab_size)
-            kernels["l2_chain"] = self.graphs.l2_chain
         self.pieces: PiecewiseGraphs | None = None  # eager steps' work between attentions, as graphs
         piece_tokens = cfg.piecewise_cuda_graph_max_tokens
         if piece_tokens < 0:  # auto: on with decode graphs on one GPU (unmeasured across tensor-parallel ranks)

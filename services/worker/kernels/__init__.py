@@ -132,29 +132,27 @@ def enable_cuda_norm(device: torch.device) -> str:
     return f"ours up to {cuda_gemv.NORM_MAX_M} rows (norm.cu), flashinfer above"
 
 
-def chain_l2(decode_step: Callable[[], object], device: torch.device) -> str:
-    """Opt-in (``BANYAN_GEMV_L2_CHAIN=<MiB>``): run one decode step (``decode_step``: batch 1, eager),
-    recording the weights the CUDA decode linear reads, in order; from then on each of them prefetches
-    the next one's first MiB (up to half the L2 cache) into L2 once its own loads are issued, for the
-    latency-bound kernels between two linears (norm, rope, attention) to overlap them → what was set
-    (logged). Capture CUDA graphs after this: the kernels' arguments are fixed there. Off by default:
-    with 25 MiB links the FP8 batch-1 step measured 9 % slower (docs/perf.md, 2026-12-03 twelfth)."""
-    clear_l2_chain()
-    mib = int(os.environ.get("BANYAN_GEMV_L2_CHAIN", "0") or 0)
-    if mib <= 0:
-        return "off"
-    if not choices:
-        return "no decode linears chosen"
-    from services.worker.kernels import cuda_gemv
-
-    with cuda_gemv.recording() as order:
-        decode_step()
-    cap = min(mib << 20, torch.cuda.get_device_properties(device).L2_cache_size // 2)
-    return f"{cuda_gemv.chain(order, cap)} linears, {cap >> 20} MiB each" if order else "no CUDA decode linears"
-
-
-def clear_l2_chain() -> None:
-    """Forget the chain (its weights may be an earlier model's, since freed)."""
+def chain_l2(model: torch.nn.Module, device: torch.device) -> str:
+    """Opt-in (``BANYAN_GEMV_L2_CHAIN=<MiB>``): the linear layers that run on the CUDA decode kernel at
+    batch 1, in the model's order (its modules' order is the step's: each layer's q/k/v, o, gate/up, down,
+    then the lm_head), each prefetch the next one's first MiB (up to half the L2 cache) into L2 once its own
+    loads are issued, for the latency-bound kernels between two linears (norm, rope, attention) to overlap
+    them → what was set (logged). Before CUDA graphs are captured: they fix the kernels' arguments. Off by
+    default: with 25 MiB links the FP8 batch-1 step measured 9 % slower (docs/perf.md, 2026-12-03 twelfth).
+    Any earlier chain (another model's weights, maybe freed) is dropped."""
     from services.worker.kernels import cuda_gemv
 
     cuda_gemv.chain([], 0)
+    mib = int(os.environ.get("BANYAN_GEMV_L2_CHAIN", "0") or 0)
+    if mib <= 0:
+        return "off"
+    order = []
+    for mod in model.modules():
+        if hasattr(mod, "quantized"):
+            w = mod.quantized()[0]
+            one = torch.empty((1, w.shape[-1]), device="meta")
+            silu = getattr(mod, "silu_mul_input", False)
+            if isinstance(small_m_config(one, w, silu) or small_m_config(one, w), cuda_gemv.CudaConfig):
+                order.append(w)
+    cap = min(mib << 20, torch.cuda.get_device_properties(device).L2_cache_size // 2)
+    return f"{cuda_gemv.chain(order, cap)} linears, {cap >> 20} MiB each"
