@@ -107,26 +107,24 @@ def enable_cuda_norm(device: torch.device) -> str:
         from services.worker.kernels import cuda_gemv
 
         g = torch.Generator(device="cpu").manual_seed(0)
-        for dtype in (torch.bfloat16,):
-            for m, k in ((1, 4096), (3, 5120), (8, 128)):
-                x, r = (torch.randn(m, k, generator=g).to(dtype).to(device) for _ in range(2))
-                w = (1 + torch.randn(k, generator=g) / 4).to(dtype).to(device)
-                if not cuda_gemv.norm_supports(x, w):
-                    return f"flashinfer (ours unavailable: {cuda_gemv.unavailable(True)})"
-                want, want_r = ops._torch_fused_add_rmsnorm(x, r, w, 1e-6)
-                got, got_r = cuda_gemv.add_rmsnorm(x, r, w, 1e-6)
-                plain = cuda_gemv.add_rmsnorm(x, None, w, 1e-6)[0]
-                if not (torch.equal(got_r, want_r) and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-                        and torch.allclose(plain.float(), ops._torch_rmsnorm(x, w, 1e-6).float(), rtol=2e-2,
-                                           atol=2e-2)):
-                    return "flashinfer (ours disagreed with the reference)"
+        for m, k in ((1, 4096), (3, 5120), (8, 128)):
+            x, r = (torch.randn(m, k, generator=g).bfloat16().to(device) for _ in range(2))
+            w = (1 + torch.randn(k, generator=g) / 4).bfloat16().to(device)
+            if not cuda_gemv.norm_supports(x, w):
+                return f"flashinfer (ours unavailable: {cuda_gemv.unavailable(True)})"
+            want, want_r = ops._torch_fused_add_rmsnorm(x, r, w, 1e-6)
+            got, got_r = cuda_gemv.add_rmsnorm(x, r, w, 1e-6)
+            plain = cuda_gemv.add_rmsnorm(x, None, w, 1e-6)[0]
+            if not (torch.equal(got_r, want_r) and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+                    and torch.allclose(plain.float(), ops._torch_rmsnorm(x, w, 1e-6).float(), rtol=2e-2, atol=2e-2)):
+                return "flashinfer (ours disagreed with the reference)"
     except Exception as e:  # no nvcc, a driver problem: FlashInfer's are correct
         return f"flashinfer ({type(e).__name__}: {e})"[:300]
 
     def small(x, residual, weight, eps):
         if not cuda_gemv.norm_supports(x, weight) or (residual is not None and residual.shape != x.shape):
             return None
-        return cuda_gemv.add_rmsnorm(x, residual, weight, eps)
+        return cuda_gemv.launch_add_rmsnorm(x, residual, weight, eps)
 
     ops.set_small_norm(small)
     return f"ours up to {cuda_gemv.NORM_MAX_M} rows (norm.cu), flashinfer above"
@@ -138,7 +136,7 @@ def chain_l2(model: torch.nn.Module, device: torch.device) -> str:
     then the lm_head), each prefetch the next one's first MiB (up to half the L2 cache) into L2 once its own
     loads are issued, for the latency-bound kernels between two linears (norm, rope, attention) to overlap
     them → what was set (logged). Before CUDA graphs are captured: they fix the kernels' arguments. Off by
-    default: with 25 MiB links the FP8 batch-1 step measured 9 % slower (docs/perf.md, 2026-12-03 twelfth).
+    default: with 30 MiB links the FP8 batch-1 step measured 7 % slower (docs/perf.md, 2026-12-03 twelfth).
     Any earlier chain (another model's weights, maybe freed) is dropped."""
     from services.worker.kernels import cuda_gemv
 

@@ -18,8 +18,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,9 +36,8 @@ SILU_MAX_M = 2  # rows up to which it computes silu(gate) · up itself (more: th
 _libs: dict[bool, ctypes.CDLL | None] = {}  # per activation type (bf16: True, fp16: False), once tried
 _errors: dict[bool, str] = {}  # why it is not there
 # The L2 chain (``chain``): a weight's data_ptr → (the data_ptr of the weight the decode step reads next, bytes of
-# it to prefetch into L2 once this one's loads are issued); ``_order`` collects the weights while ``recording``.
+# it to prefetch into L2 once this one's loads are issued).
 _next: dict[int, tuple[int, int]] = {}
-_order: list[Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -170,8 +167,6 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     if scale is not None:
         scale = scale.float().contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if _order is not None:
-        _order.append(w)
     pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
@@ -199,6 +194,12 @@ def add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
     ``pdl``: launched to overlap the kernel before it, and letting the one after it start at once."""
     if not norm_supports(x, weight):
         raise ValueError(f"cuda add_rmsnorm: unsupported x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)}")
+    return launch_add_rmsnorm(x, residual, weight, eps, pdl)
+
+
+def launch_add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, pdl: bool = True
+                       ) -> tuple[Tensor, Tensor]:
+    """``add_rmsnorm`` for inputs ``norm_supports`` has already taken (the per-step path: no second check)."""
     x = x if x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 else x.contiguous()
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1
                                  or residual.stride(0) % 8 or residual.data_ptr() % 16):
@@ -215,17 +216,6 @@ def add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
     if rc != 0:
         raise RuntimeError(f"cuda add_rmsnorm: launch failed ({rc})")
     return out, res_out
-
-
-@contextmanager
-def recording() -> Iterator[list[Tensor]]:
-    """The weights this kernel multiplies by while inside, in call order (a decode step's: ``chain``)."""
-    global _order
-    _order = order = []
-    try:
-        yield order
-    finally:
-        _order = None
 
 
 def chain(order: list[Tensor], cap: int) -> int:

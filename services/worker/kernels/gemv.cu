@@ -60,7 +60,7 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {  // a weight: read
 // The block's share of the next linear's weight (``pf``, ``pf_bytes``: the layer after this one in the decode
 // step, set by cuda_gemv.chain) into L2, issued when the block's own loads are: those bytes come in while the
 // kernels between the two (norm, rope, attention: latency-bound, little traffic) run, so the next linear reads
-// them from L2, not from HBM. (Opt-in: 25 MiB links measured slower, docs/perf.md.)
+// them from L2, not from HBM. (Opt-in: 30 MiB links measured slower, docs/perf.md.)
 __device__ __forceinline__ void prefetch_next_weight(const uint8_t* pf, long pf_bytes) {
   const long per = ((pf_bytes + gridDim.x - 1) / gridDim.x + 15) & ~15L;
   const long hi = min(pf_bytes, (long)(blockIdx.x + 1) * per);

@@ -95,7 +95,6 @@ def set_small_norm(fn: Callable[[Tensor, Tensor | None, Tensor, float], tuple[Te
     _small_norm = fn
 
 
-
 def flashinfer_ops() -> Ops:
     """FlashInfer's fused kernels (CUDA, fp16/bf16). ImportError when FlashInfer is missing."""
     import flashinfer.activation
