@@ -50,8 +50,10 @@ def test_no_configs_without_a_cuda_tensor_and_the_names() -> None:
     w = torch.zeros(32, 64, dtype=torch.uint8).view(FP8)
     assert cuda_gemv.configs_for(w, x) == ()
     assert not cuda_gemv.supports(x, w)
-    assert str(cuda_gemv.CudaConfig(16, 2, 4)) == "cuda_w16u2a4" and len(set(cuda_gemv.CONFIGS)) == 10
+    assert str(cuda_gemv.CudaConfig(16, 2, 4)) == "cuda_w16u2a4" and len(set(cuda_gemv.CONFIGS)) == 12
     assert str(cuda_gemv.CudaConfig(8, 4, 0, True)) == "cuda_w8u4a0p"
+    assert str(cuda_gemv.NORM_CONFIG) == "cuda_w8u2a0pd" and cuda_gemv.NORM_CONFIG in cuda_gemv.CONFIGS
+    assert all(c.unroll == 2 and c.ahead == 0 and c.pdl for c in cuda_gemv.CONFIGS if c.pipe)  # (what gemv.cu builds)
     assert cuda_gemv.arch_flag((9, 0)) == "sm_90a" and cuda_gemv.arch_flag((8, 9)) == "sm_89"
 
 
@@ -61,3 +63,48 @@ def test_the_kernel_cache_follows_the_environment(monkeypatch, tmp_path) -> None
     monkeypatch.delenv("BANYAN_KERNEL_CACHE")
     monkeypatch.setenv("BANYAN_CACHE_DIR", str(tmp_path))
     assert cuda_gemv.cache_dir() == tmp_path / "kernels"
+
+
+def test_the_fused_norm_is_taken_only_where_the_linear_runs_on_the_cuda_kernel(monkeypatch) -> None:
+    """``RMSNorm.then``: the fused kernel only when it is on, x has ≤ 8 rows, the linear has no bias and its
+    shape chose the CUDA kernel; else the norm, then the linear — the same results as before."""
+    from services.worker import kernels
+    from services.worker.kernels.small_m import Config
+    from services.worker.models.layers import MergedColumnParallelLinear, RMSNorm
+    from services.worker.models.ops import TORCH_OPS, use_ops
+    from services.worker.tp import TPGroup
+
+    g = torch.Generator().manual_seed(0)
+    with use_ops(TORCH_OPS):
+        norm = RMSNorm(64, 1e-6)
+        lin = MergedColumnParallelLinear(64, [32, 32], False, TPGroup())
+        biased = MergedColumnParallelLinear(64, [16, 16], True, TPGroup())
+    for p in (norm.weight, lin.weight, biased.weight, biased.bias):
+        p.data.copy_(torch.randn(p.shape, generator=g))
+    x, r = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    want = lin(norm(x, r)[0]), x + r
+    calls = []
+    monkeypatch.setattr(kernels, "_norm_linear", lambda *a: calls.append(a) or ("fused", a[1]))
+    monkeypatch.setattr(kernels, "choices", {})
+    monkeypatch.setattr(kernels, "norm_fused", {(64, 64, torch.float32), (32, 64, torch.float32)})
+    got = norm.then(lin, x, r)  # (no choice: the norm, then the linear)
+    assert not calls and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    plain = norm.then(lin, x)  # (no residual: x is the stream)
+    assert plain[1] is x and torch.equal(plain[0], lin(norm(x)))
+    kernels.choices[(64, 64, torch.float32)] = ((4, Config(32, 256)),)  # (a Triton config: not fused)
+    assert kernels.try_norm_linear(x, r, norm.weight, 1e-6, lin.weight, None) is None and not calls
+    kernels.choices[(64, 64, torch.float32)] = ((4, cuda_gemv.CudaConfig(8, 4, 0, True)),)
+    assert norm.then(lin, x, r) == ("fused", r) and len(calls) == 1
+    assert calls[0][2] is norm.weight and calls[0][4] is lin.weight and calls[0][5] is None
+    biased_want = biased(norm(x, r)[0])
+    kernels.choices[(32, 64, torch.float32)] = ((4, cuda_gemv.CudaConfig(8, 4, 0, True)),)
+    assert kernels.try_norm_linear(x, r, norm.weight, 1e-6, biased.weight, None) == ("fused", r)
+    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg, silu=False: x @ w.t())  # (the CPU's)
+    assert torch.allclose(norm.then(biased, x, r)[0], biased_want) and len(calls) == 2  # (a bias: not fused)
+    nine = torch.randn(9, 64), torch.randn(9, 64)  # (9 rows: over the kernel's 8)
+    assert torch.equal(norm.then(lin, *nine)[0], lin(norm(*nine)[0])) and len(calls) == 2
+    kernels.norm_fused.discard((64, 64, torch.float32))  # (measured slower fused: apart)
+    assert kernels.try_norm_linear(x, r, norm.weight, 1e-6, lin.weight, None) is None and len(calls) == 2
+    kernels.norm_fused.add((64, 64, torch.float32))
+    monkeypatch.setattr(kernels, "_norm_linear", None)  # (off)
+    assert kernels.try_norm_linear(x, r, norm.weight, 1e-6, lin.weight, None) is None and len(calls) == 2

@@ -9,7 +9,8 @@
 # FP8 weights) · hic (the host tier's copier tests) · t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
 # with FP8 weights and FAST) · prof, prof0, profc (decode_profile at batch $PROF_BATCH of FP8 W1's setup, or $PROF:
 # kernels and the gaps between them in the graph replay; prof0 with FlashInfer's norms, profc with the L2 chain)
-# · gtest (the norm and decode-linear GPU tests, the worker parity tests).
+# · gtest (the norm, decode-linear and fused norm + linear GPU tests, the worker parity tests) · w1f0, w1fa (w1f
+# with BANYAN_FUSED_NORM=0 / =all).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -49,6 +50,10 @@ for step in ${STEPS:-fp8}; do
            >"$OUT/hic.log" 2>&1; echo "hic tests (rc $?)"; tail -2 "$OUT/hic.log" ;;
     w1b) suite w1b 150 --workloads W1 -- "${fast[@]}" ;;
     w1f) read -r -a w1f <<<"${W1F:-}"; suite w1f 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}" ;;
+    w1f0|w1fa)  # (the add-RMSNorm apart from the linears / fused into every one on the CUDA kernel, untimed)
+          export BANYAN_FUSED_NORM; [ "$step" = w1f0 ] && BANYAN_FUSED_NORM=0 || BANYAN_FUSED_NORM=all
+          read -r -a w1f <<<"${W1F:-}"; suite "$step" 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}"
+          unset BANYAN_FUSED_NORM ;;
     t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
           >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
     bench8) timeout 70 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
@@ -75,6 +80,7 @@ for step in ${STEPS:-fp8}; do
           grep -A12 '^graph replay' "$OUT/$step.log" | head -14; grep 'graph step' "$OUT/$step.log"
           unset BANYAN_GEMV_L2_CHAIN BANYAN_CUDA_NORM ;;
     gtest) timeout ${GTEST_T:-300} python3 -m pytest -q -m gpu tests/gpu/test_cuda_norm_gpu.py tests/gpu/test_cuda_gemv_gpu.py \
+             tests/gpu/test_cuda_norm_linear_gpu.py \
              "tests/gpu/test_gpu_parity.py::test_flashinfer_worker_matches_torch_worker" \
              "tests/gpu/test_gpu_parity.py::test_cuda_graph_replay_matches_eager" \
              "tests/gpu/test_gpu_parity.py::test_logits_match_hf_fp32" -p no:cacheprovider \

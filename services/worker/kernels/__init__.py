@@ -28,6 +28,7 @@ def reset() -> None:
     """Forget every decision (benchmarks and tests that tune again)."""
     choices.clear()
     tuned.clear()
+    norm_fused.clear()
 
 
 def small_m_config(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False):
@@ -40,6 +41,27 @@ def small_m_config(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False):
         if m <= top:
             return cfg
     return None
+
+
+# The add-RMSNorm fused into the linear after it (``enable_norm_linear``): (x, residual or None, norm weight, eps,
+# w, scale or None) → (linear output, x + residual); None when off.
+_norm_linear: Callable | None = None
+NORM_LINEAR_MAX_M = 8
+norm_fused: set[tuple[int, int, torch.dtype]] = set()  # weight shapes where the fused norm measured faster
+
+
+def try_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    w: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rmsnorm(x + residual) · norm_weight @ w.T (× scale), x + residual) in one kernel where the linear runs on
+    the CUDA decode kernel at x's size anyway and ``enable_norm_linear`` turned the fusion on; None: the caller's
+    norm, then its linear."""
+    if _norm_linear is None or x.dim() != 2 or x.shape[0] > NORM_LINEAR_MAX_M:
+        return None
+    if (w.shape[0], w.shape[1], w.dtype) not in norm_fused:
+        return None
+    if getattr(small_m_config(x, w), "pipe", None) is None:  # (only a CudaConfig has it: the CUDA kernel's shape)
+        return None
+    return _norm_linear(x, residual, norm_weight, eps, w, scale)
 
 
 def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, cfg,
@@ -128,6 +150,63 @@ def enable_cuda_norm(device: torch.device) -> str:
 
     ops.set_small_norm(small)
     return f"ours up to {cuda_gemv.NORM_MAX_M} rows (norm.cu), flashinfer above"
+
+
+def enable_norm_linear(device: torch.device, model: torch.nn.Module | None = None,
+                       dtype: torch.dtype = torch.bfloat16) -> str | dict[str, str]:
+    """The add-RMSNorm in front of a linear fused into the linear's CUDA decode kernel (``cuda_gemv.norm_linear``:
+    no norm kernel before q/k/v nor before gate/up) where it agrees with the reference on ``device``, for the
+    weight shapes of ``model`` where it measured faster than the norm kernel then the linear's chosen kernel
+    (``small_m.tune_norm_linear``) → what is used (logged). Only where the linear's shape chose the CUDA kernel
+    (``try_norm_linear``). ``BANYAN_FUSED_NORM=0``: never; ``=all``: every such shape, untimed."""
+    global _norm_linear
+    _norm_linear = None
+    norm_fused.clear()
+    mode = os.environ.get("BANYAN_FUSED_NORM", "1")
+    if mode == "0":
+        return "off (BANYAN_FUSED_NORM=0)"
+    try:
+        from services.worker.kernels import cuda_gemv
+        from services.worker.models import ops
+
+        g = torch.Generator(device="cpu").manual_seed(1)
+        for m, k, n, fp8 in ((1, 4096, 96, True), (3, 512, 40, False), (8, 256, 16, True)):
+            x, r = (torch.randn(m, k, generator=g).bfloat16().to(device) for _ in range(2))
+            nw = (1 + torch.randn(k, generator=g) / 4).bfloat16().to(device)
+            w = (torch.randn(n, k, generator=g) / k**0.5).bfloat16().to(device)
+            s = None
+            if fp8:
+                s = w.float().abs().amax(1) / 448
+                w = (w.float() / s[:, None]).to(cuda_gemv.FP8)
+            if not cuda_gemv.norm_linear_supports(x, nw, w):
+                return f"off (unavailable: {cuda_gemv.unavailable(True)})"
+            deq = w.float() * (s[:, None] if s is not None else 1)
+            for res in (r, None):
+                want_h, want_r = ops._torch_fused_add_rmsnorm(x, res, nw, 1e-6) if res is not None else (
+                    ops._torch_rmsnorm(x, nw, 1e-6), x)
+                want = want_h.float() @ deq.t()
+                got, got_r = cuda_gemv.norm_linear(x, res, nw, 1e-6, w, s)
+                if not (torch.equal(got_r, want_r) and torch.allclose(
+                        got.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))):
+                    return "off (disagreed with the reference)"
+    except Exception as e:  # no nvcc, a driver problem: the norm, then the linear, are correct
+        return f"off ({type(e).__name__}: {e})"[:300]
+    _norm_linear = cuda_gemv.norm_linear
+    if model is None:
+        return f"on up to {NORM_LINEAR_MAX_M} rows (no model: no shape yet)"
+    if mode == "all":
+        for mod in model.modules():
+            if hasattr(mod, "quantized"):
+                w = mod.quantized()[0]
+                norm_fused.add((w.shape[0], w.shape[1], w.dtype))
+        return f"on up to {NORM_LINEAR_MAX_M} rows, every shape on the CUDA kernel (BANYAN_FUSED_NORM=all)"
+    try:
+        from services.worker.kernels import small_m
+
+        return small_m.tune_norm_linear(model, dtype)
+    except Exception as e:  # (a timing failure: apart, as before)
+        norm_fused.clear()
+        return f"off (timing failed: {type(e).__name__}: {e})"[:300]
 
 
 def chain_l2(model: torch.nn.Module, device: torch.device) -> str:

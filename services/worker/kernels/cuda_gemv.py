@@ -29,7 +29,7 @@ Tensor = torch.Tensor
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("gemv.cu")
 SOURCES = (SOURCE, SOURCE.with_name("norm.cu"))  # compiled into one library (and the header they share)
-HEADERS = (SOURCE.with_name("pdl.cuh"),)
+HEADERS = (SOURCE.with_name("pdl.cuh"), SOURCE.with_name("gemv_parts.cuh"))
 FP8 = torch.float8_e4m3fn
 MAX_M = 8  # rows of x the kernel takes (one 8-column tensor-core tile)
 SILU_MAX_M = 2  # rows up to which it computes silu(gate) · up itself (more: the activation kernel first)
@@ -47,15 +47,20 @@ class CudaConfig:
     ahead: int = 0  # chunks of ``unroll`` steps prefetched into L2 before they are loaded (sm_90)
     pdl: bool = False  # launched to overlap the kernel before it (programmatic dependent launch, sm_90): its
     # blocks start, and prefetch their first weight chunks, while that kernel's last blocks still run
+    pipe: bool = False  # the pipelined kernel (unroll 2, ahead 0): each warp's first chunk loaded into registers
+    # before the wait for the kernel before (with PDL: while it ends), each next one before this one's products
 
     def __str__(self) -> str:
-        return f"cuda_w{self.warps}u{self.unroll}a{self.ahead}{'p' * self.pdl}"
+        return f"cuda_w{self.warps}u{self.unroll}a{self.ahead}{'p' * self.pdl}{'d' * self.pipe}"
 
 
 # (warps, unroll: pairs gemv.cu instantiates; the configs that won a shape in the 2026-12-03 calls, each also
-# launched overlapping the kernel before it)
+# launched overlapping the kernel before it; the pipelined kernel at its two builds, PDL-launched)
 CONFIGS = tuple(CudaConfig(w, u, a, pdl) for pdl in (False, True)
-                for w, u, a in ((8, 4, 0), (8, 2, 0), (16, 4, 1), (16, 4, 2), (16, 2, 4)))
+                for w, u, a in ((8, 4, 0), (8, 2, 0), (16, 4, 1), (16, 4, 2), (16, 2, 4))) + (
+    CudaConfig(8, 2, 0, True, True), CudaConfig(16, 2, 0, True, True))
+# the config of the linear with the add-RMSNorm in front (``norm_linear``: the pipelined kernel, 8 warps)
+NORM_CONFIG = CudaConfig(8, 2, 0, True, True)
 
 
 def cache_dir() -> Path:
@@ -119,7 +124,8 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         fn = lib.banyan_gemv
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 7 + [
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+            ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_void_p]
         norm = lib.banyan_add_rmsnorm
         norm.restype = ctypes.c_int
         norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 2 + [ctypes.c_long] * 4 + [
@@ -170,11 +176,48 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
-                         cfg.ahead, int(cfg.pdl), int(silu_mul), pf, pf_bytes,
-                         torch.cuda.current_stream(x.device).cuda_stream)
+                         cfg.ahead, int(cfg.pdl), int(silu_mul), pf, pf_bytes, int(cfg.pipe), None, 0, None, None,
+                         0, 0.0, torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y
+
+
+def norm_linear_supports(x: Tensor, norm_weight: Tensor, w: Tensor) -> bool:
+    """Whether ``norm_linear`` takes x (M ≤ 8, K) with the norm's (K,) weight of x's dtype and ``w`` (N, K)."""
+    return (supports(x, w) and x.shape[1] == w.shape[1] and norm_weight.dtype == x.dtype
+            and norm_weight.shape == (x.shape[1],) and library(x.dtype == torch.bfloat16) is not None)
+
+
+def norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, w: Tensor,
+                scale: Tensor | None, cfg: CudaConfig = NORM_CONFIG) -> tuple[Tensor, Tensor]:
+    """(rmsnorm(x + residual) · norm_weight) @ w^T (× ``scale`` per row) and x + residual, in one kernel (the
+    pipelined one: each block norms x itself, block 0 writes x + residual; without ``residual`` the norm of x
+    alone, and x is returned as the residual) — what ``add_rmsnorm`` then ``linear`` make, as the reference
+    rounds them. ``norm_linear_supports`` must have taken the inputs."""
+    bf16 = x.dtype == torch.bfloat16
+    lib = library(bf16)
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous()
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1
+                                 or residual.stride(0) % 8 or residual.data_ptr() % 16):
+        residual = residual.reshape(x.shape).to(x.dtype).contiguous()
+    norm_weight = norm_weight.contiguous()
+    if scale is not None:
+        scale = scale.float().contiguous()
+    m, k, n = x.shape[0], w.shape[1], w.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x) if residual is not None else x
+    rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
+                         m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
+                         0, int(cfg.pdl), 0, None, 0, 1,
+                         residual.data_ptr() if residual is not None else None,
+                         residual.stride(0) if residual is not None else 0, norm_weight.data_ptr(),
+                         res_out.data_ptr() if residual is not None else None, res_out.stride(0), eps,
+                         torch.cuda.current_stream(x.device).cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"cuda norm_linear: launch failed ({rc}) for {cfg}")
+    return y, res_out
 
 
 NORM_MAX_M = 8  # rows up to which ``add_rmsnorm`` is used (a block a row)

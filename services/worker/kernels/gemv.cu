@@ -17,45 +17,21 @@
 // of KW warps takes 16 weight rows; each warp a contiguous part of K; the warps' partial sums are added in
 // a fixed order (the same bits every run, whatever M). Options: chunks prefetched into L2 ahead of their
 // loads; a launch that overlaps the kernel before (PDL); silu(gate) * up made in the kernel (M <= 2); the next
-// linear's weight prefetched into L2 once this one's loads are issued.
+// linear's weight prefetched into L2 once this one's loads are issued; the pipelined kernel (gemv_pipe_kernel:
+// the first weight chunk loaded before waiting for the kernel before, each next chunk before the products of
+// this one), which may also take the add-RMSNorm in front of the linear (x + residual normed in the block).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gemv_parts.cuh"
 #include "pdl.cuh"
 
 namespace {
-using banyan::let_next_kernel_start;
-using banyan::prefetch_l2;
-using banyan::wait_for_previous_kernel;
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(0u), "r"(sel));
-  return r;
-}
-
-// Four e4m3 bytes -> two pairs of 16-bit floats (bytes 0,1 in lo; 2,3 in hi), low element in the low half.
-template <bool BF16>
-__device__ __forceinline__ void widen4(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  const uint32_t s01 = prmt(w, 0x9180u);  // halves: byte 0, byte 1, each sign-extended to 16 bits
-  const uint32_t s23 = prmt(w, 0xB3A2u);
-  if (BF16) {  // sign at 15, exponent|mantissa at 4..10: value x 2^-120
-    lo = (s01 << 4) & 0x87F087F0u;
-    hi = (s23 << 4) & 0x87F087F0u;
-  } else {  // sign at 15, exponent|mantissa at 7..13: value x 2^-8
-    lo = (s01 << 7) & 0xBF80BF80u;
-    hi = (s23 << 7) & 0xBF80BF80u;
-  }
-}
-
-__device__ __forceinline__ uint4 load_stream(const void* p) {  // a weight: read once, kept out of L1
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
+using namespace banyan;
 
 // The block's share of the next linear's weight (``pf``, ``pf_bytes``: the layer after this one in the decode
 // step, set by cuda_gemv.chain) into L2, issued when the block's own loads are: those bytes come in while the
@@ -68,139 +44,45 @@ __device__ __forceinline__ void prefetch_next_weight(const uint8_t* pf, long pf_
     prefetch_l2(pf + o, (int)min(4096L, hi - o));
 }
 
-__device__ __forceinline__ uint4 load_x(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-template <bool BF16>
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                    uint32_t b0, uint32_t b1) {
-  if (BF16) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ uint32_t& word_ref(uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// silu(gate) * up of a pair of 16-bit values each (float32 math, rounded to T as SiluAndMul rounds it)
-template <bool BF16>
-__device__ __forceinline__ uint32_t silu_mul2(uint32_t gate, uint32_t up) {
-  float g[2], u[2];
-  if (BF16) {
-    const float2 gf = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&gate));
-    const float2 uf = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&up));
-    g[0] = gf.x; g[1] = gf.y; u[0] = uf.x; u[1] = uf.y;
-  } else {
-    const float2 gf = __half22float2(*reinterpret_cast<__half2*>(&gate));
-    const float2 uf = __half22float2(*reinterpret_cast<__half2*>(&up));
-    g[0] = gf.x; g[1] = gf.y; u[0] = uf.x; u[1] = uf.y;
-  }
-  const float a0 = g[0] / (1.f + expf(-g[0])) * u[0], a1 = g[1] / (1.f + expf(-g[1])) * u[1];
-  uint32_t r;
-  if (BF16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a0, a1);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(a0, a1);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  }
-  return r;
-}
 
 // U steps of one warp from step s0: the loads of all U first (16 bytes each), then the products.
-// SILU (M <= 2, NT = 1): x is [gate | up] (M, 2K); the activation of the step's M x STEP values is spread over
-// the warp (lane p makes the pair at k 2p: 32 pairs a row for e4m3, 16 for T) and handed to the lanes that
-// multiply it by shuffles — 2 exponentials a lane and row, where each consumer lane making its own 16 would
-// keep the warp's special-function unit busy longer than its loads.
 template <bool FP8, bool BF16, int NT, int U, bool SILU>
 __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa, const uint8_t* wb,
                                           const uint16_t* const (&xr)[NT], const bool (&xin)[NT], int s0,
                                           const uint16_t* xs, long ldx, int M, int K) {
-  constexpr int E = FP8 ? 16 : 8;  // weight elements a lane reads per row and step (16 bytes)
-  constexpr int STEP = 4 * E;      // k per step (a warp: 16 rows x STEP k)
-  constexpr int XV = FP8 ? 2 : 1;  // 16-byte vectors of x a lane reads per step
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  // x scaled by 2^64 when e4m3 weights are widened as bf16 x 2^-120 (products stay far from subnormals)
-  const __nv_bfloat162 x_up = __floats2bfloat162_rn(18446744073709551616.f, 18446744073709551616.f);
-  uint4 va[U], vb[U], vx[NT][U][XV];
-  uint32_t gate[SILU ? U : 1][2], up[SILU ? U : 1][2];
-  const int lane = threadIdx.x & 31;
-  const int pk = 2 * (FP8 ? lane : (lane & 15));  // (SILU) the pair this lane makes, its k in the step
+  uint4 va[U], vb[U];
+  load_w<FP8, U>(va, vb, wa, wb, s0);
+  products<FP8, BF16, NT, U, SILU>(acc, va, vb, xr, xin, s0, xs, ldx, M, K);
+}
+
+// The block's warps' partial sums added in a fixed order (the same sum every run), times ``post`` and the row's
+// scale, stored in T: warp 0 of the block stores its 16 rows x M columns.
+template <bool BF16, int NT, int KW>
+__device__ __forceinline__ void store_sums(const float (&acc)[NT][4], const float* scale, void* y, int M, int N,
+                                           long ldy, float post) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  __shared__ float part[KW][NT][4][32];
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const long off = (long)(s0 + u) * STEP * (FP8 ? 1 : 2);
-    va[u] = load_stream(wa + off);
-    vb[u] = load_stream(wb + off);
-    if (SILU) {
+  for (int n = 0; n < NT; ++n)
+    for (int i = 0; i < 4; ++i) part[warp][n][i][lane] = acc[n][i];
+  __syncthreads();
+  if (warp != 0) return;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint16_t* at = xs + (long)r * ldx + (long)(s0 + u) * STEP + pk;
-        gate[u][r] = r < M ? __ldg(reinterpret_cast<const unsigned int*>(at)) : 0u;
-        up[u][r] = r < M ? __ldg(reinterpret_cast<const unsigned int*>(at + K)) : 0u;
-      }
-    } else {
+  for (int n = 0; n < NT; ++n) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n)
+    for (int i = 0; i < 4; ++i) {
+      float v = part[0][n][i][lane];
 #pragma unroll
-        for (int h = 0; h < XV; ++h) vx[n][u][h] = xin[n] ? load_x(xr[n] + (long)(s0 + u) * STEP + h * 8) : zero;
-    }
-  }
-  if (SILU) {  // consumer lane (g, t) takes pair i of its 16-byte x vector(s) from lane (E / 2) t + i
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint32_t act0 = silu_mul2<BF16>(gate[u][0], up[u][0]);
-      const uint32_t act1 = M > 1 ? silu_mul2<BF16>(gate[u][1], up[u][1]) : 0u;
-#pragma unroll
-      for (int i = 0; i < E / 2; ++i) {
-        const int src = (E / 2) * t + i;
-        const uint32_t v0 = __shfl_sync(0xffffffffu, act0, src);
-        const uint32_t v1 = __shfl_sync(0xffffffffu, act1, src);
-        word_ref(vx[0][u][i / 4], i % 4) = g == 0 ? v0 : g == 1 && M > 1 ? v1 : 0u;
-      }
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-#pragma unroll
-    for (int j = 0; j < E / 4; ++j) {  // one mma per 4 of the lane's k (16 k across the group)
-      uint32_t a0, a1, a2, a3;  // rows g, g+8 at logical k 2t..2t+1 (a0, a1) and 2t+8..2t+9 (a2, a3)
-      if (FP8) {
-        widen4<BF16>(word(va[u], j), a0, a2);
-        widen4<BF16>(word(vb[u], j), a1, a3);
-      } else {
-        a0 = word(va[u], 2 * j); a2 = word(va[u], 2 * j + 1);
-        a1 = word(vb[u], 2 * j); a3 = word(vb[u], 2 * j + 1);
-      }
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint4& xv = vx[n][u][FP8 ? j / 2 : 0];
-        const int base = FP8 ? (j % 2) * 2 : 2 * j;
-        uint32_t b0 = word(xv, base), b1 = word(xv, base + 1);
-        if (FP8 && BF16) {
-          __nv_bfloat162 p0 = *reinterpret_cast<__nv_bfloat162*>(&b0), p1 = *reinterpret_cast<__nv_bfloat162*>(&b1);
-          p0 = __hmul2(p0, x_up);
-          p1 = __hmul2(p1, x_up);
-          b0 = *reinterpret_cast<uint32_t*>(&p0);
-          b1 = *reinterpret_cast<uint32_t*>(&p1);
-        }
-        mma<BF16>(acc[n], a0, a1, a2, a3, b0, b1);
+      for (int q = 1; q < KW; ++q) v += part[q][n][i][lane];  // (in order: the same sum every run)
+      const int row = row0 + g + (i >= 2 ? 8 : 0);
+      const int m = n * 8 + 2 * t + (i & 1);
+      if (row < N && m < M) {
+        v *= post;
+        if (scale != nullptr) v *= scale[row];
+        if (BF16) static_cast<__nv_bfloat16*>(y)[(long)m * ldy + row] = __float2bfloat16_rn(v);
+        else static_cast<__half*>(y)[(long)m * ldy + row] = __float2half_rn(v);
       }
     }
   }
@@ -265,30 +147,108 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
   for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
   let_next_kernel_start();
   if (pf_bytes > 0) prefetch_next_weight(pf, pf_bytes);
+  store_sums<BF16, NT, KW>(acc, scale, y, M, N, ldy, post);
+}
 
-  __shared__ float part[KW][NT][4][32];
+// NORM's first pass, by the whole block: the sum of squares of each row of s = T(x + res) (block 0 also stores
+// s to res_out) → 1 / rms of row ``g`` (1 for g >= M). Every block adds the same values in the same order.
+template <bool BF16, int KW>
+__device__ __forceinline__ float norm_inv(const uint16_t* xs, long ldx, const NormIn& nm, int M, int K, int g) {
+  __shared__ float red[KW][8];
+  __shared__ float inv_row[8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool store = nm.res != nullptr && blockIdx.x == 0;
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-    for (int i = 0; i < 4; ++i) part[warp][n][i][lane] = acc[n][i];
-  __syncthreads();
-  if (warp != 0) return;
+  for (int m = 0; m < 8; ++m) {
+    if (m >= M) break;
+    float ss = 0.f;
+    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
+      const uint4 xv = load_x(xs + m * ldx + k);
+      const uint16_t* xe = reinterpret_cast<const uint16_t*>(&xv);
+      uint4 sv = xv;
+      if (nm.res != nullptr) {
+        const uint4 rv = load_x(nm.res + m * nm.ldr + k);
+        const uint16_t* re = reinterpret_cast<const uint16_t*>(&rv);
+        uint16_t* se = reinterpret_cast<uint16_t*>(&sv);
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float v = part[0][n][i][lane];
-#pragma unroll
-      for (int q = 1; q < KW; ++q) v += part[q][n][i][lane];  // (in order: the same sum every run)
-      const int row = row0 + g + (i >= 2 ? 8 : 0);
-      const int m = n * 8 + 2 * t + (i & 1);
-      if (row < N && m < M) {
-        v *= post;
-        if (scale != nullptr) v *= scale[row];
-        if (BF16) static_cast<__nv_bfloat16*>(y)[(long)m * ldy + row] = __float2bfloat16_rn(v);
-        else static_cast<__half*>(y)[(long)m * ldy + row] = __float2half_rn(v);
+        for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(xe[j]) + to_f<BF16>(re[j]));
+        if (store) *reinterpret_cast<uint4*>(nm.res_out + m * nm.ldro + k) = sv;
       }
+      const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += to_f<BF16>(se[j]) * to_f<BF16>(se[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[warp][m] = ss;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float total = 0.f;
+    for (int q = 0; q < KW; ++q) total += red[q][threadIdx.x];
+    inv_row[threadIdx.x] = rsqrtf(total / K + nm.eps);
+  }
+  __syncthreads();
+  return g < M ? inv_row[g] : 1.f;
+}
+
+// (blocks an SM must hold: registers capped so that 768-1024 threads fit, as the plain kernel's do — the two
+// chunks in flight must not cost resident warps)
+#define PIPE_BLOCKS(KW) ((KW) == 8 ? 3 : 2)
+
+// The pipelined kernel (M <= 8, one column tile): each warp's first chunk of U steps loaded before the wait for
+// the kernel before it (a weight is no kernel's output: with PDL those loads overlap that kernel's end), then
+// each next chunk loaded before the products of the one in hand — two chunks a warp in flight. NORM: x is normed
+// first (norm_inv; the lanes norm their own values as they load them), as the add-RMSNorm kernel would have.
+template <bool FP8, bool BF16, int KW, int U, bool SILU, bool NORM>
+__global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
+                                                            const float* __restrict__ scale, void* __restrict__ y,
+                                                            int M, int N, int K, long ldx, long ldy, float post,
+                                                            NormIn nm) {
+  constexpr int E = FP8 ? 16 : 8;
+  constexpr int STEP = 4 * E;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  const int steps = K / STEP;
+  const int per_warp = (steps + KW - 1) / KW;
+  const int s_lo = min(steps, warp * per_warp), s_hi = min(steps, s_lo + per_warp);
+  const long wrow = (long)K * (FP8 ? 1 : 2);
+  const uint8_t* wa = w + min(row0 + g, N - 1) * wrow + t * 16;
+  const uint8_t* wb = w + min(row0 + g + 8, N - 1) * wrow + t * 16;
+  const uint16_t* xs = static_cast<const uint16_t*>(x);
+  const bool xin[1] = {g < M};
+  const uint16_t* const xr[1] = {xs + (long)g * ldx + t * E};
+  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  uint4 va[U], vb[U];
+  int s0 = s_lo;
+  if (s0 + U <= s_hi) load_w<FP8, U>(va, vb, wa, wb, s0);
+  wait_for_previous_kernel();
+  float inv = 1.f;
+  const uint16_t* nr = nullptr;
+  const uint16_t* nwr = nullptr;
+  if (NORM) {
+    inv = norm_inv<BF16, KW>(xs, ldx, nm, M, K, g);
+    nr = nm.res != nullptr ? nm.res + (long)g * nm.ldr + t * E : nullptr;
+    nwr = nm.nw + t * E;
+  }
+  for (; s0 + U <= s_hi; s0 += U) {
+    uint4 na[U], nb[U];
+    const bool more = s0 + 2 * U <= s_hi;
+    if (more) load_w<FP8, U>(na, nb, wa, wb, s0 + U);
+    products<FP8, BF16, 1, U, SILU, NORM>(acc, va, vb, xr, xin, s0, xs, ldx, M, K, nr, nwr, inv);
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) { va[u] = na[u]; vb[u] = nb[u]; }
     }
   }
+  for (; s0 < s_hi; ++s0) {
+    uint4 a1[1], b1[1];
+    load_w<FP8, 1>(a1, b1, wa, wb, s0);
+    products<FP8, BF16, 1, 1, SILU, NORM>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K, nr, nwr, inv);
+  }
+  let_next_kernel_start();
+  store_sums<BF16, 1, KW>(acc, scale, y, M, N, ldy, post);
 }
 
 template <typename... Params, typename... Args>
@@ -305,17 +265,33 @@ int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, b
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-template <bool FP8, bool BF16, int NT, bool SILU>
-int launch_kw_u(int kw, int unroll, int ahead, bool pdl, dim3 grid, cudaStream_t st, const void* x,
+// One launch of the kernel the arguments pick: (kw, unroll) among the pairs built here; ``pipe`` the pipelined
+// kernel (``nm.nw`` set: with the norm), else ``ahead`` > 0 the prefetching one. The pipelined kernel is built
+// for 2 steps a chunk only (two chunks in flight: with 4, the register cap spills), the norm for 8 warps only
+// (16: spills).
+template <bool FP8, bool BF16, bool SILU>
+int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, cudaStream_t st, const void* x,
                 const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post,
-                const uint8_t* pf, long pf_bytes) {
-#define BANYAN_GEMV(KW_, U_)                                                                                  \
-  if (kw == KW_ && unroll == U_) {                                                                           \
-    if (ahead > 0)                                                                                           \
-      return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, true, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, \
-                    K, ldx, ldy, post, ahead, pf, pf_bytes);                                                 \
-    return launch(gemv_kernel<FP8, BF16, NT, KW_, U_, false, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N,  \
-                  K, ldx, ldy, post, 0, pf, pf_bytes);                                                       \
+                const uint8_t* pf, long pf_bytes, const NormIn& nm) {
+  if (pipe) {
+    const bool norm = nm.nw != nullptr;
+    if (kw == 8 && unroll == 2 && !(SILU && norm))
+      return norm ? launch(gemv_pipe_kernel<FP8, BF16, 8, 2, false, true>, grid, 256, st, pdl, x, w, s, y, M, N, K,
+                           ldx, ldy, post, nm)
+                  : launch(gemv_pipe_kernel<FP8, BF16, 8, 2, SILU, false>, grid, 256, st, pdl, x, w, s, y, M, N, K,
+                           ldx, ldy, post, nm);
+    if (kw == 16 && unroll == 2 && !norm)
+      return launch(gemv_pipe_kernel<FP8, BF16, 16, 2, SILU, false>, grid, 512, st, pdl, x, w, s, y, M, N, K, ldx,
+                    ldy, post, nm);
+    return -1;
+  }
+#define BANYAN_GEMV(KW_, U_)                                                                                    \
+  if (kw == KW_ && unroll == U_) {                                                                             \
+    if (ahead > 0)                                                                                             \
+      return launch(gemv_kernel<FP8, BF16, 1, KW_, U_, true, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K, \
+                    ldx, ldy, post, ahead, pf, pf_bytes);                                                       \
+    return launch(gemv_kernel<FP8, BF16, 1, KW_, U_, false, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K,  \
+                  ldx, ldy, post, 0, pf, pf_bytes);                                                             \
   }
   BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
@@ -325,27 +301,33 @@ int launch_kw_u(int kw, int unroll, int ahead, bool pdl, dim3 grid, cudaStream_t
 }  // namespace
 
 // -> 0, or -1 for a configuration not built here (M > 8, the other activation type: one library per type, built
-// with BANYAN_GEMV_BF16 = 1 or 0, so that a start-up compiles only what its model runs), or a CUDA error code.
+// with BANYAN_GEMV_BF16 = 1 or 0, so that a start-up compiles only what its model runs; the norm without the
+// pipelined kernel or with SILU), or a CUDA error code. ``nw`` non-null: the add-RMSNorm in front (``res``,
+// ``ldr``: the residual or null; ``res_out``, ``ldro``: where x + res goes; ``eps``).
 #ifndef BANYAN_GEMV_BF16
 #define BANYAN_GEMV_BF16 1
 #endif
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
                            long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, int pdl, int silu,
-                           const void* pf, long pf_bytes, void* stream) {
+                           const void* pf, long pf_bytes, int pipe, const void* res, long ldr, const void* nw,
+                           void* res_out, long ldro, float eps, void* stream) {
   constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
   if (M < 1 || M > (silu ? 2 : 8) || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16 ||
-      pf_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(pf) % 16 != 0)
+      pf_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(pf) % 16 != 0 ||
+      (nw != nullptr && (!pipe || silu || (res != nullptr && res_out == nullptr) || K % 8 != 0)))
     return -1;
   const dim3 grid((N + 15) / 16);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
+  const NormIn nm = {static_cast<const uint16_t*>(res), ldr, static_cast<const uint16_t*>(nw),
+                     static_cast<uint16_t*>(res_out), ldro, eps};
   // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
   const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
-  const bool p = pdl != 0;
+  const bool p = pdl != 0, q = pipe != 0;
   int rc;
 #define BANYAN_LAUNCH(FP8_, SILU_) \
-  launch_kw_u<FP8_, BF16, 1, SILU_>(kw, unroll, ahead, p, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, \
-                                    static_cast<const uint8_t*>(pf), pf ? pf_bytes : 0)
+  launch_kw_u<FP8_, BF16, SILU_>(kw, unroll, ahead, p, q, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, \
+                                 static_cast<const uint8_t*>(pf), pf ? pf_bytes : 0, nm)
   if (silu)  // (K is the weight's: x holds 2K per row)
     rc = w_fp8 ? BANYAN_LAUNCH(true, true) : BANYAN_LAUNCH(false, true);
   else

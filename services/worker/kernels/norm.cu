@@ -13,21 +13,13 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gemv_parts.cuh"
 #include "pdl.cuh"
 
 namespace {
 
-template <bool BF16>
-__device__ __forceinline__ float to_f(uint16_t v) {
-  if (BF16) return __bfloat162float(__ushort_as_bfloat16(v));
-  return __half2float(__ushort_as_half(v));
-}
-
-template <bool BF16>
-__device__ __forceinline__ uint16_t from_f(float v) {  // round to nearest even, as torch does
-  if (BF16) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  return __half_as_ushort(__float2half_rn(v));
-}
+using banyan::from_f;
+using banyan::to_f;
 
 // grid (M), block (threads: a multiple of 32, threads * 8 * V >= K), K a multiple of 8, rows 16-byte aligned.
 template <bool BF16, int V>

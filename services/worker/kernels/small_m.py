@@ -310,3 +310,31 @@ def tune_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
         report.update(tune(plain_act, lambda x, w, s: F.linear(x, w), dtype, act))
         report.update(tune(fp8_act, library_fp8_linear, dtype, act))
     return report
+
+
+def tune_norm_linear(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
+    """For each linear of ``model`` whose shape chose the CUDA kernel at M = 1 and whose input is a norm's width:
+    the add-RMSNorm fused into it (``cuda_gemv.norm_linear``) timed against the norm kernel then the chosen
+    kernel, as a decode step runs them (replayed back to back); the fused one recorded in
+    ``kernels.norm_fused`` where it is faster → {"NxK dtype": the times}."""
+    widths = {mod.weight.shape[0] for mod in model.modules() if type(mod).__name__ == "RMSNorm"}
+    report: dict[str, str] = {}
+    with torch.inference_mode():
+        for mod in (m for m in model.modules() if hasattr(m, "quantized")):
+            w, s = mod.quantized()
+            key = (w.shape[0], w.shape[1], w.dtype)
+            name = f"{key[0]}x{key[1]} {str(w.dtype).removeprefix('torch.')}"
+            x = torch.randn(1, w.shape[1], dtype=dtype, device=w.device)
+            cfg = kernels.small_m_config(x, w)
+            if name in report or w.shape[1] not in widths or not isinstance(cfg, cuda_gemv.CudaConfig):
+                continue
+            r = torch.randn_like(x)
+            nw = torch.ones(w.shape[1], dtype=dtype, device=w.device)
+            copies = max(1, min(16, -(-L2_SPAN // (w.numel() * w.element_size()))))
+            ws = [w] + [w.clone() for _ in range(copies - 1)]
+            apart = _time(lambda i: linear(cuda_gemv.add_rmsnorm(x, r, nw, 1e-6)[0], ws[i], s, cfg), copies)
+            fused = _time(lambda i: cuda_gemv.norm_linear(x, r, nw, 1e-6, ws[i], s), copies)
+            if fused < apart:
+                kernels.norm_fused.add(key)
+            report[name] = f"{'fused' if fused < apart else 'apart'}: {fused * 1e6:.1f} us vs norm + {cfg} {apart * 1e6:.1f}"
+    return report

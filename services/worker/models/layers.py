@@ -269,6 +269,17 @@ class RMSNorm(nn.Module):
             return self._norm(x, self.weight, self.eps)
         return self._add_norm(x, residual, self.weight, self.eps)
 
+    def then(self, linear: "_ColumnSharded", x: torch.Tensor, residual: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(linear(norm(x + residual)), x + residual) — without a residual (linear(norm(x)), x): at decode sizes
+        one kernel where the linear runs on the CUDA decode kernel (``kernels.try_norm_linear``), else the
+        norm, then the linear."""
+        if linear.bias is None and (done := kernels.try_norm_linear(x, residual, self.weight, self.eps,
+                                                                    *linear.quantized())) is not None:
+            return done
+        h, residual = (self(x), x) if residual is None else self(x, residual)
+        return linear(h), residual
+
 
 class SiluAndMul(nn.Module):
     def __init__(self) -> None:

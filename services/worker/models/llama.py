@@ -50,9 +50,9 @@ class LlamaAttention(nn.Module):
         self.q_shape, self.kv_shape = (heads, cfg.head_dim), (kv_heads, cfg.head_dim)
         self.qkv_split = [heads * cfg.head_dim, kv_heads * cfg.head_dim, kv_heads * cfg.head_dim]
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(T, H) → q (T, Hq, D), k and v (T, Hkv, D), not rotated yet."""
-        q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The q/k/v projection's output (T, (Hq + 2 Hkv) D) → q (T, Hq, D), k and v (T, Hkv, D), not rotated yet."""
+        q, k, v = qkv.split(self.qkv_split, dim=-1)
         q, k = self.q_norm(q.unflatten(-1, self.q_shape)), self.k_norm(k.unflatten(-1, self.kv_shape))
         return q, k, v.unflatten(-1, self.kv_shape)
 
@@ -67,7 +67,10 @@ class LlamaMLP(nn.Module):
         self.down_proj.silu_mul_input = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
-        return self.down_proj.forward_silu_mul(self.gate_up_proj(x), self.act)
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T, H): the activation, then down
+        return self.down_proj.forward_silu_mul(gate_up, self.act)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -91,17 +94,16 @@ class LlamaDecoderLayer(nn.Module):
     # the work between two attentions, which run eagerly).
     def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """→ (q, k, v, residual): the input norm and the q/k/v projection."""
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        return (*self.self_attn.project(x), residual)
+        """→ (q, k, v, residual): the input norm and the q/k/v projection (one kernel at decode sizes where
+        it measured so: ``RMSNorm.then``)."""
+        qkv, residual = self.input_layernorm.then(self.self_attn.qkv_proj, x, residual)
+        return (*self.self_attn.split(qkv), residual)
 
     def after_attention(self, out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention's output (T, Hq * D) → this layer's (output, residual)."""
-        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(out), residual)
-        return self.mlp(x), residual
+        gate_up, residual = self.post_attention_layernorm.then(self.mlp.gate_up_proj, self.self_attn.o_proj(out),
+                                                               residual)
+        return self.mlp.down(gate_up), residual
 
 
 class LlamaModel(nn.Module):
