@@ -176,3 +176,34 @@ def test_the_l2_chain_changes_no_result_eagerly_or_in_a_graph(gemv) -> None:
                 assert torch.equal(out, want[cfg]), cfg
     finally:
         gemv.chain([], 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_activation_made_as_the_sums_are_stored(gemv, dtype) -> None:
+    """``act_out``: w = [gate | up], each block 8 gate rows and their 8 up rows; silu(gate) · up (M, N / 2) within
+    a rounding step of the projection then the activation kernel (the same rounding of gate and up first), for
+    e4m3 and plain weights, every config, M 1–8; N not a multiple of 16 refused."""
+    import torch.nn.functional as F
+
+    from services.worker.models.ops import _torch_silu_and_mul
+
+    g = torch.Generator(device="cpu").manual_seed(5)
+    for inter, k in ((64, 128), (1024, 4096), (14336 // 4, 4096)):
+        w = torch.randn(2 * inter, k, generator=g) / k**0.5
+        s = w.abs().amax(1) / 448
+        q = (w / s[:, None]).to(FP8)
+        for wc, sc in ((q.cuda(), s.cuda()), (w.to(dtype).cuda(), None)):
+            deq = wc.double() * (sc.double()[:, None] if sc is not None else 1)
+            for m in (1, 3, 8):
+                x = torch.randn(m, k, generator=g).to(dtype).cuda()
+                full = x.double() @ deq.t()
+                want = F.silu(full[:, :inter]) * full[:, inter:]
+                for cfg in gemv.CONFIGS:
+                    got = gemv.linear(x, wc, sc, cfg, act_out=True)
+                    assert got.shape == (m, inter) and got.dtype == dtype
+                    assert (got.double() - want).abs().max() <= 2e-2 * want.abs().max() + 1e-6, (inter, m, cfg)
+                    apart = _torch_silu_and_mul(gemv.linear(x, wc, sc, cfg)).double()
+                    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+                    assert ((got.double() - apart).abs() <= 2 * ulp * apart.abs() + 1e-4).all(), (inter, m, cfg)
+    with pytest.raises(ValueError):
+        gemv.linear(x, torch.zeros(24, k, dtype=dtype, device="cuda"), None, gemv.CONFIGS[0], act_out=True)

@@ -97,8 +97,8 @@ def test_the_flashinfer_ops_take_it_for_decode_rows_only(lib, monkeypatch) -> No
 
     assert enable_cuda_norm(torch.device("cuda")).startswith("ours")
     calls = []
-    real = lib.add_rmsnorm
-    monkeypatch.setattr(lib, "add_rmsnorm", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    real = lib.launch_add_rmsnorm  # (what the ops' hook launches: ``norm_supports`` already checked)
+    monkeypatch.setattr(lib, "launch_add_rmsnorm", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     try:
         fi = ops.flashinfer_ops()
         g = torch.Generator(device="cpu").manual_seed(3)

@@ -108,3 +108,36 @@ def test_the_fused_norm_is_taken_only_where_the_linear_runs_on_the_cuda_kernel(m
     kernels.norm_fused.add((64, 64, torch.float32))
     monkeypatch.setattr(kernels, "_norm_linear", None)  # (off)
     assert kernels.try_norm_linear(x, r, norm.weight, 1e-6, lin.weight, None) is None and len(calls) == 2
+
+
+def test_the_mlp_takes_the_activation_from_the_gate_up_kernel_where_it_was_chosen(monkeypatch) -> None:
+    """``GateUpParallelLinear.forward_silu_mul``: where the gate/up shape chose a kernel for its activation
+    (``act_out``), the MLP feeds that kernel's (T, I) output to the down projection as is; else the projection,
+    then the activation — the same result either way."""
+    from services.worker import kernels
+    from services.worker.models.config import DecoderConfig
+    from services.worker.models.llama import LlamaMLP
+    from services.worker.models.ops import TORCH_OPS, _torch_silu_and_mul, use_ops
+    from services.worker.tp import TPGroup
+
+    cfg = DecoderConfig(hidden_size=32, intermediate_size=48, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                        vocab_size=64, max_positions=64, rms_norm_eps=1e-6, rope=None, tie_word_embeddings=False)
+    with use_ops(TORCH_OPS):
+        mlp = LlamaMLP(cfg, TPGroup())
+    g = torch.Generator().manual_seed(0)
+    for p in mlp.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g) / 8)
+    x = torch.randn(2, 32, generator=g)
+    want = mlp(x)
+    assert mlp.gate_up_proj.forward_silu_mul(x) is None  # (no choice)
+    made = []
+
+    def fake(x, w, s, cfg, silu_mul=False, act_out=False):
+        made.append(act_out)
+        y = x @ w.t()
+        return _torch_silu_and_mul(y) if act_out else y
+
+    monkeypatch.setattr(kernels, "small_m_linear", fake)
+    monkeypatch.setattr(kernels, "choices", {(96, 32, torch.float32, "act_out"): ((4, cuda_gemv.CudaConfig()),)})
+    assert torch.allclose(mlp(x), want, atol=1e-6) and made == [True]
+    assert kernels.small_m_config(torch.zeros(5, 32), mlp.gate_up_proj.weight, act_out=True) is None  # (M 5: not)

@@ -86,7 +86,7 @@ def test_tune_decides_once_per_shape_and_only_for_a_correct_faster_kernel(monkey
     kernels.reset()
     state = {"k": 5e-6, "lib": 10e-6, "ok": True, "last": ""}
 
-    def kernel(x, w, s, cfg, silu_mul=False):
+    def kernel(x, w, s, cfg, silu_mul=False, act_out=False):
         state["last"] = "k"
         return x @ w.t() if state["ok"] else x @ w.t() + 1
 
@@ -148,3 +148,35 @@ def test_a_down_projection_fuses_the_activation_only_where_chosen(monkeypatch) -
     big = torch.randn(kernels.MAX_M + 1, 64)
     n = len(calls)
     assert torch.allclose(down.forward_silu_mul(big, act), down(act(big))) and len(calls) == n  # the library
+
+
+def test_tune_times_the_gate_up_kernel_with_its_activation_made_as_it_stores(monkeypatch) -> None:
+    """``act_out``: a [gate | up] weight is timed as projection + SiluAndMul (the library) against the kernel
+    that makes the activation itself; its decision is recorded under its own key, checked against silu(gate) · up."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    import torch.nn.functional as F
+
+    from services.worker.kernels import small_m as sm
+    from services.worker.models.ops import _torch_silu_and_mul
+
+    kernels.reset()
+    seen = []
+
+    def kernel(x, w, s, cfg, silu_mul=False, act_out=False):
+        seen.append(act_out)
+        y = x @ w.t()
+        return _torch_silu_and_mul(y) if act_out else y
+
+    monkeypatch.setattr(sm, "_time", lambda fn_for, copies: (fn_for(0), 5e-6 if seen and seen[-1] else 10e-6)[1])
+    monkeypatch.setattr(sm, "linear", kernel)
+    w = torch.randn(48, 32)
+    try:
+        report = sm.tune([(w, None)], lambda x, w, s: x @ w.t(), torch.float32, act_out=_torch_silu_and_mul)
+        assert list(report) == ["48x32 float32 then silu_mul"] and all(seen)
+        assert (48, 32, torch.float32, "act_out") in kernels.choices and (48, 32, torch.float32) not in kernels.choices
+        x = torch.randn(1, 32)
+        assert kernels.small_m_config(x, w, act_out=True) is not None and kernels.small_m_config(x, w) is None
+        full = x @ w.t()
+        assert torch.allclose(kernel(x, w, None, None, act_out=True), F.silu(full[:, :24]) * full[:, 24:])
+    finally:
+        kernels.reset()

@@ -31,13 +31,15 @@ def reset() -> None:
     norm_fused.clear()
 
 
-def small_m_config(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False):
+def small_m_config(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False, act_out: bool = False):
     """The small-M kernel's config for ``x @ w.T`` (with ``silu_mul``: for silu(gate) · up of x =
-    [gate | up]) at x's number of rows (None: the library path)."""
+    [gate | up]; with ``act_out``: for silu(gate) · up of the product, w = [gate | up]) at x's number of
+    rows (None: the library path)."""
     if not choices or x.dim() != 2 or x.shape[0] > MAX_M:
         return None
     m = x.shape[0]
-    for top, cfg in choices.get((w.shape[0], w.shape[1], w.dtype) + (("silu_mul",) if silu_mul else ()), ()):
+    key = (w.shape[0], w.shape[1], w.dtype) + (("silu_mul",) if silu_mul else ()) + (("act_out",) if act_out else ())
+    for top, cfg in choices.get(key, ()):
         if m <= top:
             return cfg
     return None
@@ -61,25 +63,30 @@ def try_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
         return None
     if getattr(small_m_config(x, w), "pipe", None) is None:  # (only a CudaConfig has it: the CUDA kernel's shape)
         return None
+    from services.worker.kernels import cuda_gemv
+
+    if x.shape[0] * x.shape[1] > cuda_gemv.NORM_LINEAR_MAX_VALUES:  # (the rest: the linear's own choice checked)
+        return None
     return _norm_linear(x, residual, norm_weight, eps, w, scale)
 
 
 def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, cfg,
-                   silu_mul: bool = False) -> torch.Tensor:
+                   silu_mul: bool = False, act_out: bool = False) -> torch.Tensor:
     from services.worker.kernels.small_m import linear
 
-    return linear(x, w, scale, cfg, silu_mul)
+    return linear(x, w, scale, cfg, silu_mul, act_out)
 
 
 def try_small_m(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor | None:
+                bias: torch.Tensor | None = None, silu_mul: bool = False, act_out: bool = False
+                ) -> torch.Tensor | None:
     """``x @ w.T`` (× ``scale`` per row, + ``bias``; with ``silu_mul``, of silu(gate) · up for x =
-    [gate | up]) through the small-M kernel where it was chosen for ``w``'s shape at this size;
-    None: the caller's library path."""
-    cfg = small_m_config(x, w, silu_mul)
-    if cfg is None:
+    [gate | up]; with ``act_out`` (no bias), silu(gate) · up of the product for w = [gate | up]) through
+    the small-M kernel where it was chosen for ``w``'s shape at this size; None: the caller's library path."""
+    cfg = small_m_config(x, w, silu_mul, act_out)
+    if cfg is None or (act_out and bias is not None):
         return None
-    y = small_m_linear(x, w, scale, cfg, silu_mul)
+    y = small_m_linear(x, w, scale, cfg, silu_mul, act_out) if act_out else small_m_linear(x, w, scale, cfg, silu_mul)
     return y if bias is None else y + bias
 
 
@@ -229,7 +236,9 @@ def chain_l2(model: torch.nn.Module, device: torch.device) -> str:
             w = mod.quantized()[0]
             one = torch.empty((1, w.shape[-1]), device="meta")
             silu = getattr(mod, "silu_mul_input", False)
-            if isinstance(small_m_config(one, w, silu) or small_m_config(one, w), cuda_gemv.CudaConfig):
+            act = getattr(mod, "silu_mul_output", False)
+            cfg = small_m_config(one, w, silu) or small_m_config(one, w, act_out=act) or small_m_config(one, w)
+            if isinstance(cfg, cuda_gemv.CudaConfig):
                 order.append(w)
     cap = min(mib << 20, torch.cuda.get_device_properties(device).L2_cache_size // 2)
     return f"{cuda_gemv.chain(order, cap)} linears, {cap >> 20} MiB each"

@@ -125,7 +125,7 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 7 + [
             ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_void_p]
+            ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
         norm = lib.banyan_add_rmsnorm
         norm.restype = ctypes.c_int
         norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 2 + [ctypes.c_long] * 4 + [
@@ -153,10 +153,13 @@ def supports(x: Tensor, w: Tensor) -> bool:
     return k % step == 0 and w.stride(0) == k and w.data_ptr() % 16 == 0
 
 
-def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul: bool = False) -> Tensor:
+def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul: bool = False,
+           act_out: bool = False) -> Tensor:
     """x (M, K) @ w (N, K)^T (× ``scale`` per output row) → (M, N) in x's dtype, on the current
     stream. ``silu_mul``: x is (M, 2K) = [gate | up] and the product is taken with silu(gate) · up —
-    computed inside the kernel for M ≤ ``SILU_MAX_M``, else first by the model's activation kernel."""
+    computed inside the kernel for M ≤ ``SILU_MAX_M``, else first by the model's activation kernel.
+    ``act_out``: w is [gate | up] (N a multiple of 16) and the result is silu(x gate^T) · (x up^T), (M, N / 2):
+    each block reads 8 gate rows and their 8 up rows, the activation made as the sums are stored."""
     if silu_mul and x.shape[0] > SILU_MAX_M:
         from services.worker.models.ops import current_ops
 
@@ -168,24 +171,30 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
         x = x.contiguous()
     m, k, n = x.shape[0], w.shape[1], w.shape[0]
-    if not supports(x, w) or x.shape[1] != (2 * k if silu_mul else k):
-        raise ValueError(f"cuda gemv: unsupported x {tuple(x.shape)} {x.dtype} @ w {tuple(w.shape)} {w.dtype}")
+    if not supports(x, w) or x.shape[1] != (2 * k if silu_mul else k) or (act_out and (n % 16 or silu_mul)):
+        raise ValueError(f"cuda gemv: unsupported x {tuple(x.shape)} {x.dtype} @ w {tuple(w.shape)} {w.dtype}"
+                         + (" with the activation" if act_out else ""))
     if scale is not None:
         scale = scale.float().contiguous()
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n // 2 if act_out else n), dtype=x.dtype, device=x.device)
     pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
                          cfg.ahead, int(cfg.pdl), int(silu_mul), pf, pf_bytes, int(cfg.pipe), None, 0, None, None,
-                         0, 0.0, torch.cuda.current_stream(x.device).cuda_stream)
+                         0, 0.0, int(act_out), torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y
 
 
+NORM_LINEAR_MAX_VALUES = 16384  # M x K of x the fused norm takes (its normed rows sit in 32 KB of shared memory)
+
+
 def norm_linear_supports(x: Tensor, norm_weight: Tensor, w: Tensor) -> bool:
-    """Whether ``norm_linear`` takes x (M ≤ 8, K) with the norm's (K,) weight of x's dtype and ``w`` (N, K)."""
+    """Whether ``norm_linear`` takes x (M ≤ 8, K; M·K ≤ ``NORM_LINEAR_MAX_VALUES``) with the norm's (K,) weight
+    of x's dtype and ``w`` (N, K)."""
     return (supports(x, w) and x.shape[1] == w.shape[1] and norm_weight.dtype == x.dtype
+            and x.shape[0] * x.shape[1] <= NORM_LINEAR_MAX_VALUES
             and norm_weight.shape == (x.shape[1],) and library(x.dtype == torch.bfloat16) is not None)
 
 
@@ -213,7 +222,7 @@ def norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: fl
                          0, int(cfg.pdl), 0, None, 0, 1,
                          residual.data_ptr() if residual is not None else None,
                          residual.stride(0) if residual is not None else 0, norm_weight.data_ptr(),
-                         res_out.data_ptr() if residual is not None else None, res_out.stride(0), eps,
+                         res_out.data_ptr() if residual is not None else None, res_out.stride(0), eps, 0,
                          torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda norm_linear: launch failed ({rc}) for {cfg}")

@@ -56,10 +56,13 @@ __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa
 }
 
 // The block's warps' partial sums added in a fixed order (the same sum every run), times ``post`` and the row's
-// scale, stored in T: warp 0 of the block stores its 16 rows x M columns.
+// scale, stored in T: warp 0 of the block stores its 16 rows x M columns. ``act``: the block's rows are 8 gate
+// rows (g) and the matching 8 up rows (g + 8, N / 2 further: act_rows): each lane has both of a pair and stores
+// silu(gate) * up (each rounded to T first, as the projection's output is; the product in float32, rounded once,
+// as SiluAndMul does) at column j of y (M, N / 2).
 template <bool BF16, int NT, int KW>
 __device__ __forceinline__ void store_sums(const float (&acc)[NT][4], const float* scale, void* y, int M, int N,
-                                           long ldy, float post) {
+                                           long ldy, float post, bool act) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * 16;
@@ -71,20 +74,50 @@ __device__ __forceinline__ void store_sums(const float (&acc)[NT][4], const floa
   if (warp != 0) return;
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
+    float v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float v = part[0][n][i][lane];
+      v[i] = part[0][n][i][lane];
 #pragma unroll
-      for (int q = 1; q < KW; ++q) v += part[q][n][i][lane];  // (in order: the same sum every run)
+      for (int q = 1; q < KW; ++q) v[i] += part[q][n][i][lane];  // (in order: the same sum every run)
+      v[i] *= post;
+    }
+    if (act) {
+      const int j = blockIdx.x * 8 + g;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int m = n * 8 + 2 * t + c;
+        if (j < N / 2 && m < M) {
+          const float gate = to_f<BF16>(from_f<BF16>(scale != nullptr ? v[c] * scale[j] : v[c]));
+          const float up = to_f<BF16>(from_f<BF16>(scale != nullptr ? v[c + 2] * scale[N / 2 + j] : v[c + 2]));
+          const uint16_t a = from_f<BF16>(gate / (1.f + expf(-gate)) * up);
+          static_cast<uint16_t*>(y)[(long)m * ldy + j] = a;
+        }
+      }
+      continue;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
       const int row = row0 + g + (i >= 2 ? 8 : 0);
       const int m = n * 8 + 2 * t + (i & 1);
       if (row < N && m < M) {
-        v *= post;
-        if (scale != nullptr) v *= scale[row];
-        if (BF16) static_cast<__nv_bfloat16*>(y)[(long)m * ldy + row] = __float2bfloat16_rn(v);
-        else static_cast<__half*>(y)[(long)m * ldy + row] = __float2half_rn(v);
+        float r = v[i];
+        if (scale != nullptr) r *= scale[row];
+        static_cast<uint16_t*>(y)[(long)m * ldy + row] = from_f<BF16>(r);
       }
     }
+  }
+}
+
+// The weight rows lane row g of a block reads as its A rows g and g + 8: the tile's 16 rows, or with ``act`` gate
+// row j = 8 * block + g and up row N / 2 + j (rows past the end read the last one: their sums are never stored).
+__device__ __forceinline__ void tile_rows(bool act, int N, int g, int& ra, int& rb) {
+  if (act) {
+    ra = min((int)blockIdx.x * 8 + g, N / 2 - 1);
+    rb = N / 2 + ra;
+  } else {
+    ra = min((int)blockIdx.x * 16 + g, N - 1);
+    rb = min((int)blockIdx.x * 16 + g + 8, N - 1);
   }
 }
 
@@ -98,18 +131,20 @@ template <bool FP8, bool BF16, int NT, int KW, int U, bool PF, bool SILU>
 __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                        const float* __restrict__ scale, void* __restrict__ y,
                                                        int M, int N, int K, long ldx, long ldy, float post,
-                                                       int ahead, const uint8_t* __restrict__ pf, long pf_bytes) {
+                                                       int act, int ahead, const uint8_t* __restrict__ pf,
+                                                       long pf_bytes) {
   constexpr int E = FP8 ? 16 : 8;
   constexpr int STEP = 4 * E;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * 16;
   const int steps = K / STEP;
   const int per_warp = (steps + KW - 1) / KW;
   const int s_lo = min(steps, warp * per_warp), s_hi = min(steps, s_lo + per_warp);
   const long wrow = (long)K * (FP8 ? 1 : 2);
-  const uint8_t* wa = w + min(row0 + g, N - 1) * wrow + t * 16;
-  const uint8_t* wb = w + min(row0 + g + 8, N - 1) * wrow + t * 16;
+  int ra, rb;
+  tile_rows(act != 0, N, g, ra, rb);
+  const uint8_t* wa = w + ra * wrow + t * 16;
+  const uint8_t* wb = w + rb * wrow + t * 16;
   const uint16_t* xs = static_cast<const uint16_t*>(x);
   bool xin[NT];
   const uint16_t* xr[NT];
@@ -147,36 +182,34 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
   for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
   let_next_kernel_start();
   if (pf_bytes > 0) prefetch_next_weight(pf, pf_bytes);
-  store_sums<BF16, NT, KW>(acc, scale, y, M, N, ldy, post);
+  store_sums<BF16, NT, KW>(acc, scale, y, M, N, ldy, post, act != 0);
 }
 
-// NORM's first pass, by the whole block: the sum of squares of each row of s = T(x + res) (block 0 also stores
-// s to res_out) → 1 / rms of row ``g`` (1 for g >= M). Every block adds the same values in the same order.
+// NORM's first part, by the whole block: s = T(x + res) (block 0 also stores it to res_out), each row's sum of
+// squares, then the normed rows T(nw * T(s / rms)) in shared memory ``xn`` (M x K), as the add-RMSNorm kernel
+// rounds them. Every block adds the same values in the same order. Each thread norms the vectors it added.
 template <bool BF16, int KW>
-__device__ __forceinline__ float norm_inv(const uint16_t* xs, long ldx, const NormIn& nm, int M, int K, int g) {
+__device__ __forceinline__ void norm_rows(const uint16_t* xs, long ldx, const NormIn& nm, int M, int K, uint16_t* xn) {
   __shared__ float red[KW][8];
   __shared__ float inv_row[8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool store = nm.res != nullptr && blockIdx.x == 0;
-#pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    if (m >= M) break;
+  for (int m = 0; m < M; ++m) {
     float ss = 0.f;
     for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
-      const uint4 xv = load_x(xs + m * ldx + k);
-      const uint16_t* xe = reinterpret_cast<const uint16_t*>(&xv);
-      uint4 sv = xv;
+      uint4 sv = load_x(xs + m * ldx + k);
       if (nm.res != nullptr) {
         const uint4 rv = load_x(nm.res + m * nm.ldr + k);
         const uint16_t* re = reinterpret_cast<const uint16_t*>(&rv);
         uint16_t* se = reinterpret_cast<uint16_t*>(&sv);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(xe[j]) + to_f<BF16>(re[j]));
+        for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(se[j]) + to_f<BF16>(re[j]));
         if (store) *reinterpret_cast<uint4*>(nm.res_out + m * nm.ldro + k) = sv;
       }
       const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
 #pragma unroll
       for (int j = 0; j < 8; ++j) ss += to_f<BF16>(se[j]) * to_f<BF16>(se[j]);
+      *reinterpret_cast<uint4*>(xn + m * K + k) = sv;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -189,8 +222,21 @@ __device__ __forceinline__ float norm_inv(const uint16_t* xs, long ldx, const No
     inv_row[threadIdx.x] = rsqrtf(total / K + nm.eps);
   }
   __syncthreads();
-  return g < M ? inv_row[g] : 1.f;
+  for (int m = 0; m < M; ++m) {
+    const float inv = inv_row[m];
+    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
+      const uint4 wv = load_x(nm.nw + k);
+      const uint16_t* we = reinterpret_cast<const uint16_t*>(&wv);
+      uint16_t* se = xn + m * K + k;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(we[j]) * to_f<BF16>(from_f<BF16>(to_f<BF16>(se[j]) * inv)));
+    }
+  }
+  __syncthreads();
 }
+
+// (the normed rows of NORM in shared memory: M x K values at most)
+constexpr int NORM_MAX_VALUES = 16384;
 
 // (blocks an SM must hold: registers capped so that 768-1024 threads fit, as the plain kernel's do — the two
 // chunks in flight must not cost resident warps)
@@ -199,44 +245,42 @@ __device__ __forceinline__ float norm_inv(const uint16_t* xs, long ldx, const No
 // The pipelined kernel (M <= 8, one column tile): each warp's first chunk of U steps loaded before the wait for
 // the kernel before it (a weight is no kernel's output: with PDL those loads overlap that kernel's end), then
 // each next chunk loaded before the products of the one in hand — two chunks a warp in flight. NORM: x is normed
-// first (norm_inv; the lanes norm their own values as they load them), as the add-RMSNorm kernel would have.
+// first into shared memory by the whole block (norm_rows), as the add-RMSNorm kernel would have.
 template <bool FP8, bool BF16, int KW, int U, bool SILU, bool NORM>
 __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                             const float* __restrict__ scale, void* __restrict__ y,
                                                             int M, int N, int K, long ldx, long ldy, float post,
-                                                            NormIn nm) {
+                                                            int act, NormIn nm) {
   constexpr int E = FP8 ? 16 : 8;
   constexpr int STEP = 4 * E;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * 16;
   const int steps = K / STEP;
   const int per_warp = (steps + KW - 1) / KW;
   const int s_lo = min(steps, warp * per_warp), s_hi = min(steps, s_lo + per_warp);
   const long wrow = (long)K * (FP8 ? 1 : 2);
-  const uint8_t* wa = w + min(row0 + g, N - 1) * wrow + t * 16;
-  const uint8_t* wb = w + min(row0 + g + 8, N - 1) * wrow + t * 16;
+  int ra, rb;
+  tile_rows(act != 0, N, g, ra, rb);
+  const uint8_t* wa = w + ra * wrow + t * 16;
+  const uint8_t* wb = w + rb * wrow + t * 16;
   const uint16_t* xs = static_cast<const uint16_t*>(x);
   const bool xin[1] = {g < M};
-  const uint16_t* const xr[1] = {xs + (long)g * ldx + t * E};
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   uint4 va[U], vb[U];
   int s0 = s_lo;
   if (s0 + U <= s_hi) load_w<FP8, U>(va, vb, wa, wb, s0);
   wait_for_previous_kernel();
-  float inv = 1.f;
-  const uint16_t* nr = nullptr;
-  const uint16_t* nwr = nullptr;
+  __shared__ __align__(16) uint16_t xn[NORM ? NORM_MAX_VALUES : 8];
+  const uint16_t* xr[1] = {xs + (long)g * ldx + t * E};
   if (NORM) {
-    inv = norm_inv<BF16, KW>(xs, ldx, nm, M, K, g);
-    nr = nm.res != nullptr ? nm.res + (long)g * nm.ldr + t * E : nullptr;
-    nwr = nm.nw + t * E;
+    norm_rows<BF16, KW>(xs, ldx, nm, M, K, xn);
+    xr[0] = xn + g * K + t * E;  // (the lane's row, normed, in shared memory)
   }
   for (; s0 + U <= s_hi; s0 += U) {
     uint4 na[U], nb[U];
     const bool more = s0 + 2 * U <= s_hi;
     if (more) load_w<FP8, U>(na, nb, wa, wb, s0 + U);
-    products<FP8, BF16, 1, U, SILU, NORM>(acc, va, vb, xr, xin, s0, xs, ldx, M, K, nr, nwr, inv);
+    products<FP8, BF16, 1, U, SILU, NORM>(acc, va, vb, xr, xin, s0, xs, ldx, M, K);
     if (more) {
 #pragma unroll
       for (int u = 0; u < U; ++u) { va[u] = na[u]; vb[u] = nb[u]; }
@@ -245,10 +289,10 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
   for (; s0 < s_hi; ++s0) {
     uint4 a1[1], b1[1];
     load_w<FP8, 1>(a1, b1, wa, wb, s0);
-    products<FP8, BF16, 1, 1, SILU, NORM>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K, nr, nwr, inv);
+    products<FP8, BF16, 1, 1, SILU, NORM>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K);
   }
   let_next_kernel_start();
-  store_sums<BF16, 1, KW>(acc, scale, y, M, N, ldy, post);
+  store_sums<BF16, 1, KW>(acc, scale, y, M, N, ldy, post, act != 0);
 }
 
 template <typename... Params, typename... Args>
@@ -271,27 +315,27 @@ int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, b
 // (16: spills).
 template <bool FP8, bool BF16, bool SILU>
 int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, cudaStream_t st, const void* x,
-                const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post,
+                const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post, int act,
                 const uint8_t* pf, long pf_bytes, const NormIn& nm) {
   if (pipe) {
     const bool norm = nm.nw != nullptr;
     if (kw == 8 && unroll == 2 && !(SILU && norm))
       return norm ? launch(gemv_pipe_kernel<FP8, BF16, 8, 2, false, true>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, nm)
+                           ldx, ldy, post, act, nm)
                   : launch(gemv_pipe_kernel<FP8, BF16, 8, 2, SILU, false>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, nm);
+                           ldx, ldy, post, act, nm);
     if (kw == 16 && unroll == 2 && !norm)
       return launch(gemv_pipe_kernel<FP8, BF16, 16, 2, SILU, false>, grid, 512, st, pdl, x, w, s, y, M, N, K, ldx,
-                    ldy, post, nm);
+                    ldy, post, act, nm);
     return -1;
   }
 #define BANYAN_GEMV(KW_, U_)                                                                                    \
   if (kw == KW_ && unroll == U_) {                                                                             \
     if (ahead > 0)                                                                                             \
       return launch(gemv_kernel<FP8, BF16, 1, KW_, U_, true, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K, \
-                    ldx, ldy, post, ahead, pf, pf_bytes);                                                       \
+                    ldx, ldy, post, act, ahead, pf, pf_bytes);                                                       \
     return launch(gemv_kernel<FP8, BF16, 1, KW_, U_, false, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K,  \
-                  ldx, ldy, post, 0, pf, pf_bytes);                                                             \
+                  ldx, ldy, post, act, 0, pf, pf_bytes);                                                             \
   }
   BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
@@ -303,20 +347,22 @@ int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, c
 // -> 0, or -1 for a configuration not built here (M > 8, the other activation type: one library per type, built
 // with BANYAN_GEMV_BF16 = 1 or 0, so that a start-up compiles only what its model runs; the norm without the
 // pipelined kernel or with SILU), or a CUDA error code. ``nw`` non-null: the add-RMSNorm in front (``res``,
-// ``ldr``: the residual or null; ``res_out``, ``ldro``: where x + res goes; ``eps``).
+// ``ldr``: the residual or null; ``res_out``, ``ldro``: where x + res goes; ``eps``). ``act``: W is [gate | up]
+// (N = 2I rows, N a multiple of 16) and y (M, I) gets silu(x gate^T) * (x up^T) (store_sums).
 #ifndef BANYAN_GEMV_BF16
 #define BANYAN_GEMV_BF16 1
 #endif
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
                            long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, int pdl, int silu,
                            const void* pf, long pf_bytes, int pipe, const void* res, long ldr, const void* nw,
-                           void* res_out, long ldro, float eps, void* stream) {
+                           void* res_out, long ldro, float eps, int act, void* stream) {
   constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
   if (M < 1 || M > (silu ? 2 : 8) || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16 ||
       pf_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(pf) % 16 != 0 ||
-      (nw != nullptr && (!pipe || silu || (res != nullptr && res_out == nullptr) || K % 8 != 0)))
+      (nw != nullptr && (!pipe || silu || (res != nullptr && res_out == nullptr) || M * K > NORM_MAX_VALUES)) ||
+      (act && (N % 16 != 0 || silu)))
     return -1;
-  const dim3 grid((N + 15) / 16);
+  const dim3 grid(act ? N / 16 : (N + 15) / 16);  // (act: 8 gate and 8 up rows a block, N / 2 apart)
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   const NormIn nm = {static_cast<const uint16_t*>(res), ldr, static_cast<const uint16_t*>(nw),
@@ -326,7 +372,7 @@ extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, voi
   const bool p = pdl != 0, q = pipe != 0;
   int rc;
 #define BANYAN_LAUNCH(FP8_, SILU_) \
-  launch_kw_u<FP8_, BF16, SILU_>(kw, unroll, ahead, p, q, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, \
+  launch_kw_u<FP8_, BF16, SILU_>(kw, unroll, ahead, p, q, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, act, \
                                  static_cast<const uint8_t*>(pf), pf ? pf_bytes : 0, nm)
   if (silu)  // (K is the weight's: x holds 2K per row)
     rc = w_fp8 ? BANYAN_LAUNCH(true, true) : BANYAN_LAUNCH(false, true);

@@ -1,6 +1,6 @@
 // The device-side parts of gemv.cu's kernels (and norm.cu's 16-bit conversions): the integer widening of e4m3
 // bytes, the streaming and x loads, the tensor-core product, SiLU, the rounding the PyTorch reference does, and a
-// warp's products over a chunk of steps (``products``; with the add-RMSNorm's normed x: ``norm8``).
+// warp's products over a chunk of steps (``products``).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -125,37 +125,17 @@ __device__ __forceinline__ void load_w(uint4 (&va)[U], uint4 (&vb)[U], const uin
   }
 }
 
-// 8 values of the normed input as the reference rounds them: s = T(x + r), T(w * T(s * inv)).
-template <bool BF16>
-__device__ __forceinline__ uint4 norm8(uint4 xv, const uint16_t* r, const uint16_t* w, float inv) {
-  const uint4 wv = load_x(w);
-  const uint4 rv = r != nullptr ? load_x(r) : make_uint4(0, 0, 0, 0);
-  const uint16_t* xe = reinterpret_cast<const uint16_t*>(&xv);
-  const uint16_t* re = reinterpret_cast<const uint16_t*>(&rv);
-  const uint16_t* we = reinterpret_cast<const uint16_t*>(&wv);
-  uint4 out;
-  uint16_t* oe = reinterpret_cast<uint16_t*>(&out);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const uint16_t s = r != nullptr ? from_f<BF16>(to_f<BF16>(xe[j]) + to_f<BF16>(re[j])) : xe[j];
-    oe[j] = from_f<BF16>(to_f<BF16>(we[j]) * to_f<BF16>(from_f<BF16>(to_f<BF16>(s) * inv)));
-  }
-  return out;
-}
-
 // The products of U steps of one warp from step s0, the weights already loaded (va, vb): the x loads first (16
 // bytes each), then the tensor-core products.
 // SILU (M <= 2, NT = 1): x is [gate | up] (M, 2K); the activation of the step's M x STEP values is spread over
 // the warp (lane p makes the pair at k 2p: 32 pairs a row for e4m3, 16 for T) and handed to the lanes that
 // multiply it by shuffles — 2 exponentials a lane and row, where each consumer lane making its own 16 would
 // keep the warp's special-function unit busy longer than its loads.
-// NORM (NT = 1): the lane's x row normed (``nr``, ``nwr``: its residual row and the norm weight at the lane's k;
-// ``inv``: its row's 1 / rms) as it is loaded.
+// NORM (NT = 1): ``xr`` points into shared memory (the normed rows the block made first).
 template <bool FP8, bool BF16, int NT, int U, bool SILU, bool NORM = false>
 __device__ __forceinline__ void products(float (&acc)[NT][4], const uint4 (&va)[U], const uint4 (&vb)[U],
                                          const uint16_t* const (&xr)[NT], const bool (&xin)[NT], int s0,
-                                         const uint16_t* xs, long ldx, int M, int K, const uint16_t* nr = nullptr,
-                                         const uint16_t* nwr = nullptr, float inv = 1.f) {
+                                         const uint16_t* xs, long ldx, int M, int K) {
   constexpr int E = FP8 ? 16 : 8;  // weight elements a lane reads per row and step (16 bytes)
   constexpr int STEP = 4 * E;      // k per step (a warp: 16 rows x STEP k)
   constexpr int XV = FP8 ? 2 : 1;  // 16-byte vectors of x a lane reads per step
@@ -181,7 +161,7 @@ __device__ __forceinline__ void products(float (&acc)[NT][4], const uint4 (&va)[
 #pragma unroll
         for (int h = 0; h < XV; ++h) {
           const long k = (long)(s0 + u) * STEP + h * 8;
-          if (NORM) vx[n][u][h] = xin[n] ? norm8<BF16>(load_x(xr[n] + k), nr ? nr + k : nullptr, nwr + k, inv) : zero;
+          if (NORM) vx[n][u][h] = xin[n] ? *reinterpret_cast<const uint4*>(xr[n] + k) : zero;
           else vx[n][u][h] = xin[n] ? load_x(xr[n] + k) : zero;
         }
     }

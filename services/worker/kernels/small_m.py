@@ -164,12 +164,18 @@ _counts: dict[torch.device, Tensor] = {}  # per device: a count per output tile 
 
 
 def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config | cuda_gemv.CudaConfig = CONFIGS[0],
-           silu_mul: bool = False) -> Tensor:
+           silu_mul: bool = False, act_out: bool = False) -> Tensor:
     """x (M ≤ MAX_M, K) @ w (N, K)^T, times ``scale`` (N,) per output row if given → (M, N) in x's dtype.
     ``silu_mul``: x is (M, 2K), [gate | up], and the product is taken with silu(gate) · up (the
-    activation fused into the weight's read: one kernel less a layer)."""
+    activation fused into the weight's read: one kernel less a layer). ``act_out``: w is [gate | up] and
+    the result silu(gate) · up (M, N / 2) — made as the CUDA kernel stores its sums; the activation
+    kernel after the Triton ones."""
     if isinstance(cfg, cuda_gemv.CudaConfig):  # (the CUDA kernel: gemv.cu)
-        return cuda_gemv.linear(x, w, scale, cfg, silu_mul)
+        return cuda_gemv.linear(x, w, scale, cfg, silu_mul, act_out)
+    if act_out:
+        from services.worker.models.ops import current_ops
+
+        return current_ops().silu_and_mul(linear(x, w, scale, cfg, silu_mul))
     m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
     assert m <= MAX_M and x.shape[1] == (2 * k if silu_mul else k) and w.stride(1) == 1
@@ -231,18 +237,22 @@ def _time(fn_for, copies: int, reps: int = 3) -> float:
     return start.elapsed_time(end) / 1e3 / (reps * calls)
 
 
-def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtype, act=None) -> dict[str, str]:
+def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtype, act=None,
+         act_out=None) -> dict[str, str]:
     """For each distinct (N, K, dtype) of ``weights`` ((weight, scale or None) pairs on a CUDA
     device) and each M range of ``BUCKETS`` (timed at its largest M): the fastest config that is
     correct (against float32 on the dequantized weight) and ≥ 3 % faster than the library path
     (``library(x, w, scale)``), else the library. With ``act`` (SiluAndMul: (M, 2K) → (M, K)) the
-    weights are read after it: the fused kernel (``silu_mul``) against ``act`` then the library.
+    weights are read after it: the fused kernel (``silu_mul``) against ``act`` then the library. With
+    ``act_out`` (SiluAndMul) the weights are [gate | up] and their product goes through it: the kernel that
+    makes it as it stores (``act_out``) against the library then ``act_out``.
     → {"NxK dtype": what won, per M range}."""
     report: dict[str, str] = {}
     for w, s in weights:
         n, k = w.shape
-        key = (n, k, w.dtype) + (("silu_mul",) if act is not None else ())
-        name = f"{n}x{k} {str(w.dtype).removeprefix('torch.')}" + (" after silu_mul" if act is not None else "")
+        key = (n, k, w.dtype) + (("silu_mul",) if act is not None else ()) + (("act_out",) if act_out else ())
+        name = (f"{n}x{k} {str(w.dtype).removeprefix('torch.')}" + (" after silu_mul" if act is not None else "")
+                + (" then silu_mul" if act_out is not None else ""))
         if name in report:
             continue
         if key in kernels.tuned:  # (decided earlier in this process: kept)
@@ -253,23 +263,28 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
         ws = [w] + [w.clone() for _ in range(copies - 1)]
         deq = w.float() if s is None else w.float() * s.float()[:, None]
         lib = library if act is None else (lambda x, w, s: library(act(x), w, s))
+        if act_out is not None:
+            lib = lambda x, w, s, plain=lib: act_out(plain(x, w, s))  # noqa: E731
         picks, said = [], []
         for top in BUCKETS:
             x = torch.randn(top, 2 * k if act is not None else k, dtype=dtype, device=w.device) / k**0.5
             want = (x if act is None else act(x)).float() @ deq.t()
+            if act_out is not None:
+                want = torch.nn.functional.silu(want[:, : n // 2]) * want[:, n // 2:]
             base = _time(lambda i: lib(x, ws[i], s), copies)
             best, best_t = None, base / 1.03
             for cfg in CONFIGS + cuda_gemv.configs_for(w, x):
                 try:
-                    got = linear(x, w, s, cfg, act is not None)
+                    got = linear(x, w, s, cfg, act is not None, act_out is not None)
                     if not _close(got.float(), want):
                         continue
                     # the same bits every time where parts are added across programs (the tile's last
                     # program, its count and the parts' visibility; the CUDA kernel's warps)
                     repeats = not isinstance(cfg, Config) or cfg.last_adds
-                    if repeats and not all(torch.equal(linear(x, w, s, cfg, act is not None), got) for _ in range(16)):
+                    again = (linear(x, w, s, cfg, act is not None, act_out is not None) for _ in range(16))
+                    if repeats and not all(torch.equal(y, got) for y in again):
                         continue
-                    t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg, act is not None), copies)
+                    t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg, act is not None, act_out is not None), copies)
                 except Exception:  # (a config the compiler rejects on this device)
                     continue
                 if t < best_t:
@@ -290,7 +305,8 @@ def _close(got: Tensor, want: Tensor) -> bool:
 def tune_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
     """``tune`` over the model's linear layers (those with ``quantized()``: weight, scale or None),
     against cuBLAS (bf16/fp16 weights) or the FP8 library path (e4m3 weights); the projections that
-    read a SiluAndMul's output (``silu_mul_input``) also with the activation fused in."""
+    read a SiluAndMul's output (``silu_mul_input``) also with the activation fused in, and those whose output
+    goes through one (``silu_mul_output``: gate/up) also with it made as the kernel stores."""
     import torch.nn.functional as F
 
     from services.worker.models.ops import current_ops
@@ -303,12 +319,15 @@ def tune_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
     mods = [mod for mod in model.modules() if hasattr(mod, "quantized")]
     fp8, plain = by_dtype([mod.quantized() for mod in mods])
     fp8_act, plain_act = by_dtype([mod.quantized() for mod in mods if getattr(mod, "silu_mul_input", False)])
+    fp8_out, plain_out = by_dtype([mod.quantized() for mod in mods if getattr(mod, "silu_mul_output", False)])
     act = current_ops().silu_and_mul
     with torch.inference_mode():
         report = tune(plain, lambda x, w, s: F.linear(x, w), dtype)
         report.update(tune(fp8, library_fp8_linear, dtype))
         report.update(tune(plain_act, lambda x, w, s: F.linear(x, w), dtype, act))
         report.update(tune(fp8_act, library_fp8_linear, dtype, act))
+        report.update(tune(plain_out, lambda x, w, s: F.linear(x, w), dtype, act_out=act))
+        report.update(tune(fp8_out, library_fp8_linear, dtype, act_out=act))
     return report
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from services.worker.attention.base import AttentionBackend
 from services.worker.models.layers import (
-    MergedColumnParallelLinear,
+    GateUpParallelLinear,
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
@@ -61,16 +61,18 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: DecoderConfig, tp: TPGroup) -> None:
         super().__init__()
         inter = cfg.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], cfg.mlp_bias, tp)
+        self.gate_up_proj = GateUpParallelLinear(cfg.hidden_size, inter, cfg.mlp_bias, tp)
         self.act = SiluAndMul()
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, tp)
         self.down_proj.silu_mul_input = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T, H): the activation, then down
-        return self.down_proj.forward_silu_mul(gate_up, self.act)
+        """At decode sizes the activation is made by the gate/up kernel as it stores, or by the down
+        projection's as it loads, where either measured faster; else a kernel of its own."""
+        act = self.gate_up_proj.forward_silu_mul(x)
+        if act is not None:
+            return self.down_proj(act)
+        return self.down_proj.forward_silu_mul(self.gate_up_proj(x), self.act)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -101,9 +103,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def after_attention(self, out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention's output (T, Hq * D) → this layer's (output, residual)."""
-        gate_up, residual = self.post_attention_layernorm.then(self.mlp.gate_up_proj, self.self_attn.o_proj(out),
-                                                               residual)
-        return self.mlp.down(gate_up), residual
+        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(out), residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
