@@ -50,7 +50,7 @@ def test_no_configs_without_a_cuda_tensor_and_the_names() -> None:
     w = torch.zeros(32, 64, dtype=torch.uint8).view(FP8)
     assert cuda_gemv.configs_for(w, x) == ()
     assert not cuda_gemv.supports(x, w)
-    assert str(cuda_gemv.CudaConfig(16, 2, 4)) == "cuda_w16u2a4" and len(set(cuda_gemv.CONFIGS)) == 12
+    assert str(cuda_gemv.CudaConfig(16, 2, 4)) == "cuda_w16u2a4" and len(set(cuda_gemv.CONFIGS)) == 13
     assert str(cuda_gemv.CudaConfig(8, 4, 0, True)) == "cuda_w8u4a0p"
     assert str(cuda_gemv.NORM_CONFIG) == "cuda_w8u2a0pd" and cuda_gemv.NORM_CONFIG in cuda_gemv.CONFIGS
     assert all(c.unroll == 2 and c.ahead == 0 and c.pdl for c in cuda_gemv.CONFIGS if c.pipe)  # (what gemv.cu builds)

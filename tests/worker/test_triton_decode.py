@@ -2,7 +2,8 @@
 the CPU against the PyTorch reference math: table rows out of order, contexts of 1 token to several
 blocks, every split count (empty splits included), per-layer K/V scales, a strided q, a graph's flat
 slot list, a cascade step's own level (positions from ``starts``) and its log-sum-exp (base 2, as
-FlashInfer's), products in fp16, the split counts in use and the warm-up's launches of them. float32 caches here (the interpreter's fp8 emulation does not round
+FlashInfer's), products in fp16, the split counts in use and the warm-up's launches of them; the parts merged
+by each pair's last program, its count left zero. float32 caches here (the interpreter's fp8 emulation does not round
 as the GPU does); the FP8 pool on the GPU: benchmarks/gpu/fp8_decode_bench.py (against FlashInfer on
 the same cache). Skipped visibly where Triton is not installed."""
 
@@ -68,6 +69,8 @@ assert o.dtype == q.dtype and torch.allclose(o, ref(q, 0.5, 2.0)[0], atol=2e-2, 
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
 assert td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu")) == 3 * len(td.SPLIT_COUNTS)
+# one launch: each (request, KV head)'s last program merged its parts, and left its count zero for the next launch
+assert int(td._counts[torch.device("cpu")].abs().sum()) == 0
 print("triton decode ok")
 """
 

@@ -7,9 +7,11 @@ made decode-heavy runs slower, not faster. This kernel reads each request's K/V 
 elements), widens them in registers, and attends the GQA group's query heads to them at once (the
 group padded to a tensor-core tile).
 
-Two launches: (1) a grid of (request, KV head, split) programs, each over one contiguous part of
-the request's context → a partial output and log-sum-exp per query head; (2) the parts of each
-(request, query head) merged by their log-sum-exp, times the pool's ``v_scale``. Nothing is
+One launch: a grid of (request, KV head, split) programs, each over one contiguous part of the
+request's context → a partial output and log-sum-exp per query head; the program that finishes a
+(request, KV head) last (a count per pair, reset by it) merges its parts by their log-sum-exp, times
+the pool's ``v_scale`` (a second kernel did that before: 1.7 µs a layer at batch 1 on the H200,
+docs/perf.md). Nothing is
 planned on the host: the programs read each request's table row and prefix length from the device
 (the graph buffers or the eager batch), and the split count depends only on the batch size, so a
 CUDA graph captured at a batch size replays for any context lengths.
@@ -67,12 +69,13 @@ def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int
 
 if triton is not None:
     @triton.jit
-    def _partial_kernel(Q, K, V, Table, Rows, Prefix, Start, Opart, Lpart,
+    def _partial_kernel(Q, K, V, Table, Rows, Prefix, Start, Opart, Lpart, Out, Lse, Count,
                         stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                        qk_scale,
+                        stride_out_t, stride_out_h, stride_lse_b, qk_scale, v_scale,
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK: tl.constexpr, SPLITS: tl.constexpr, HAS_START: tl.constexpr, F16: tl.constexpr):
+                        BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
+                        F16: tl.constexpr, WRITE_LSE: tl.constexpr):
         b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         row = tl.load(Rows + b).to(tl.int64)
         n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
@@ -111,30 +114,32 @@ if triton is not None:
         full = l_i > 0
         out = acc / tl.where(full, l_i, 1.0)[:, None]
         lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))  # log2 units
-        o_ptr = Opart + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
-        tl.store(o_ptr, out, mask=gmask[:, None] & dmask[None, :])
-        tl.store(Lpart + b * stride_lb + heads * stride_lh + s, lse, mask=gmask)
-
-    @triton.jit
-    def _merge_kernel(Opart, Lpart, Out, Lse,
-                      stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_out_t, stride_out_h,
-                      stride_lse_b, v_scale,
-                      D: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                      WRITE_LSE: tl.constexpr):
-        b, hq = tl.program_id(0), tl.program_id(1)
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_d = tl.arange(0, BLOCK_D)
-        smask, dmask = offs_s < SPLITS, offs_d < D
-        lse = tl.load(Lpart + b * stride_lb + hq * stride_lh + offs_s, mask=smask, other=float("-inf"))
-        m = tl.max(lse, 0)
-        w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - m), 0.0)
-        total = tl.sum(w, 0)
-        o = tl.load(Opart + b * stride_ob + hq * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :],
-                    mask=smask[:, None] & dmask[None, :], other=0.0)
-        out = tl.sum(o * w[:, None], 0) / total * v_scale
-        tl.store(Out + b * stride_out_t + hq * stride_out_h + offs_d, out.to(Out.dtype.element_ty), mask=dmask)
-        if WRITE_LSE:  # base 2, as FlashInfer's states (merged with them in cascade steps)
-            tl.store(Lse + b * stride_lse_b + hq, m + tl.log2(total))
+        o_at = Opart + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        hd_mask = gmask[:, None] & dmask[None, :]
+        tl.store(o_at + s * stride_os, out, mask=hd_mask)
+        l_at = Lpart + b * stride_lb + heads * stride_lh
+        tl.store(l_at + s, lse, mask=gmask)
+        # the pair's last program merges its parts (every thread's part stored before the count says so)
+        tl.debug_barrier()
+        count = Count + b * tl.num_programs(1) + h
+        if tl.atomic_add(count, 1, sem="acq_rel") == SPLITS - 1:
+            offs_s = tl.arange(0, BLOCK_S)
+            parts = tl.load(l_at[:, None] + offs_s[None, :], mask=gmask[:, None] & (offs_s[None, :] < SPLITS),
+                            other=float("-inf"), cache_modifier=".cg")  # (BLOCK_H, BLOCK_S)
+            top = tl.max(parts, 1)
+            top = tl.where(top > float("-inf"), top, 0.0)
+            w = tl.where(parts > float("-inf"), tl.exp2(parts - top[:, None]), 0.0)
+            total = tl.sum(w, 1)
+            merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+            for j in tl.static_range(SPLITS):  # (in order: the same sum every run)
+                wj = tl.sum(tl.where(offs_s[None, :] == j, w, 0.0), 1)
+                merged += tl.load(o_at + j * stride_os, mask=hd_mask, other=0.0, cache_modifier=".cg") * wj[:, None]
+            merged = merged / tl.where(total > 0, total, 1.0)[:, None] * v_scale
+            tl.store(Out + b * stride_out_t + heads[:, None] * stride_out_h + offs_d[None, :],
+                     merged.to(Out.dtype.element_ty), mask=hd_mask)
+            if WRITE_LSE:  # base 2, as FlashInfer's states (merged with them in cascade steps)
+                tl.store(Lse + b * stride_lse_b + heads, top + tl.log2(total), mask=gmask)
+            tl.atomic_xchg(count, 0)
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
@@ -158,22 +163,34 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     splits = splits or num_splits(bsz, hkv)
     o_part = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
+    out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part
     block_d = triton.next_power_of_2(d)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
+        out, lse, _pair_counts(q.device, bsz * hkv),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         req_to_token.stride(0) if table_stride is None else table_stride,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
-        sm_scale * k_scale * 1.4426950408889634,  # (exp2: scores in log2 units)
+        out.stride(0), out.stride(1), lse.stride(0),
+        sm_scale * k_scale * 1.4426950408889634, v_scale,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
-        HAS_START=starts is not None, F16=f16, num_warps=num_warps, num_stages=num_stages,
-    )
-    out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part
-    _merge_kernel[(bsz, hq)](
-        o_part, l_part, out, lse,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), v_scale,
-        D=d, BLOCK_D=block_d, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), WRITE_LSE=return_lse,
+        BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return (out, lse) if return_lse else out
+
+
+MAX_PAIRS = 1 << 16  # (request, KV head) pairs a launch may have: the counts' size
+_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def _pair_counts(device: torch.device, pairs: int) -> torch.Tensor:
+    """Zeroed int32 counts, one per (request, KV head) of a launch (each launch leaves them zero again): made by
+    the first launch on a device — ``warm_up``'s, eager, before any CUDA graph captures one — at a fixed address."""
+    if pairs > MAX_PAIRS:
+        raise ValueError(f"triton decode: {pairs} (request, KV head) pairs, more than {MAX_PAIRS}")
+    counts = _counts.get(device)
+    if counts is None:
+        counts = _counts[device] = torch.zeros(MAX_PAIRS, dtype=torch.int32, device=device)
+    return counts

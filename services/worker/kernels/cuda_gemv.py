@@ -58,7 +58,7 @@ class CudaConfig:
 # launched overlapping the kernel before it; the pipelined kernel at its two builds, PDL-launched)
 CONFIGS = tuple(CudaConfig(w, u, a, pdl) for pdl in (False, True)
                 for w, u, a in ((8, 4, 0), (8, 2, 0), (16, 4, 1), (16, 4, 2), (16, 2, 4))) + (
-    CudaConfig(8, 2, 0, True, True), CudaConfig(16, 2, 0, True, True))
+    CudaConfig(4, 2, 0, True, True), CudaConfig(8, 2, 0, True, True), CudaConfig(16, 2, 0, True, True))
 # the config of the linear with the add-RMSNorm in front (``norm_linear``: the pipelined kernel, 8 warps)
 NORM_CONFIG = CudaConfig(8, 2, 0, True, True)
 

@@ -239,8 +239,8 @@ __device__ __forceinline__ void norm_rows(const uint16_t* xs, long ldx, const No
 constexpr int NORM_MAX_VALUES = 16384;
 
 // (blocks an SM must hold: registers capped so that 768-1024 threads fit, as the plain kernel's do — the two
-// chunks in flight must not cost resident warps)
-#define PIPE_BLOCKS(KW) ((KW) == 8 ? 3 : 2)
+// chunks in flight must not cost resident warps; 4-warp blocks: more, smaller blocks, a finer last wave)
+#define PIPE_BLOCKS(KW) ((KW) == 4 ? 6 : (KW) == 8 ? 3 : 2)
 
 // The pipelined kernel (M <= 8, one column tile): each warp's first chunk of U steps loaded before the wait for
 // the kernel before it (a weight is no kernel's output: with PDL those loads overlap that kernel's end), then
@@ -311,8 +311,8 @@ int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, b
 
 // One launch of the kernel the arguments pick: (kw, unroll) among the pairs built here; ``pipe`` the pipelined
 // kernel (``nm.nw`` set: with the norm), else ``ahead`` > 0 the prefetching one. The pipelined kernel is built
-// for 2 steps a chunk only (two chunks in flight: with 4, the register cap spills), the norm for 8 warps only
-// (16: spills).
+// for 2 steps a chunk only (two chunks in flight: with 4, the register cap spills), with 4, 8 or 16 warps; the
+// norm with 8 only (16: spills; 4: six blocks' normed rows would not fit an SM's shared memory).
 template <bool FP8, bool BF16, bool SILU>
 int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, cudaStream_t st, const void* x,
                 const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post, int act,
@@ -324,6 +324,9 @@ int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, c
                            ldx, ldy, post, act, nm)
                   : launch(gemv_pipe_kernel<FP8, BF16, 8, 2, SILU, false>, grid, 256, st, pdl, x, w, s, y, M, N, K,
                            ldx, ldy, post, act, nm);
+    if (kw == 4 && unroll == 2 && !norm)
+      return launch(gemv_pipe_kernel<FP8, BF16, 4, 2, SILU, false>, grid, 128, st, pdl, x, w, s, y, M, N, K, ldx,
+                    ldy, post, act, nm);
     if (kw == 16 && unroll == 2 && !norm)
       return launch(gemv_pipe_kernel<FP8, BF16, 16, 2, SILU, false>, grid, 512, st, pdl, x, w, s, y, M, N, K, ldx,
                     ldy, post, act, nm);
