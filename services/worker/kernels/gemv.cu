@@ -121,6 +121,31 @@ __device__ __forceinline__ void tile_rows(bool act, int N, int g, int& ra, int& 
   }
 }
 
+// The warp's share of the block's work: its steps [s_lo, s_hi) of K (the block's warps split K evenly) and where
+// its lane's two weight rows start (tile_rows), at the lane's 16 bytes of a step.
+struct WarpPart {
+  int s_lo, s_hi;
+  const uint8_t* wa;
+  const uint8_t* wb;
+};
+
+template <bool FP8, int KW>
+__device__ __forceinline__ WarpPart warp_part(const uint8_t* w, int N, int K, bool act) {
+  constexpr int STEP = FP8 ? 64 : 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int steps = K / STEP;
+  const int per_warp = (steps + KW - 1) / KW;
+  WarpPart p;
+  p.s_lo = min(steps, warp * per_warp);
+  p.s_hi = min(steps, p.s_lo + per_warp);
+  const long wrow = (long)K * (FP8 ? 1 : 2);
+  int ra, rb;
+  tile_rows(act, N, lane >> 2, ra, rb);
+  p.wa = w + ra * wrow + (lane & 3) * 16;
+  p.wb = w + rb * wrow + (lane & 3) * 16;
+  return p;
+}
+
 // x (M, K) in T (bf16 if BF16 else f16, rows ldx apart), W (N, K) e4m3 (FP8) or T, scale (N) float or
 // null, y (M, N) in T (rows ldy apart). K a multiple of the step (64 k for e4m3, 32 for T), pointers and
 // row strides 16-byte aligned (checked by the caller).
@@ -135,16 +160,12 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
                                                        long pf_bytes) {
   constexpr int E = FP8 ? 16 : 8;
   constexpr int STEP = 4 * E;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int steps = K / STEP;
-  const int per_warp = (steps + KW - 1) / KW;
-  const int s_lo = min(steps, warp * per_warp), s_hi = min(steps, s_lo + per_warp);
-  const long wrow = (long)K * (FP8 ? 1 : 2);
-  int ra, rb;
-  tile_rows(act != 0, N, g, ra, rb);
-  const uint8_t* wa = w + ra * wrow + t * 16;
-  const uint8_t* wb = w + rb * wrow + t * 16;
+  const WarpPart p = warp_part<FP8, KW>(w, N, K, act != 0);
+  const int s_lo = p.s_lo, s_hi = p.s_hi;
+  const uint8_t* wa = p.wa;
+  const uint8_t* wb = p.wb;
   const uint16_t* xs = static_cast<const uint16_t*>(x);
   bool xin[NT];
   const uint16_t* xr[NT];
@@ -252,23 +273,14 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
                                                             int M, int N, int K, long ldx, long ldy, float post,
                                                             int act, NormIn nm) {
   constexpr int E = FP8 ? 16 : 8;
-  constexpr int STEP = 4 * E;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int steps = K / STEP;
-  const int per_warp = (steps + KW - 1) / KW;
-  const int s_lo = min(steps, warp * per_warp), s_hi = min(steps, s_lo + per_warp);
-  const long wrow = (long)K * (FP8 ? 1 : 2);
-  int ra, rb;
-  tile_rows(act != 0, N, g, ra, rb);
-  const uint8_t* wa = w + ra * wrow + t * 16;
-  const uint8_t* wb = w + rb * wrow + t * 16;
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const WarpPart p = warp_part<FP8, KW>(w, N, K, act != 0);
   const uint16_t* xs = static_cast<const uint16_t*>(x);
   const bool xin[1] = {g < M};
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   uint4 va[U], vb[U];
-  int s0 = s_lo;
-  if (s0 + U <= s_hi) load_w<FP8, U>(va, vb, wa, wb, s0);
+  int s0 = p.s_lo;
+  if (s0 + U <= p.s_hi) load_w<FP8, U>(va, vb, p.wa, p.wb, s0);
   wait_for_previous_kernel();
   __shared__ __align__(16) uint16_t xn[NORM ? NORM_MAX_VALUES : 8];
   const uint16_t* xr[1] = {xs + (long)g * ldx + t * E};
@@ -276,19 +288,19 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
     norm_rows<BF16, KW>(xs, ldx, nm, M, K, xn);
     xr[0] = xn + g * K + t * E;  // (the lane's row, normed, in shared memory)
   }
-  for (; s0 + U <= s_hi; s0 += U) {
+  for (; s0 + U <= p.s_hi; s0 += U) {
     uint4 na[U], nb[U];
-    const bool more = s0 + 2 * U <= s_hi;
-    if (more) load_w<FP8, U>(na, nb, wa, wb, s0 + U);
+    const bool more = s0 + 2 * U <= p.s_hi;
+    if (more) load_w<FP8, U>(na, nb, p.wa, p.wb, s0 + U);
     products<FP8, BF16, 1, U, SILU, NORM>(acc, va, vb, xr, xin, s0, xs, ldx, M, K);
     if (more) {
 #pragma unroll
       for (int u = 0; u < U; ++u) { va[u] = na[u]; vb[u] = nb[u]; }
     }
   }
-  for (; s0 < s_hi; ++s0) {
+  for (; s0 < p.s_hi; ++s0) {
     uint4 a1[1], b1[1];
-    load_w<FP8, 1>(a1, b1, wa, wb, s0);
+    load_w<FP8, 1>(a1, b1, p.wa, p.wb, s0);
     products<FP8, BF16, 1, 1, SILU, NORM>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K);
   }
   let_next_kernel_start();
