@@ -141,3 +141,44 @@ def test_the_mlp_takes_the_activation_from_the_gate_up_kernel_where_it_was_chose
     monkeypatch.setattr(kernels, "choices", {(96, 32, torch.float32, "act_out"): ((4, cuda_gemv.CudaConfig()),)})
     assert torch.allclose(mlp(x), want, atol=1e-6) and made == [True]
     assert kernels.small_m_config(torch.zeros(5, 32), mlp.gate_up_proj.weight, act_out=True) is None  # (M 5: not)
+
+
+def test_the_l2_chain_follows_the_models_order_over_the_cuda_kernels_linears(monkeypatch) -> None:
+    """``kernels.chain_l2`` (opt-in): the linears whose shape chose the CUDA kernel at batch 1 — plain, with SiLU in
+    the read (down) or the activation made as it stores (gate/up) — in the model's order (each layer's q/k/v,
+    gate/up, down, then the lm_head), each linking up to the asked MiB (at most half the L2); off by default."""
+    import types
+
+    from services.worker import kernels
+    from services.worker.kernels.small_m import Config
+    from services.worker.models.config import DecoderConfig
+    from services.worker.models.llama import LlamaForCausalLM
+    from services.worker.models.ops import TORCH_OPS, use_ops
+    from services.worker.models.rotary import RopeConfig
+    from services.worker.tp import TPGroup
+
+    cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                        vocab_size=256, max_positions=64, rms_norm_eps=1e-6, rope=RopeConfig(),
+                        tie_word_embeddings=False)
+    with use_ops(TORCH_OPS):
+        model = LlamaForCausalLM(cfg, TPGroup())
+    cuda = cuda_gemv.CudaConfig(8, 2, 0, True, True)
+    monkeypatch.setattr(kernels, "choices", {
+        (128, 64, torch.float32): ((1, cuda),),  # q/k/v
+        (64, 64, torch.float32): ((1, Config(32, 256)),),  # o: a Triton config, not chained
+        (192, 64, torch.float32, "act_out"): ((1, cuda),),  # gate/up with the activation
+        (64, 96, torch.float32, "silu_mul"): ((1, cuda),),  # down with SiLU in its read
+        (256, 64, torch.float32): ((1, cuda),),  # lm_head
+    })
+    made = []
+    monkeypatch.setattr(cuda_gemv, "chain", lambda order, cap: made.append((order, cap)) or len(order))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=60 << 20))
+    monkeypatch.delenv("BANYAN_GEMV_L2_CHAIN", raising=False)
+    assert kernels.chain_l2(model, torch.device("cpu")) == "off" and made == [([], 0)]
+    monkeypatch.setenv("BANYAN_GEMV_L2_CHAIN", "40")
+    assert kernels.chain_l2(model, torch.device("cpu")) == "7 linears, 30 MiB each"  # (capped at half the L2)
+    layers = model.model.layers
+    want = [w for layer in layers for w in (layer.self_attn.qkv_proj.weight, layer.mlp.gate_up_proj.weight,
+                                            layer.mlp.down_proj.weight)] + [model.lm_head.weight]
+    order, cap = made[-1]
+    assert cap == 30 << 20 and [id(w) for w in order] == [id(w) for w in want]
