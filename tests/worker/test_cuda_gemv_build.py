@@ -99,7 +99,7 @@ def test_the_fused_norm_is_taken_only_where_the_linear_runs_on_the_cuda_kernel(m
     biased_want = biased(norm(x, r)[0])
     kernels.choices[(32, 64, torch.float32)] = ((4, cuda_gemv.CudaConfig(8, 4, 0, True)),)
     assert kernels.try_norm_linear(x, r, norm.weight, 1e-6, biased.weight, None) == ("fused", r)
-    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg, silu=False: x @ w.t())  # (the CPU's)
+    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg, silu=False, act=False: x @ w.t())  # (the CPU's)
     assert torch.allclose(norm.then(biased, x, r)[0], biased_want) and len(calls) == 2  # (a bias: not fused)
     nine = torch.randn(9, 64), torch.randn(9, 64)  # (9 rows: over the kernel's 8)
     assert torch.equal(norm.then(lin, *nine)[0], lin(norm(*nine)[0])) and len(calls) == 2

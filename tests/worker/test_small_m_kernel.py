@@ -59,7 +59,7 @@ def test_a_layer_takes_the_kernel_only_for_a_chosen_shape(monkeypatch) -> None:
     from services.worker.tp import TPGroup
 
     calls = []
-    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg, silu_mul=False: calls.append(cfg) or x @ w.t())
+    monkeypatch.setattr(kernels, "small_m_linear", lambda x, w, s, cfg, silu_mul=False, act_out=False: calls.append(cfg) or x @ w.t())
     monkeypatch.setattr(kernels, "choices", {})
     lin = ColumnParallelLinear(32, 48, bias=False, tp=TPGroup())
     torch.manual_seed(0)
@@ -126,7 +126,7 @@ def test_a_down_projection_fuses_the_activation_only_where_chosen(monkeypatch) -
 
     calls = []
 
-    def fake(x, w, s, cfg, silu_mul=False):
+    def fake(x, w, s, cfg, silu_mul=False, act_out=False):
         calls.append((cfg, silu_mul))
         if silu_mul:
             gate, up = x.chunk(2, dim=-1)

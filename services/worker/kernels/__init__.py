@@ -86,7 +86,7 @@ def try_small_m(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
     cfg = small_m_config(x, w, silu_mul, act_out)
     if cfg is None or (act_out and bias is not None):
         return None
-    y = small_m_linear(x, w, scale, cfg, silu_mul, act_out) if act_out else small_m_linear(x, w, scale, cfg, silu_mul)
+    y = small_m_linear(x, w, scale, cfg, silu_mul, act_out)
     return y if bias is None else y + bias
 
 
