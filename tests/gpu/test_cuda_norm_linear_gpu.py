@@ -127,20 +127,20 @@ def test_rmsnorm_then_takes_the_kernel_only_where_the_linear_chose_it(gemv, monk
 def test_the_start_up_timing_decides_per_shape(gemv, monkeypatch) -> None:
     from services.worker import kernels
     from services.worker.kernels import small_m
-    from services.worker.models.layers import MergedColumnParallelLinear, RMSNorm, RowParallelLinear
+    from services.worker.models.layers import QKVParallelLinear, RMSNorm, RowParallelLinear
     from services.worker.models.ops import TORCH_OPS, use_ops
     from services.worker.tp import TPGroup
 
     monkeypatch.setattr(kernels, "choices", {})
     monkeypatch.setattr(kernels, "norm_fused", set())
-    with use_ops(TORCH_OPS), torch.device("cuda"):
-        model = torch.nn.ModuleList([RMSNorm(4096, 1e-6), MergedColumnParallelLinear(4096, [2048, 2048], False, TPGroup()),
+    with use_ops(TORCH_OPS), torch.device("cuda"):  # (q/k/v: 16 + 2 × 8 heads of 128 = 4096 rows)
+        model = torch.nn.ModuleList([RMSNorm(4096, 1e-6), QKVParallelLinear(4096, 128, 16, 8, False, TPGroup()),
                                      RowParallelLinear(8192, 4096, False, TPGroup())]).bfloat16()
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     cfg = gemv.CudaConfig(8, 4, 0, True)
     kernels.choices[(4096, 4096, torch.bfloat16)] = ((1, cfg),)
-    kernels.choices[(4096, 8192, torch.bfloat16)] = ((1, cfg),)  # (its input is no norm's width: not timed)
+    kernels.choices[(4096, 8192, torch.bfloat16)] = ((1, cfg),)  # (its input is no norm's output: not timed)
     report = small_m.tune_norm_linear(model, torch.bfloat16)
     assert list(report) == ["4096x4096 bfloat16"], report
     assert report["4096x4096 bfloat16"].startswith("fused" if kernels.norm_fused else "apart")

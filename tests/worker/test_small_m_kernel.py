@@ -180,3 +180,31 @@ def test_tune_times_the_gate_up_kernel_with_its_activation_made_as_it_stores(mon
         assert torch.allclose(kernel(x, w, None, None, act_out=True), F.silu(full[:, :24]) * full[:, 24:])
     finally:
         kernels.reset()
+
+
+def test_the_fused_norm_is_timed_only_for_linears_that_take_a_norms_output(monkeypatch) -> None:
+    """``tune_norm_linear``: only the linears marked ``norm_input`` (q/k/v) whose shape chose the CUDA kernel are
+    timed, once per shape; the fused kernel recorded where it timed faster."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from services.worker.kernels import cuda_gemv
+    from services.worker.kernels import small_m as sm
+    from services.worker.models.layers import QKVParallelLinear, RowParallelLinear
+    from services.worker.tp import TPGroup
+
+    kernels.reset()
+    model = torch.nn.ModuleList([RowParallelLinear(96, 64, False, TPGroup()),  # (a CUDA choice, not after a norm)
+                                 QKVParallelLinear(64, 16, 2, 1, False, TPGroup()),  # (64 rows)
+                                 QKVParallelLinear(64, 16, 2, 1, False, TPGroup()),  # (the same shape: once)
+                                 QKVParallelLinear(32, 16, 4, 2, False, TPGroup())])  # (128 rows: a Triton choice)
+    cuda = cuda_gemv.CudaConfig(8, 2, 0, True, True)
+    kernels.choices.update({(64, 64, torch.float32): ((1, cuda),), (64, 96, torch.float32): ((1, cuda),),
+                            (128, 32, torch.float32): ((1, sm.CONFIGS[0]),)})
+    times = iter([10e-6, 5e-6])  # (apart, then fused)
+    timed = []
+    monkeypatch.setattr(sm, "_time", lambda fn_for, copies: timed.append(copies) or next(times))
+    try:
+        report = sm.tune_norm_linear(model, torch.float32)
+        assert list(report) == ["64x64 float32"] and report["64x64 float32"].startswith("fused: 5.0 us")
+        assert len(timed) == 2 and kernels.norm_fused == {(64, 64, torch.float32)}
+    finally:
+        kernels.reset()

@@ -162,10 +162,11 @@ def enable_cuda_norm(device: torch.device) -> str:
 def enable_norm_linear(device: torch.device, model: torch.nn.Module | None = None,
                        dtype: torch.dtype = torch.bfloat16) -> str | dict[str, str]:
     """The add-RMSNorm in front of a linear fused into the linear's CUDA decode kernel (``cuda_gemv.norm_linear``:
-    no norm kernel before q/k/v nor before gate/up) where it agrees with the reference on ``device``, for the
-    weight shapes of ``model`` where it measured faster than the norm kernel then the linear's chosen kernel
-    (``small_m.tune_norm_linear``) → what is used (logged). Only where the linear's shape chose the CUDA kernel
-    (``try_norm_linear``). ``BANYAN_FUSED_NORM=0``: never; ``=all``: every such shape, untimed."""
+    no norm kernel before q/k/v) where it agrees with the reference on ``device``, for the weight shapes of
+    ``model``'s linears that take a norm's output (``norm_input``) where it measured faster than the norm kernel
+    then the linear's chosen kernel (``small_m.tune_norm_linear``) → what is used (logged). Only where the linear's
+    shape chose the CUDA kernel (``try_norm_linear``). ``BANYAN_FUSED_NORM=0``: never; ``=all``: every such
+    shape, untimed."""
     global _norm_linear
     _norm_linear = None
     norm_fused.clear()
@@ -203,7 +204,7 @@ def enable_norm_linear(device: torch.device, model: torch.nn.Module | None = Non
         return f"on up to {NORM_LINEAR_MAX_M} rows (no model: no shape yet)"
     if mode == "all":
         for mod in model.modules():
-            if hasattr(mod, "quantized"):
+            if getattr(mod, "norm_input", False):
                 w = mod.quantized()[0]
                 norm_fused.add((w.shape[0], w.shape[1], w.dtype))
         return f"on up to {NORM_LINEAR_MAX_M} rows, every shape on the CUDA kernel (BANYAN_FUSED_NORM=all)"

@@ -55,7 +55,7 @@ class CudaConfig:
 
 
 # (warps, unroll: pairs gemv.cu instantiates; the configs that won a shape in the 2026-12-03 calls, each also
-# launched overlapping the kernel before it; the pipelined kernel at its two builds, PDL-launched)
+# launched overlapping the kernel before it; the pipelined kernel with 4, 8 and 16 warps, PDL-launched)
 CONFIGS = tuple(CudaConfig(w, u, a, pdl) for pdl in (False, True)
                 for w, u, a in ((8, 4, 0), (8, 2, 0), (16, 4, 1), (16, 4, 2), (16, 2, 4))) + (
     CudaConfig(4, 2, 0, True, True), CudaConfig(8, 2, 0, True, True), CudaConfig(16, 2, 0, True, True))
@@ -206,11 +206,7 @@ def norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: fl
     rounds them. ``norm_linear_supports`` must have taken the inputs."""
     bf16 = x.dtype == torch.bfloat16
     lib = library(bf16)
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = x.contiguous()
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1
-                                 or residual.stride(0) % 8 or residual.data_ptr() % 16):
-        residual = residual.reshape(x.shape).to(x.dtype).contiguous()
+    x, residual = _aligned_rows(x, residual)
     norm_weight = norm_weight.contiguous()
     if scale is not None:
         scale = scale.float().contiguous()
@@ -227,6 +223,17 @@ def norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: fl
     if rc != 0:
         raise RuntimeError(f"cuda norm_linear: launch failed ({rc}) for {cfg}")
     return y, res_out
+
+
+def _aligned_rows(x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """x and the residual as the norm kernels read them: unit stride along a row, rows 16-byte aligned, the
+    residual x's shape and dtype (copies only where they are not)."""
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous()
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1
+                                 or residual.stride(0) % 8 or residual.data_ptr() % 16):
+        residual = residual.reshape(x.shape).to(x.dtype).contiguous()
+    return x, residual
 
 
 NORM_MAX_M = 8  # rows up to which ``add_rmsnorm`` is used (a block a row)
@@ -252,10 +259,7 @@ def add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
 def launch_add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, pdl: bool = True
                        ) -> tuple[Tensor, Tensor]:
     """``add_rmsnorm`` for inputs ``norm_supports`` has already taken (the per-step path: no second check)."""
-    x = x if x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 else x.contiguous()
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1
-                                 or residual.stride(0) % 8 or residual.data_ptr() % 16):
-        residual = residual.reshape(x.shape).to(x.dtype).contiguous()
+    x, residual = _aligned_rows(x, residual)
     weight = weight.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else x

@@ -22,8 +22,6 @@
 // this one), which may also take the add-RMSNorm in front of the linear (x + residual normed in the block).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -57,7 +55,7 @@ __device__ __forceinline__ void run_steps(float (&acc)[NT][4], const uint8_t* wa
 
 // The block's warps' partial sums added in a fixed order (the same sum every run), times ``post`` and the row's
 // scale, stored in T: warp 0 of the block stores its 16 rows x M columns. ``act``: the block's rows are 8 gate
-// rows (g) and the matching 8 up rows (g + 8, N / 2 further: act_rows): each lane has both of a pair and stores
+// rows (g) and the matching 8 up rows (g + 8, N / 2 further: tile_rows): each lane has both of a pair and stores
 // silu(gate) * up (each rounded to T first, as the projection's output is; the product in float32, rounded once,
 // as SiluAndMul does) at column j of y (M, N / 2).
 template <bool BF16, int NT, int KW>

@@ -332,21 +332,21 @@ def tune_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
 
 
 def tune_norm_linear(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
-    """For each linear of ``model`` whose shape chose the CUDA kernel at M = 1 and whose input is a norm's width:
-    the add-RMSNorm fused into it (``cuda_gemv.norm_linear``) timed against the norm kernel then the chosen
-    kernel, as a decode step runs them (replayed back to back); the fused one recorded in
-    ``kernels.norm_fused`` where it is faster → {"NxK dtype": the times}."""
-    widths = {mod.weight.shape[0] for mod in model.modules() if type(mod).__name__ == "RMSNorm"}
+    """For each linear of ``model`` that takes a norm's output (``norm_input``: q/k/v, through ``RMSNorm.then``)
+    and whose shape chose the CUDA kernel at M = 1: the add-RMSNorm fused into it (``cuda_gemv.norm_linear``)
+    timed against the norm kernel then the chosen kernel, as a decode step runs them (replayed back to back);
+    the fused one recorded in ``kernels.norm_fused`` where it is faster → {"NxK dtype": the times}."""
     report: dict[str, str] = {}
     with torch.inference_mode():
-        for mod in (m for m in model.modules() if hasattr(m, "quantized")):
+        for mod in (m for m in model.modules() if getattr(m, "norm_input", False)):
             w, s = mod.quantized()
             key = (w.shape[0], w.shape[1], w.dtype)
             name = f"{key[0]}x{key[1]} {str(w.dtype).removeprefix('torch.')}"
-            x = torch.randn(1, w.shape[1], dtype=dtype, device=w.device)
+            x = torch.empty(1, w.shape[1], dtype=dtype, device="meta")
             cfg = kernels.small_m_config(x, w)
-            if name in report or w.shape[1] not in widths or not isinstance(cfg, cuda_gemv.CudaConfig):
+            if name in report or not isinstance(cfg, cuda_gemv.CudaConfig):
                 continue
+            x = torch.randn(1, w.shape[1], dtype=dtype, device=w.device)
             r = torch.randn_like(x)
             nw = torch.ones(w.shape[1], dtype=dtype, device=w.device)
             copies = max(1, min(16, -(-L2_SPAN // (w.numel() * w.element_size()))))

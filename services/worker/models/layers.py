@@ -159,6 +159,8 @@ class GateUpParallelLinear(MergedColumnParallelLinear):
 class QKVParallelLinear(_ColumnSharded):
     """Fused q/k/v projection (shard ids "q", "k", "v"); output (T, (Hq + 2 Hkv) D) of local heads."""
 
+    norm_input = True  # (its input is the input norm's output, through ``RMSNorm.then``: ``small_m.tune_norm_linear``)
+
     def __init__(
         self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, tp: TPGroup
     ) -> None:
