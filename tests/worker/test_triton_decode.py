@@ -10,6 +10,7 @@ the same cache). Skipped visibly where Triton is not installed."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.support import run_in_triton_interpreter
 
@@ -79,3 +80,15 @@ print("triton decode ok")
 def test_triton_decode_in_the_interpreter() -> None:
     pytest.importorskip("triton", reason="Triton is not installed")
     run_in_triton_interpreter(SCRIPT, "triton decode ok", timeout=280)
+
+
+def test_pdl_launches_only_on_cuda_and_not_when_turned_off(monkeypatch) -> None:
+    from services.worker.kernels import triton_pdl
+
+    assert not triton_pdl.launch_pdl(torch.device("cpu"))  # (CPU tensors: the interpreter, no launch option)
+    monkeypatch.setenv("BANYAN_TRITON_PDL", "0")
+    triton_pdl._supported.cache_clear()
+    try:
+        assert not triton_pdl._supported(0)  # (no device queried: off before anything else)
+    finally:
+        triton_pdl._supported.cache_clear()

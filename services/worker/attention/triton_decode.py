@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from services.worker.kernels.triton_pdl import launch_pdl
+
 try:
     import triton
     import triton.language as tl
@@ -75,7 +77,10 @@ if triton is not None:
                         stride_out_t, stride_out_h, stride_lse_b, qk_scale, v_scale,
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
-                        F16: tl.constexpr, WRITE_LSE: tl.constexpr):
+                        F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         row = tl.load(Rows + b).to(tl.int64)
         n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
@@ -166,6 +171,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part
     block_d = triton.next_power_of_2(d)
+    pdl = launch_pdl(q.device)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
         out, lse, _pair_counts(q.device, bsz * hkv),
@@ -176,7 +182,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         sm_scale * k_scale * 1.4426950408889634, v_scale,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
-        num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, num_warps=num_warps, num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
     )
     return (out, lse) if return_lse else out
 

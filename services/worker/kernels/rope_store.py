@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8, FP8_MAX
 
 Tensor = torch.Tensor
@@ -24,7 +25,11 @@ Tensor = torch.Tensor
 @triton.jit
 def _rope_store_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, cs_ptr, k_inv_ptr, v_inv_ptr,
                        HQ, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h, c_stride_s,
-                       c_stride_h, cs_stride, QUANT: tl.constexpr, FMAX: tl.constexpr, HALF: tl.constexpr):
+                       c_stride_h, cs_stride, QUANT: tl.constexpr, FMAX: tl.constexpr, HALF: tl.constexpr,
+                       PDL: tl.constexpr):
+    if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, HALF)
@@ -73,10 +78,12 @@ def rope_store(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor
     assert d == cos_sin.shape[1] and d & (d - 1) == 0 and q.stride(2) == k.stride(2) == v.stride(2) == 1
     assert k_cache.stride(2) == 1 and k_cache.stride() == v_cache.stride() and cos_sin.stride(1) == 1
     quant = k_inv is not None
+    pdl = launch_pdl(q.device)
     _rope_store_kernel[(t, hq + hkv)](
         q, k, v, k_cache, v_cache, slots, positions, cos_sin, k_inv if quant else cos_sin,
         v_inv if quant else cos_sin, hq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), QUANT=quant, FMAX=FP8_MAX, HALF=d // 2, num_warps=1)
+        k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), QUANT=quant, FMAX=FP8_MAX, HALF=d // 2, PDL=pdl,
+        num_warps=1, **({"launch_pdl": True} if pdl else {}))
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, cos_sin: Tensor,

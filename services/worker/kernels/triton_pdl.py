@@ -1,0 +1,39 @@
+"""Programmatic dependent launch (PDL) for this project's Triton kernels (Hopper and later).
+
+The decode-size CUDA kernels (``gemv.cu``, ``norm.cu``) are launched to overlap the kernel before
+them; a Triton kernel between two of them (the rope + K/V write, the decode attention) broke that
+chain: it started only once the kernel before it had ended, and the linear after it could not start
+its weight loads until it had ended too. Launched with PDL, such a kernel waits for the previous one
+(``gdc_wait``) before it reads anything and at once lets the next one start (``gdc_launch_dependents``),
+whose blocks then load what no kernel writes (weights) while it runs. The wait comes first, so
+nothing a kernel reads is ever read early, and every kernel of the chain finishes after the one before.
+
+``launch_pdl(device)``: whether launches on ``device`` use it — CUDA capability ≥ 9, a Triton that has
+the launch option, not Triton's interpreter; ``BANYAN_TRITON_PDL=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def _supported(index: int) -> bool:
+    if os.environ.get("BANYAN_TRITON_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    if "launch_pdl" not in getattr(CUDAOptions, "__dataclass_fields__", {}):
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def launch_pdl(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    return _supported(device.index if device.index is not None else torch.cuda.current_device())
