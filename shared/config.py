@@ -254,8 +254,9 @@ class WorkerConfig(CommonConfig):
         "help": "KV cache storage: auto (the model dtype) | fp8_e4m3 (FP8 with a per-tensor scale, or the "
                 "checkpoint's per-layer / per-head k_scale and v_scale: twice the tokens in the same memory)"})
     decode_attention: str = field(default="auto", metadata={
-        "help": "decode attention kernel of the flashinfer backend: auto (flashinfer) | flashinfer | triton "
-                "(Banyan's split-KV kernel: reads an FP8 pool nearer bandwidth than FlashInfer's FP8-KV decode)"})
+        "help": "decode attention kernel of the flashinfer backend: auto | flashinfer | triton (Banyan's split-KV "
+                "kernel: reads an FP8 pool nearer bandwidth than FlashInfer's FP8-KV decode, and splits small batches' "
+                "contexts over more programs); auto: triton for FP8 pools, and for bf16/fp16 pools at up to 16 rows"})
     quantization: str = field(default="", metadata={
         "help": "weight quantization: empty (none, or what the checkpoint's quantization_config says: FP8 "
                 "checkpoints load as FP8) | fp8 (FP8 e4m3 weights with per-output-channel scales, quantized at "

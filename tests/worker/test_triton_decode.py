@@ -92,3 +92,21 @@ def test_pdl_launches_only_on_cuda_and_not_when_turned_off(monkeypatch) -> None:
         assert not triton_pdl._supported(0)  # (no device queried: off before anything else)
     finally:
         triton_pdl._supported.cache_clear()
+
+
+def test_which_decode_plans_auto_sends_to_the_triton_kernel() -> None:
+    from services.worker.attention.flashinfer_backend import AUTO_TRITON_ROWS, triton_max_rows
+
+    assert triton_max_rows("flashinfer", "cuda", True) == 0
+    assert triton_max_rows("triton", "cuda", False) == td_max_pairs()
+    assert triton_max_rows("auto", "cuda", False) == AUTO_TRITON_ROWS == 16  # bf16/fp16 pool: small batches
+    assert triton_max_rows("auto", "cuda", True) == td_max_pairs()  # FP8 pool: every decode
+    assert triton_max_rows("auto", "cpu", True) == 0  # (no Triton launches off CUDA)
+    with pytest.raises(ValueError, match="bad decode kernel"):
+        triton_max_rows("fa3", "cuda", False)
+
+
+def td_max_pairs() -> int:
+    from services.worker.attention import triton_decode
+
+    return triton_decode.MAX_PAIRS

@@ -30,7 +30,7 @@ def make_backend(name: str, pool: KVPool, num_q_heads: int, decode: str = "auto"
     if name == "flashinfer":
         from services.worker.attention.flashinfer_backend import FlashInferAttention
 
-        return FlashInferAttention(pool, num_q_heads, decode_kernel="triton" if decode == "triton" else "flashinfer")
+        return FlashInferAttention(pool, num_q_heads, decode_kernel=decode)
     from services.worker.attention.torch_backend import TorchAttention
 
     return TorchAttention(pool)

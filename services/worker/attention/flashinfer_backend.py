@@ -45,6 +45,7 @@ from shared.logging import get_logger
 log = get_logger("worker")
 
 WORKSPACE_BYTES = 256 << 20  # FlashInfer's float workspace (split-KV partial results), shared by all plans
+AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes the Triton kernel on a bf16/fp16 pool (``triton_rows``)
 
 Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -73,6 +74,15 @@ def _indptr(lengths: np.ndarray) -> torch.Tensor:  # (B,) -> (B + 1,) int32 on t
     return torch.from_numpy(out)
 
 
+def triton_max_rows(decode_kernel: str, device_type: str, quantized: bool) -> int:
+    """Rows of a decode plan up to which it goes through ``triton_decode`` (``FlashInferAttention.triton_rows``)."""
+    if decode_kernel not in ("flashinfer", "triton", "auto"):
+        raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
+    if decode_kernel == "auto":
+        return 0 if device_type != "cuda" else triton_decode.MAX_PAIRS if quantized else AUTO_TRITON_ROWS
+    return triton_decode.MAX_PAIRS if decode_kernel == "triton" else 0
+
+
 class FlashInferAttention(AttentionBackend):
     supports_cuda_graph = True
 
@@ -85,7 +95,7 @@ class FlashInferAttention(AttentionBackend):
         decode_tensor_cores: bool | None = None,  # None: when the GQA group is >= 4
         decode_backend: str = "auto",  # tensor-core decode: FA2 (auto) or FA3
         shared_backend: str = "fa2",  # the shared-prefix level of cascade steps
-        decode_kernel: str = "flashinfer",  # or "triton": every decode plan through ``triton_decode``
+        decode_kernel: str = "flashinfer",  # "triton": every decode plan through ``triton_decode``; "auto": below
     ) -> None:
         import flashinfer
 
@@ -95,10 +105,10 @@ class FlashInferAttention(AttentionBackend):
         self.num_q_heads = num_q_heads
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
-        self.triton_decode = decode_kernel == "triton"
+        self._triton_max_rows = triton_max_rows(decode_kernel, pool.device.type, pool.quantized)
         self._f16 = pool.quantized  # (Triton, FP8 pool: products in fp16 — e4m3 widens to it in one instruction)
         self._sm_scale = self.head_dim ** -0.5
-        if self.triton_decode and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
+        if self._triton_max_rows and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
             triton_decode.warm_up(pool.compute_dtype, pool.dtype, (num_q_heads, self.num_kv_heads, self.head_dim),
                                   pool.device, f16=self._f16)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
@@ -128,6 +138,15 @@ class FlashInferAttention(AttentionBackend):
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
         self._run: Run = self._run_ragged
         self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device
+
+    def triton_rows(self, rows: int) -> bool:
+        """Whether a decode plan of ``rows`` requests goes through ``triton_decode``: always with
+        ``decode_kernel="triton"``, never with "flashinfer"; with "auto", for an FP8 pool always
+        (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % with
+        Triton on the H200) and for a bf16/fp16 pool up to ``AUTO_TRITON_ROWS`` rows, where the
+        context is split over several programs a request (W1 4.43 → 4.29 ms; at W2's ~90-row and
+        ~500-row decodes FlashInfer's was 1–5 % faster; docs/perf.md, 2026-12-04)."""
+        return rows <= self._triton_max_rows and rows * self.num_kv_heads <= triton_decode.MAX_PAIRS
 
     # --- per step ------------------------------------------------------------------------------
     # A FlashInfer plan is written on the host into its wrapper's pinned buffer, and the copy that
@@ -231,7 +250,7 @@ class FlashInferAttention(AttentionBackend):
         """One plan (decode, or causal paged prefill) over the requests at table rows ``rows``."""
         dev, n = self.pool.device, len(own)
         starts = to_device(skip, torch.int64, dev) if skip.any() else None
-        if decode and self.triton_decode:  # (the last position each reads: skip + own - 1)
+        if decode and self.triton_rows(n):  # (the last position each reads: skip + own - 1)
             run = self._triton_run(batch.req_to_token, rows, to_device(skip + own - 1, torch.int64, dev), starts, lse)
             return lambda q, kv: run(q, None, None, kv[0], kv[1])
         indices = kv_indices(batch.req_to_token, rows, to_device(own, torch.int64, dev), int(own.sum()),
@@ -272,7 +291,7 @@ class FlashInferAttention(AttentionBackend):
         self._g_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
         self._g_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
         self._g_indices = torch.zeros(max_bs * max_context, dtype=torch.int32, device=dev)
-        for bs in batch_sizes:
+        for bs in (b for b in batch_sizes if not self.triton_rows(b)):
             self._graph_decode[bs] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
                 backend=self.decode_backend,
@@ -283,7 +302,7 @@ class FlashInferAttention(AttentionBackend):
     def _prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
         self._out_slots, self._reads_pool = batch.out_slots, True
-        if self.triton_decode:  # the slots into the fixed buffers (the graph reads them, never the table)
+        if self.triton_rows(bs):  # the slots into the fixed buffers (the graph reads them, never the table)
             seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
             indptr = _indptr(seq_lens)
             total = int(indptr[-1])
@@ -324,7 +343,7 @@ class FlashInferAttention(AttentionBackend):
 
     # --- helpers -------------------------------------------------------------------------------
     def _plan_decode(self, batch: AttentionBatch, wrapper) -> None:
-        if self.triton_decode:
+        if self.triton_rows(batch.num_reqs):
             self._run = self._triton_run(batch.req_to_token, batch.rows, batch.prefix_lens)
             return
         seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
