@@ -144,7 +144,7 @@ class FlashInferAttention(AttentionBackend):
         ``decode_kernel="triton"``, never with "flashinfer"; with "auto", for an FP8 pool always
         (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % with
         Triton on the H200) and for a bf16/fp16 pool up to ``AUTO_TRITON_ROWS`` rows, where the
-        context is split over several programs a request (W1 4.43 → 4.29 ms; at W2's ~90-row and
+        context is split over several programs a request (W1 4.43 → 4.29–4.38 ms; at W2's ~90-row and
         ~500-row decodes FlashInfer's was 1–5 % faster; docs/perf.md, 2026-12-04)."""
         return rows <= self._triton_max_rows and rows * self.num_kv_heads <= triton_decode.MAX_PAIRS
 
