@@ -86,15 +86,24 @@ class KVPool:
         and v → the rotated (q, k). One launch where the fused kernel is enabled (CUDA, checked at
         start-up: ``kernels.enable_rope_store``), rotating q and k in place."""
         fused = rope_store_kernel()
-        d = q.shape[2]
-        if fused is not None and q.dtype == k.dtype == v.dtype == self.compute_dtype \
-                and q.stride(2) == k.stride(2) == v.stride(2) == 1 and d & (d - 1) == 0 and rope.cos_sin.shape[1] == d:
-            inv = (self._k_inv[layer], self._v_inv[layer]) if self.quantized else (None, None)
-            fused(q, k, v, self.k[layer], self.v[layer], slots, rope.cos_sin, rope.positions, *inv)
+        if fused is not None and (args := self.rope_args(layer, q, k, v, rope)) is not None:
+            fused(q, k, v, self.k[layer], self.v[layer], slots, *args)
             return q, k
         q, k = rope(q, k)
         self.store(layer, slots, k, v)
         return q, k
+
+    def rope_args(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> tuple | None:
+        """(cos_sin, positions, k_inv, v_inv) for a Triton kernel that rotates q and k (rotate-half, the
+        whole head) and writes k and v to ``layer`` — ``rope_store``, or the decode attention itself — or
+        None where such a kernel does not apply (dtypes, strides, a head size not a power of two, partial
+        rotation)."""
+        d = q.shape[2]
+        if q.dtype == k.dtype == v.dtype == self.compute_dtype and q.stride(2) == k.stride(2) == v.stride(2) == 1 \
+                and d & (d - 1) == 0 and rope.cos_sin.shape[1] == d:
+            inv = (self._k_inv[layer], self._v_inv[layer]) if self.quantized else (None, None)
+            return rope.cos_sin, rope.positions, *inv
+        return None
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V (L, Hkv, D) at ``slots``: as stored, or dequantized to float32 when FP8."""

@@ -33,7 +33,8 @@ from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
-from services.worker.kernels import chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_small_m
+from services.worker.kernels import (chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_decode,
+                                     enable_rope_store, tune_small_m)
 from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
@@ -122,6 +123,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
             kernels["rope_store"] = enable_rope_store(self.device)
+            kernels["rope_decode"] = enable_rope_decode(self.device, self.dtype)
             kernels["norm"] = enable_cuda_norm(self.device)
             kernels["norm_linear"] = enable_norm_linear(self.device, self.model, self.dtype)
         self.context_length = cfg.context_length or self.spec.context_length

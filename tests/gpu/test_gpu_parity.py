@@ -207,6 +207,25 @@ def test_triton_decode_matches_flashinfer_on_fp8_pool(models) -> None:
     assert max(errs) < 2e-2
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+def test_rope_inside_the_triton_decode_matches_the_rope_kernel_before_it(models, monkeypatch, kv) -> None:
+    """``BANYAN_ROPE_IN_DECODE=1``: the decode steps' rope and K/V write done by the Triton decode itself
+    (graphs and eager) against the rope + write kernel before it, on a bf16 and an FP8 pool."""
+    from services.worker.attention import triton_decode
+
+    vocab, outs = 32000, []
+    for on in ("1", "0"):
+        monkeypatch.setenv("BANYAN_ROPE_IN_DECODE", on)
+        r = runner(models["small"], attention_backend="flashinfer", decode_attention="triton", kv_cache_dtype=kv)
+        assert triton_decode.rope_enabled() == (on == "1")
+        outs.append(_schedule(Driver(r), vocab))
+        del r
+    errs = [rel_err(g, w) for g, w in zip(*outs, strict=True)]
+    REPORT[f"rope_in_decode_{kv}"] = max(errs)
+    same = torch.cat([g.argmax(-1) == w.argmax(-1) for g, w in zip(*outs, strict=True)]).float().mean()
+    assert max(errs) < 5e-3 and same >= 0.98
+
+
 @pytest.mark.parametrize("decode", ["flashinfer", "triton"])
 def test_piecewise_graphs_match_eager_steps(models, decode) -> None:
     """Prompts, prompts mixed with decodes and decodes (``_schedule``) with the work between attentions
@@ -227,7 +246,7 @@ def test_piecewise_graphs_match_eager_steps(models, decode) -> None:
 @pytest.mark.parametrize("decode", ["flashinfer", "triton", "auto"])
 def test_cuda_graph_replay_matches_eager(models, decode) -> None:
     vocab, errs = 32000, []
-    for n in (1, 3, 13, 20):  # graphs of 1, 4 (3 rows + 1 padding), 16 (13 + 3) and 24 (auto: FlashInfer's kernel)
+    for n in (1, 3, 13, 20):  # graphs of 1, 4 (3 rows + 1 padding), 16 (13 + 3); 20 eager (auto: FlashInfer's kernel)
         outs = []
         for disable in (False, True):
             r = runner(models["small"], attention_backend="flashinfer", disable_cuda_graph=disable,

@@ -103,7 +103,8 @@ def test_pdl_launches_only_on_cuda_and_only_when_turned_on(monkeypatch) -> None:
 
 
 def test_which_decode_plans_auto_sends_to_the_triton_kernel() -> None:
-    from services.worker.attention.flashinfer_backend import AUTO_TRITON_ROWS, triton_max_rows
+    from services.worker.attention.triton_decode import AUTO_TRITON_ROWS
+    from services.worker.attention.triton_decode import max_rows as triton_max_rows
 
     assert triton_max_rows("flashinfer", "cuda", True) == 0
     assert triton_max_rows("triton", "cuda", False) == td_max_pairs()
@@ -118,3 +119,103 @@ def td_max_pairs() -> int:
     from services.worker.attention import triton_decode
 
     return triton_decode.MAX_PAIRS
+
+
+ROPE_SCRIPT = r"""
+import torch
+from services.worker.attention import triton_decode as td
+from services.worker.kernels.rope_store import reference
+
+assert td.check_rope(torch.device("cpu"), torch.float32)
+g = torch.Generator().manual_seed(1)
+b, hq, hkv, d, width = 4, 8, 2, 64, 150
+table = torch.randperm(b * width, generator=g).view(b, width).to(torch.int32)
+rows, pos = torch.tensor([3, 1, 0, 2]), torch.tensor([140, 0, 63, 64])  # (a first token; a split's edge)
+slots = table[rows, pos].to(torch.int64)
+cos_sin = torch.randn(width, d, generator=g)
+qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=g)
+caches = [torch.randn(b * width, hkv, d, generator=g) for _ in range(2)]
+inv = torch.tensor([0.5, 2.0])
+for splits in (1, 3, 16):
+    for scaled in (None, inv):
+        outs = []
+        for fused in (True, False):
+            x, kv = qkv.clone(), [c.clone() for c in caches]
+            q, k, v = (x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, hkv, d),
+                       x[:, (hq + hkv) * d:].view(b, hkv, d))
+            if fused:
+                o = td.decode(q, *kv, table, rows, pos, d ** -0.5, splits=splits,
+                              new=(k, v, cos_sin, pos, slots, scaled, scaled))
+                assert torch.equal(x, qkv)  # (q and k left as they were: rotated in registers only)
+            else:
+                reference(q, k, v, *kv, slots, cos_sin, pos)
+                if scaled is not None:  # (float32 caches: scaled and saturated as an FP8 pool's write, not cast)
+                    for c in kv:
+                        c[slots] = (c[slots] * scaled[:, None]).clamp(-448, 448)
+                o = td.decode(q, *kv, table, rows, pos, d ** -0.5, splits=splits)
+            outs.append((o, *kv))
+        (o, kc, vc), (ro, rkc, rvc) = outs
+        assert torch.allclose(o, ro, atol=1e-4, rtol=1e-4), (splits, (o - ro).abs().max())
+        assert torch.allclose(kc, rkc, atol=1e-5) and torch.allclose(vc, rvc, atol=1e-5)
+        untouched = torch.ones(b * width, dtype=torch.bool)
+        untouched[slots] = False
+        assert torch.equal(kc[untouched], caches[0][untouched]) and not torch.equal(kc[slots], caches[0][slots])
+# the comparison tells a wrong rotation apart: the positions one off
+x, kv = qkv.clone(), [c.clone() for c in caches]
+q, k, v = x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, hkv, d), x[:, (hq + hkv) * d:].view(b, hkv, d)
+o = td.decode(q, *kv, table, rows, pos, d ** -0.5, new=(k, v, cos_sin, pos + 1, slots, None, None))
+assert not torch.allclose(o, ro, atol=1e-2)
+td.set_rope(True)
+assert td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu")) == 4 * len(td.SPLIT_COUNTS)
+print("rope in decode ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_rope_and_the_kv_write_inside_the_decode_in_the_interpreter() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    run_in_triton_interpreter(ROPE_SCRIPT, "rope in decode ok", timeout=280)
+
+
+BACKEND_SCRIPT = r"""
+import sys
+import torch
+from tests import fake_flashinfer
+sys.modules["flashinfer"] = fake_flashinfer.module()
+from services.worker.attention import triton_decode as td
+from services.worker.attention.flashinfer_backend import FlashInferAttention
+from services.worker.attention.torch_backend import TorchAttention
+from services.worker.models.ops import TORCH_OPS
+from tests.cascade_cases import build
+
+td.set_rope(True)
+calls, decode = [], td.decode
+td.decode = lambda *a, **kw: (calls.append(kw.get("new") is not None), decode(*a, **kw))[1]
+hq, hkv, d = 8, 2, 64
+cos_sin = torch.randn(1024, d, generator=torch.Generator().manual_seed(9))
+for name in ("decode", "mixed"):
+    pool, plain, _, (q, k, v) = build(name, hq, hkv, d, torch.float32, "cpu")
+    rope = TORCH_OPS.rope(cos_sin, plain.positions, torch.float32)
+    fi = FlashInferAttention(pool, hq, decode_kernel="triton")
+    fi.prepare(plain)
+    assert fi._rope_in_decode == (name == "decode")  # (pure decodes only: a mixed step's chunks need the rope)
+    calls.clear()
+    got = fi.forward(q.clone(), k.clone(), v, 0, rope=rope)
+    assert calls == [name == "decode"]  # (mixed: its decode rows through the kernel, the rope done before it)
+    ref_pool = build(name, hq, hkv, d, torch.float32, "cpu")[0]
+    ref = TorchAttention(ref_pool)
+    ref.prepare(plain)
+    want = ref.forward(q.clone(), k.clone(), v, 0, rope=rope)
+    assert torch.allclose(got, want, atol=2e-4, rtol=2e-4), (name, (got - want).abs().max())
+    assert torch.allclose(pool.k[0], ref_pool.k[0], atol=1e-5) and torch.equal(pool.v[0], ref_pool.v[0])
+    fi = FlashInferAttention(pool, hq, decode_kernel="flashinfer")
+    fi.prepare(plain)
+    assert not fi._rope_in_decode
+print("backend rope ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_backend_hands_a_decode_step_rope_to_the_triton_kernel_in_the_interpreter() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    run_in_triton_interpreter(BACKEND_SCRIPT, "backend rope ok", timeout=280)

@@ -45,7 +45,6 @@ from shared.logging import get_logger
 log = get_logger("worker")
 
 WORKSPACE_BYTES = 256 << 20  # FlashInfer's float workspace (split-KV partial results), shared by all plans
-AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes the Triton kernel on a bf16/fp16 pool (``triton_rows``)
 
 Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -74,15 +73,6 @@ def _indptr(lengths: np.ndarray) -> torch.Tensor:  # (B,) -> (B + 1,) int32 on t
     return torch.from_numpy(out)
 
 
-def triton_max_rows(decode_kernel: str, device_type: str, quantized: bool) -> int:
-    """Rows of a decode plan up to which it goes through ``triton_decode`` (``FlashInferAttention.triton_rows``)."""
-    if decode_kernel not in ("flashinfer", "triton", "auto"):
-        raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
-    if decode_kernel == "auto":
-        return 0 if device_type != "cuda" else triton_decode.MAX_PAIRS if quantized else AUTO_TRITON_ROWS
-    return triton_decode.MAX_PAIRS if decode_kernel == "triton" else 0
-
-
 class FlashInferAttention(AttentionBackend):
     supports_cuda_graph = True
 
@@ -105,7 +95,7 @@ class FlashInferAttention(AttentionBackend):
         self.num_q_heads = num_q_heads
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
-        self._triton_max_rows = triton_max_rows(decode_kernel, pool.device.type, pool.quantized)
+        self._triton_max_rows = triton_decode.max_rows(decode_kernel, pool.device.type, pool.quantized)
         self._f16 = pool.quantized  # (Triton, FP8 pool: products in fp16 — e4m3 widens to it in one instruction)
         self._sm_scale = self.head_dim ** -0.5
         if self._triton_max_rows and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
@@ -135,17 +125,13 @@ class FlashInferAttention(AttentionBackend):
         self._scales = pool.kernel_scales(num_q_heads) if pool.quantized else None  # per layer
         self._scale_kw: dict[str, float] = {}  # the current layer's, for the runs that read the pool
         self._reads_pool = True
+        self._rope_in_decode = False  # the plan's decode does the rope and the K/V write (``_rope_new``)
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
         self._run: Run = self._run_ragged
         self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device
 
     def triton_rows(self, rows: int) -> bool:
-        """Whether a decode plan of ``rows`` requests goes through ``triton_decode``: always with
-        ``decode_kernel="triton"``, never with "flashinfer"; with "auto", for an FP8 pool always
-        (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % with
-        Triton on the H200) and for a bf16/fp16 pool up to ``AUTO_TRITON_ROWS`` rows, where the
-        context is split over several programs a request (W1 4.43 → 4.29–4.38 ms; at W2's ~90-row and
-        ~500-row decodes FlashInfer's was 1–5 % faster; docs/perf.md, 2026-12-04)."""
+        """Whether a decode plan of ``rows`` requests goes through ``triton_decode`` (``triton_decode.max_rows``)."""
         return rows <= self._triton_max_rows and rows * self.num_kv_heads <= triton_decode.MAX_PAIRS
 
     # --- per step ------------------------------------------------------------------------------
@@ -176,7 +162,7 @@ class FlashInferAttention(AttentionBackend):
             self._last_plan.record()
 
     def _prepare(self, batch: AttentionBatch) -> None:
-        self._out_slots = batch.out_slots
+        self._out_slots, self._rope_in_decode = batch.out_slots, False
         self._reads_pool = True
         prefix = np.asarray(batch.prefix_lens_cpu, dtype=np.int64)
         extend = np.asarray(batch.extend_lens_cpu, dtype=np.int64)
@@ -193,6 +179,8 @@ class FlashInferAttention(AttentionBackend):
             self._run = lambda q, k, v, k_cache, v_cache: own(q, (k_cache, v_cache))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None) -> torch.Tensor:
+        if rope is not None and self._rope_in_decode and (new := self._rope_new(layer, q, k, v, rope)) is not None:
+            return self._run(q, k, v, self.pool.k[layer], self.pool.v[layer], new=new)  # (rotates, writes, attends)
         if rope is None:
             self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
         else:  # (one launch for the rope and the write where the fused kernel is enabled)
@@ -203,6 +191,16 @@ class FlashInferAttention(AttentionBackend):
         self._scale_kw, q_mul, o_mul = self._scales[layer]
         out = self._run(q if q_mul is None else q * q_mul, k, v, k_cache, v_cache)
         return out if o_mul is None else out * o_mul
+
+    def _rope_new(self, layer: int, q, k, v, rope) -> tuple | None:
+        """``triton_decode.decode``'s ``new`` for this layer (it then does the rope and the K/V write), or None."""
+        scales = None if self._scales is None else self._scales[layer]
+        if (scales is not None and scales[1] is not None) or (args := self.pool.rope_args(layer, q, k, v, rope)) is None:
+            return None  # (per-head FP8 scales multiply q before the attention: the rope first, apart)
+        if scales is not None:
+            self._scale_kw = scales[0]
+        cos_sin, positions, k_inv, v_inv = args
+        return k, v, cos_sin, positions, self._out_slots, k_inv, v_inv
 
     def _plan_own(self, batch: AttentionBatch, prefix: np.ndarray, extend: np.ndarray, skip: np.ndarray | None,
                   lse: bool) -> Callable:
@@ -302,6 +300,7 @@ class FlashInferAttention(AttentionBackend):
     def _prepare_graph(self, batch: AttentionBatch, bs: int) -> None:
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
         self._out_slots, self._reads_pool = batch.out_slots, True
+        self._rope_in_decode = self.triton_rows(bs) and triton_decode.rope_enabled()
         if self.triton_rows(bs):  # the slots into the fixed buffers (the graph reads them, never the table)
             seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
             indptr = _indptr(seq_lens)
@@ -345,6 +344,7 @@ class FlashInferAttention(AttentionBackend):
     def _plan_decode(self, batch: AttentionBatch, wrapper) -> None:
         if self.triton_rows(batch.num_reqs):
             self._run = self._triton_run(batch.req_to_token, batch.rows, batch.prefix_lens)
+            self._rope_in_decode = triton_decode.rope_enabled()
             return
         seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
         indices = kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, int(seq_lens.sum()))
@@ -393,11 +393,11 @@ class FlashInferAttention(AttentionBackend):
         """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row; ``flat``:
         ``table`` a flat slot list, ``rows`` offsets into it), the layer's scales applied by the kernel."""
 
-        def run(q, k, v, k_cache, v_cache):
+        def run(q, k, v, k_cache, v_cache, new=None):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
                                         kw.get("v_scale", 1.0), return_lse=lse, starts=starts,
-                                        table_stride=1 if flat else None, f16=self._f16)
+                                        table_stride=1 if flat else None, f16=self._f16, new=new)
 
         return run
 

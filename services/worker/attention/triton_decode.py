@@ -25,6 +25,7 @@ import math
 import torch
 
 from services.worker.kernels.triton_pdl import launch_pdl
+from services.worker.quant.fp8 import FP8_MAX
 
 try:
     import triton
@@ -48,6 +49,22 @@ def num_splits(batch: int, kv_heads: int) -> int:
     return 1 << (max(1, want).bit_length() - 1)  # (the power of two at or below)
 
 
+AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``max_rows``)
+
+
+def max_rows(decode_kernel: str, device_type: str, quantized: bool) -> int:
+    """Rows of a decode plan up to which the flashinfer backend sends it here: all with ``decode_kernel``
+    "triton", none with "flashinfer"; with "auto", all for an FP8 pool (FlashInfer's FP8-KV decode reads it at
+    under half the bandwidth: W2 +4 %, W3 +7 % with this kernel on the H200) and up to ``AUTO_TRITON_ROWS`` for
+    a bf16/fp16 one, where the context is split over several programs a request (W1 4.43 → 4.29–4.38 ms; at
+    W2's ~90-row and ~590-row decodes FlashInfer's ran 1–5 % faster; docs/perf.md, 2026-12-04). None off CUDA."""
+    if decode_kernel not in ("flashinfer", "triton", "auto"):
+        raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
+    if decode_kernel == "auto":
+        return 0 if device_type != "cuda" else MAX_PAIRS if quantized else AUTO_TRITON_ROWS
+    return MAX_PAIRS if decode_kernel == "triton" else 0
+
+
 def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int, int], device: torch.device,
             f16: bool = False) -> int:
     """Compile, before serving, every variant the eager steps launch (split counts × table rows with
@@ -61,23 +78,85 @@ def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int
     rows = torch.zeros(1, dtype=torch.int64, device=device)
     last = torch.full((1,), ctx - 1, dtype=torch.int64, device=device)
     q = torch.zeros((1, hq, d), dtype=q_dtype, device=device)
+    new = (q[:, :hkv], q[:, :hkv], torch.zeros((ctx, d), device=device), last, last, *(
+        (torch.ones(hkv, device=device),) * 2 if pool_dtype.itemsize == 1 else (None, None)))
     n = 0
     for splits in SPLIT_COUNTS:
-        for starts, lse in ((None, False), (None, True), (last // 2, True)):
-            decode(q, k, k, table, rows, last, 1.0, splits=splits, return_lse=lse, starts=starts, f16=f16)
+        for starts, lse, rope in ((None, False, False), (None, True, False), (last // 2, True, False),
+                                  (None, False, True)):
+            if rope and not rope_enabled():
+                continue
+            decode(q, k, k, table, rows, last, 1.0, splits=splits, return_lse=lse, starts=starts, f16=f16,
+                   new=new if rope else None)
             n += 1
     return n
+
+
+_rope = {"on": False}
+
+
+def rope_enabled() -> bool:
+    """Whether pure-decode plans hand the rope and the K/V write to ``decode`` (``new``): set at start-up by
+    ``kernels.enable_rope_decode`` (``BANYAN_ROPE_IN_DECODE=1`` and ``check_rope`` agreeing on the device)."""
+    return _rope["on"]
+
+
+def set_rope(on: bool) -> None:
+    _rope["on"] = on
+
+
+def check_rope(device: torch.device, q_dtype: torch.dtype) -> bool:
+    """``decode`` with ``new`` against ``rope_store.reference`` then ``decode`` on ``device``, on a pool of
+    ``q_dtype`` and an FP8 one (CUDA): the outputs within 2 % and the written K/V as the reference writes them
+    (one rounding; an e4m3 step when FP8), the pool elsewhere untouched."""
+    from services.worker.kernels.rope_store import reference
+    from services.worker.quant.fp8 import FP8
+
+    g = torch.Generator(device="cpu").manual_seed(5)
+    b, hq, hkv, d, width = 3, 8, 2, 128, 96
+    table = torch.randperm(b * width, generator=g).view(b, width).to(torch.int32).to(device)
+    rows = torch.tensor([2, 0, 1], device=device)
+    pos = torch.tensor([70, 5, 95], device=device)
+    slots = table[rows, pos].to(torch.int64)
+    cos_sin = torch.randn(width, d, generator=g).to(device)
+    for pool_dtype in (q_dtype, FP8) if device.type == "cuda" else (q_dtype,):
+        qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=g).to(q_dtype).to(device)
+        caches = [(torch.randn(b * width, hkv, d, generator=g) * 2).to(pool_dtype).to(device) for _ in range(2)]
+        fp8 = pool_dtype == FP8
+        inv = torch.full((hkv,), 0.7, device=device) if fp8 else None
+        scales = dict(k_scale=1 / 0.7, v_scale=1 / 0.7, f16=True) if fp8 else {}
+        runs = []
+        for fused in (True, False):
+            x, kv = qkv.clone(), [c.clone() for c in caches]
+            q, k, v = x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, hkv, d), x[:, (hq + hkv) * d:]
+            v = v.view(b, hkv, d)
+            if fused:
+                o = decode(q, *kv, table, rows, pos, d ** -0.5, new=(k, v, cos_sin, pos, slots, inv, inv), **scales)
+            else:
+                reference(q, k, v, *kv, slots, cos_sin, pos, inv, inv)
+                o = decode(q, *kv, table, rows, pos, d ** -0.5, **scales)
+            runs.append((o.float(), *(c.float() for c in kv)))
+        (o, kc, vc), (ro, rkc, rvc) = runs
+        if not torch.allclose(o, ro, rtol=2e-2, atol=2e-2):
+            return False
+        for got, want in ((kc, rkc), (vc, rvc)):
+            tol = want.abs() * (0.13 if fp8 else 2**-6) + 1e-6
+            if not bool(((got - want).abs() <= tol).all()):
+                return False
+    return True
 
 
 if triton is not None:
     @triton.jit
     def _partial_kernel(Q, K, V, Table, Rows, Prefix, Start, Opart, Lpart, Out, Lse, Count,
-                        stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
+                        Knew, Vnew, CosSin, Pos, Slots, KInv, VInv, stride_nt, stride_nh, stride_vt, stride_vh,
+                        stride_cs, stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                         stride_out_t, stride_out_h, stride_lse_b, qk_scale, v_scale,
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
-                        F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr):
+                        F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
+                        QUANT: tl.constexpr, FMAX: tl.constexpr):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -95,6 +174,33 @@ if triton is not None:
         heads = h * G + offs_g
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
+        if ROPE:  # q and the new token's k not yet rotated: rotate-half at its position, as ``rope_store``
+            low = offs_d < D // 2
+            other = tl.where(low, offs_d + D // 2, offs_d - D // 2)  # (D a power of two: BLOCK_D == D)
+            cs = CosSin + tl.load(Pos + b).to(tl.int64) * stride_cs + offs_d % (D // 2)
+            cos, sin = tl.load(cs), tl.load(cs + D // 2)
+            q_o = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + other[None, :], mask=gmask[:, None],
+                          other=0.0).to(tl.float32) * sin[None, :]
+            q_c = q.to(tl.float32) * cos[None, :]
+            q = tl.where(low[None, :], q_c - q_o, q_c + q_o).to(Q.dtype.element_ty)
+            # the program whose part holds the new token writes its K (rotated) and V to the pool, then reads
+            # them back in its loop (a barrier: every thread's write seen by the block)
+            at_new = tl.full([BLOCK_D], 0, tl.int32) + n - 1  # (the new token's position, per lane: a mask)
+            writer = dmask & (at_new >= lo) & (at_new < hi)
+            k_at, v_at = Knew + b * stride_nt + h * stride_nh, Vnew + b * stride_vt + h * stride_vh
+            k_c = tl.load(k_at + offs_d).to(tl.float32) * cos
+            k_o = tl.load(k_at + other).to(tl.float32) * sin
+            k_new = tl.where(low, k_c - k_o, k_c + k_o).to(Q.dtype.element_ty)
+            v_new = tl.load(v_at + offs_d)
+            dst = tl.load(Slots + b).to(tl.int64) * stride_ks + h * stride_kh + offs_d
+            if QUANT:
+                k_q = tl.minimum(tl.maximum(k_new.to(tl.float32) * tl.load(KInv + h), -FMAX), FMAX)
+                v_q = tl.minimum(tl.maximum(v_new.to(tl.float32) * tl.load(VInv + h), -FMAX), FMAX)
+            else:
+                k_q, v_q = k_new, v_new
+            tl.store(K + dst, k_q.to(K.dtype.element_ty), mask=writer)
+            tl.store(V + dst, v_q.to(V.dtype.element_ty), mask=writer)
+            tl.debug_barrier()
         if F16:  # (the products in fp16: e4m3 widens to it in one instruction a pair)
             q = q.to(tl.float16)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -151,7 +257,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int = BLOCK_N,
            num_warps: int = 4, num_stages: int = 2, starts: torch.Tensor | None = None,
-           table_stride: int | None = None, f16: bool = False):
+           table_stride: int | None = None, f16: bool = False, new: tuple | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -160,7 +266,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     are multiplied by to give K and V. With ``table_stride=1``, ``req_to_token`` is a flat list of
     slots and ``rows`` each request's offset in it (a CUDA graph's fixed buffers: the kernel must not
     read a table whose address may change). ``f16``: q, K, V and the probabilities multiplied in fp16
-    (e4m3 widens to fp16 more cheaply than to bf16; q must fit fp16's range). ``block``,
+    (e4m3 widens to fp16 more cheaply than to bf16; q must fit fp16's range). ``new`` = (k, v, cos_sin,
+    positions, slots, k_inv, v_inv): q and k (B, Hkv, D) are not rotated yet — the kernel rotates q, and
+    writes the rotated k and v (quantized with ``k_inv`` / ``v_inv`` (Hkv,) unless None) at ``slots``
+    of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``block``,
     ``num_warps``, ``num_stages``: the launch configuration (benchmarks/gpu/fp8_decode_bench.py)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -172,9 +281,14 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part
     block_d = triton.next_power_of_2(d)
     pdl = launch_pdl(q.device)
+    kn, vn, cos_sin, pos, slots, k_inv, v_inv = new or (q, q, q, rows, rows, None, None)
+    quant = k_inv is not None
+    assert new is None or (block_d == d and kn.stride(2) == vn.stride(2) == 1 and cos_sin.shape[1] == d)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
         out, lse, _pair_counts(q.device, bsz * hkv),
+        kn, vn, cos_sin, pos, slots, k_inv if quant else cos_sin, v_inv if quant else cos_sin,
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cos_sin.stride(0),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         req_to_token.stride(0) if table_stride is None else table_stride,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
@@ -182,7 +296,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         sm_scale * k_scale * 1.4426950408889634, v_scale,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
-        PDL=pdl, num_warps=num_warps, num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
+        PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, num_warps=num_warps, num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
     )
     return (out, lse) if return_lse else out
 
