@@ -10,7 +10,8 @@
 # with FP8 weights and FAST) · prof, prof0, profc (decode_profile at batch $PROF_BATCH of FP8 W1's setup, or $PROF:
 # kernels and the gaps between them in the graph replay; prof0 with FlashInfer's norms, profc with the L2 chain)
 # · gtest (the norm, decode-linear and fused norm + linear GPU tests, the worker parity tests) · w1f0, w1fa (w1f
-# with BANYAN_FUSED_NORM=0 / =all).
+# with BANYAN_FUSED_NORM=0 / =all) · w1f_r (FP8 W1 + --fp8-vocab with BANYAN_ROPE_IN_DECODE=1) · w2p (w2 with
+# BANYAN_TRITON_PDL=1) · rtest (the GPU tests of the rope in the decode, the auto decode kernel, Triton PDL).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -54,6 +55,12 @@ for step in ${STEPS:-fp8}; do
           export BANYAN_FUSED_NORM; [ "$step" = w1f0 ] && BANYAN_FUSED_NORM=0 || BANYAN_FUSED_NORM=all
           read -r -a w1f <<<"${W1F:-}"; suite "$step" 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}"
           unset BANYAN_FUSED_NORM ;;
+    w1f_r) export BANYAN_ROPE_IN_DECODE=1; suite w1f_r 150 --workloads W1 -- --quantization fp8 --fp8-vocab "${fast[@]}"
+           unset BANYAN_ROPE_IN_DECODE ;;
+    w2p) export BANYAN_TRITON_PDL=1; suite w2p 125 --workloads W2 --step-trace -- "${fast[@]}"; unset BANYAN_TRITON_PDL ;;
+    rtest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py tests/gpu/test_triton_pdl_gpu.py \
+             -k "rope_inside or auto or pdl" -p no:cacheprovider >"$OUT/rtest.log" 2>&1; echo "rtest (rc $?)"
+           tail -3 "$OUT/rtest.log" ;;
     t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
           >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
     bench8) timeout 70 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
