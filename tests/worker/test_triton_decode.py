@@ -162,7 +162,8 @@ for splits in (1, 3, 16):
         assert torch.equal(kc[untouched], caches[0][untouched]) and not torch.equal(kc[slots], caches[0][slots])
 # the comparison tells a wrong rotation apart: the positions one off
 x, kv = qkv.clone(), [c.clone() for c in caches]
-q, k, v = x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, hkv, d), x[:, (hq + hkv) * d:].view(b, hkv, d)
+q, k, v = (x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, hkv, d),
+           x[:, (hq + hkv) * d:].view(b, hkv, d))
 o = td.decode(q, *kv, table, rows, pos, d ** -0.5, new=(k, v, cos_sin, pos + 1, slots, None, None))
 assert not torch.allclose(o, ro, atol=1e-2)
 td.set_rope(True)

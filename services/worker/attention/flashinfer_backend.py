@@ -195,8 +195,10 @@ class FlashInferAttention(AttentionBackend):
     def _rope_new(self, layer: int, q, k, v, rope) -> tuple | None:
         """``triton_decode.decode``'s ``new`` for this layer (it then does the rope and the K/V write), or None."""
         scales = None if self._scales is None else self._scales[layer]
-        if (scales is not None and scales[1] is not None) or (args := self.pool.rope_args(layer, q, k, v, rope)) is None:
+        if scales is not None and scales[1] is not None:
             return None  # (per-head FP8 scales multiply q before the attention: the rope first, apart)
+        if (args := self.pool.rope_args(layer, q, k, v, rope)) is None:
+            return None
         if scales is not None:
             self._scale_kw = scales[0]
         cos_sin, positions, k_inv, v_inv = args
