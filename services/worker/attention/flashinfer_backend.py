@@ -99,8 +99,14 @@ class FlashInferAttention(AttentionBackend):
         self._f16 = pool.quantized  # (Triton, FP8 pool: products in fp16 — e4m3 widens to it in one instruction)
         self._sm_scale = self.head_dim ** -0.5
         if self._triton_max_rows and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
-            triton_decode.warm_up(pool.compute_dtype, pool.dtype, (num_q_heads, self.num_kv_heads, self.head_dim),
-                                  pool.device, f16=self._f16)
+            try:
+                triton_decode.warm_up(pool.compute_dtype, pool.dtype, (num_q_heads, self.num_kv_heads,
+                                                                       self.head_dim), pool.device, f16=self._f16)
+            except Exception as e:  # (e.g. a GPU Triton's dot does not take): "auto" keeps FlashInfer's decode
+                if decode_kernel != "auto":
+                    raise
+                log.warning("triton_decode_unavailable", reason=f"{type(e).__name__}: {e}"[:300])
+                self._triton_max_rows = 0
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
         self.decode_backend = decode_backend if self.tensor_cores else "auto"
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
