@@ -23,7 +23,7 @@ from shared.logging import get_logger, stage
 from shared.messages.common import SamplingParams, from_i32
 from shared.messages.to_worker import ForwardBatch
 from shared.tracing import Span, Tracer
-from services.worker.attention import make_backend, resolve_backend
+from services.worker.attention import make_backend, resolve_backend, triton_decode
 from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
 from services.worker.piecewise import PiecewiseGraphs
@@ -33,8 +33,7 @@ from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
-from services.worker.kernels import (chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_decode,
-                                     enable_rope_store, tune_small_m)
+from services.worker.kernels import chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_small_m
 from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
@@ -123,7 +122,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
             kernels["rope_store"] = enable_rope_store(self.device)
-            kernels["rope_decode"] = enable_rope_decode(self.device, self.dtype)
+            kernels["rope_decode"] = triton_decode.enable_rope(self.device, self.dtype)
             kernels["norm"] = enable_cuda_norm(self.device)
             kernels["norm_linear"] = enable_norm_linear(self.device, self.model, self.dtype)
         self.context_length = cfg.context_length or self.spec.context_length

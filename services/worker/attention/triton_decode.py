@@ -21,6 +21,7 @@ Works for any pool dtype (bf16 pools too; the tests run float32 in Triton's inte
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -97,12 +98,28 @@ _rope = {"on": False}
 
 def rope_enabled() -> bool:
     """Whether pure-decode plans hand the rope and the K/V write to ``decode`` (``new``): set at start-up by
-    ``kernels.enable_rope_decode`` (``BANYAN_ROPE_IN_DECODE=1`` and ``check_rope`` agreeing on the device)."""
+    ``enable_rope`` (``BANYAN_ROPE_IN_DECODE=1`` and ``check_rope`` agreeing on the device)."""
     return _rope["on"]
 
 
 def set_rope(on: bool) -> None:
     _rope["on"] = on
+
+
+def enable_rope(device: torch.device, dtype: torch.dtype) -> str:
+    """With ``BANYAN_ROPE_IN_DECODE=1``: this kernel rotating q and k and writing the new token's K/V itself (no
+    rope + write kernel before it in pure-decode steps) where ``check_rope`` finds it agreeing with the two steps
+    on ``device`` → what the decode steps use (logged). Off by default: not yet measured on a GPU."""
+    set_rope(False)
+    if os.environ.get("BANYAN_ROPE_IN_DECODE", "0") != "1":
+        return "off"
+    try:
+        if check_rope(device, dtype):
+            set_rope(True)
+            return "in the triton decode"
+        return "off (the fused decode disagreed with the rope, then the write)"
+    except Exception as e:  # no Triton, a compiler problem: the separate steps are correct
+        return f"off ({type(e).__name__}: {e})"[:300]
 
 
 def check_rope(device: torch.device, q_dtype: torch.dtype) -> bool:

@@ -123,24 +123,6 @@ def enable_rope_store(device: torch.device) -> str:
         return f"rope, then the write ({type(e).__name__}: {e})"[:300]
 
 
-def enable_rope_decode(device: torch.device, dtype: torch.dtype) -> str:
-    """With ``BANYAN_ROPE_IN_DECODE=1``: the Triton decode attention rotating q and k and writing the new
-    token's K/V itself (no rope + write kernel before it in pure-decode steps) where it agrees with the two
-    steps on ``device`` → what the decode steps use (logged). Off by default: not yet measured on a GPU."""
-    from services.worker.attention import triton_decode
-
-    triton_decode.set_rope(False)
-    if os.environ.get("BANYAN_ROPE_IN_DECODE", "0") != "1":
-        return "off"
-    try:
-        if triton_decode.check_rope(device, dtype):
-            triton_decode.set_rope(True)
-            return "in the triton decode"
-        return "off (the fused decode disagreed with the rope, then the write)"
-    except Exception as e:  # no Triton, a compiler problem: the separate steps are correct
-        return f"off ({type(e).__name__}: {e})"[:300]
-
-
 def enable_cuda_norm(device: torch.device) -> str:
     """Our add-RMSNorm kernel (``norm.cu``) for decode-size rows (M ≤ 8) of this process's FlashInfer
     ops where it agrees with the PyTorch reference on ``device`` → what the norms use (logged).
