@@ -121,11 +121,14 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def log_records(self) -> list[dict]:
+        """The JSON log records of every process in the log — also one written after another process's
+        unfinished line (all of them share the file: a record may start mid-line)."""
         out = []
         for line in self.log_text().splitlines():
-            if line.startswith("{"):
+            at = line.find('{"')
+            if at >= 0:
                 try:
-                    out.append(json.loads(line))
+                    out.append(json.loads(line[at:]))
                 except json.JSONDecodeError:
                     pass
         return out
