@@ -21,8 +21,10 @@ import torch
 from benchmarks.gpu.decode_parts_bench import D, HKV, HQ, LAYERS, graph_time
 
 SHAPES = "1x1024,1x8192,16x2048,64x1024,256x1536,600x1536,1024x1024"
-CONFIGS = ((64, 4, 2, False), (64, 4, 3, False), (64, 4, 2, True), (64, 4, 3, True), (128, 8, 2, True))
-# (block, warps, stages, products in fp16)
+CONFIGS = ((64, 4, 2, False, "cvt"), (64, 4, 3, False, "cvt"), (64, 4, 2, True, "cvt"), (64, 4, 3, True, "cvt"),
+           (64, 4, 3, True, "int"), (64, 4, 3, True, "asm"), (64, 4, 4, True, "asm"), (32, 4, 3, True, "asm"),
+           (64, 8, 3, True, "asm"), (128, 4, 3, True, "asm"), (64, 2, 3, True, "asm"))
+# (block, warps, stages, products in fp16, how an FP8 pool's values are widened: triton_decode.widen_mode)
 HBM = 4.3e12
 
 
@@ -56,24 +58,33 @@ def run(shapes: list[tuple[int, int]]) -> list[dict]:
             kw = dict(k_scale=0.5, v_scale=2.0) if name == "fp8" else {}
             row[f"flashinfer_{name}_us"] = round(graph_time(lambda i, w=w, c=caches, kw=kw: w.run(q, c[i], **kw),
                                                             LAYERS), 2)
-            for block, warps, stages, f16 in CONFIGS:
-                key = f"triton_{name}_{block}_{warps}w{stages}s{'_f16' if f16 else ''}_us"
+            for block, warps, stages, f16, widen in CONFIGS:
+                if widen != "cvt" and name != "fp8" or name == "bf16" and warps != 4:
+                    continue  # (widening is an FP8 pool's)
+                key = f"triton_{name}_{block}_{warps}w{stages}s{'_f16' if f16 else ''}{'_' + widen if f16 else ''}_us"
                 try:
-                    row[key] = round(graph_time(lambda i, c=caches, b=block, nw=warps, ns=stages, h=f16: td.decode(
-                        q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, block=b, num_warps=nw,
-                        num_stages=ns, f16=h), LAYERS), 2)
+                    row[key] = round(graph_time(lambda i, c=caches, b=block, nw=warps, ns=stages, h=f16, wm=widen:
+                                                td.decode(q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5,
+                                                          2.0, block=b, num_warps=nw, num_stages=ns, f16=h, widen=wm),
+                                                LAYERS), 2)
                 except Exception as e:  # (a configuration that does not compile: recorded)
                     row[key] = f"{type(e).__name__}: {e}"[:120]
             if name == "fp8":
                 ref = w.run(q, caches[0], k_scale=0.5, v_scale=2.0).float()
                 got = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0).float()
                 row["triton_vs_flashinfer_fp8_max_abs"] = float((got - ref).abs().max())
-                got = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0, f16=True)
+                got = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0, f16=True,
+                                widen="cvt")
                 row["triton_f16_vs_flashinfer_fp8_max_abs"] = float((got.float() - ref).abs().max())
                 row["ref_max_abs"] = float(ref.abs().max())
+                for widen in ("int", "asm"):  # (exact: the same products as the conversion's, 2^8 apart)
+                    other = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0,
+                                      f16=True, widen=widen)
+                    row[f"{widen}_vs_cvt_max_abs"] = float((other.float() - got.float()).abs().max())
         for name, size in (("bf16", 2), ("fp8", 1)):
-            times = [v for k, v in row.items() if k.startswith(f"triton_{name}_") and isinstance(v, float)]
-            row[f"triton_{name}_best_us"] = min(times) if times else None
+            times = {k: v for k, v in row.items() if k.startswith(f"triton_{name}_") and isinstance(v, float)}
+            row[f"triton_{name}_best_us"] = min(times.values()) if times else None
+            row[f"triton_{name}_best"] = min(times, key=times.get) if times else None
             row[f"{name}_bytes"] = bs * ctx * HKV * D * 2 * size
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -92,7 +103,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         out.append(f"| {r['batch']} × {r['context']} | {cell(r['flashinfer_bf16_us'], r['bf16_bytes'])} | "
                    f"{cell(r['flashinfer_fp8_us'], r['fp8_bytes'])} | {cell(r['triton_bf16_best_us'], r['bf16_bytes'])}"
-                   f" | {cell(r['triton_fp8_best_us'], r['fp8_bytes'])} | {r['triton_vs_flashinfer_fp8_max_abs']:.3g} "
+                   f" | {cell(r['triton_fp8_best_us'], r['fp8_bytes'])} `{r['triton_fp8_best']}` | "
+                   f"{r['triton_vs_flashinfer_fp8_max_abs']:.3g} "
                    f"(of {r['ref_max_abs']:.3g}) |")
     return "\n".join(out)
 

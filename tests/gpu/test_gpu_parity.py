@@ -209,7 +209,7 @@ def test_triton_decode_matches_flashinfer_on_fp8_pool(models) -> None:
 
 @pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
 def test_rope_inside_the_triton_decode_matches_the_rope_kernel_before_it(models, monkeypatch, kv) -> None:
-    """``BANYAN_ROPE_IN_DECODE=1``: the decode steps' rope and K/V write done by the Triton decode itself
+    """``BANYAN_ROPE_IN_DECODE`` (on by default): the decode steps' rope and K/V write done by the Triton decode itself
     (graphs and eager) against the rope + write kernel before it, on a bf16 and an FP8 pool."""
     from services.worker.attention import triton_decode
 

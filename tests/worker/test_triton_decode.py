@@ -35,6 +35,10 @@ q = torch.randn(5, hq, d, generator=g)
 
 
 def ref(q, ks, vs, starts=None):
+    return ref_with(q, kc, vc, ks, vs, starts, lse=True)
+
+
+def ref_with(q, kc, vc, ks, vs, starts=None, lse=False):
     outs, lses = [], []
     for b in range(len(rows)):
         lo = 0 if starts is None else int(starts[b])
@@ -44,7 +48,7 @@ def ref(q, ks, vs, starts=None):
         s = torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(d)
         outs.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v))
         lses.append(torch.logsumexp(s, -1) / math.log(2))
-    return torch.stack(outs), torch.stack(lses)
+    return (torch.stack(outs), torch.stack(lses)) if lse else torch.stack(outs)
 
 
 for splits in (1, 3, 16):
@@ -67,6 +71,20 @@ o = td.decode(q, kc, vc, flat, offsets, prefix, 1 / math.sqrt(d), 0.5, 2.0, spli
 assert torch.allclose(o, ref(q, 0.5, 2.0)[0], atol=1e-4, rtol=1e-4)
 o = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=3, f16=True)  # products in fp16
 assert o.dtype == q.dtype and torch.allclose(o, ref(q, 0.5, 2.0)[0], atol=2e-2, rtol=2e-2)
+# an FP8 pool widened to fp16 by integer operations ("int": the CPU's stand-in for "asm") against the conversion
+e4 = torch.float8_e4m3fn
+bytes_ = torch.randint(0, 256, (2, S, hkv, d), generator=g, dtype=torch.uint8)
+bytes_[(bytes_ & 0x7F) == 0x7F] = 0x3C  # (no NaN pattern: the pool's writes clamp to ±448)
+bytes_[0, :40] = torch.arange(40 * hkv * d).view(40, hkv, d) % 16  # (subnormals and zeros among them)
+k8, v8 = bytes_[0].view(e4), bytes_[1].view(e4)
+qs = q * 0.05
+want = ref_with(qs, k8.float(), v8.float(), 0.5, 2.0)
+for splits in (1, 4):
+    got = td.decode(qs, k8, v8, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, f16=True, widen="int")
+    cvt = td.decode(qs, k8, v8, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, f16=True, widen="cvt")
+    assert torch.allclose(got, cvt, atol=1e-6, rtol=1e-6), (got - cvt).abs().max()  # (the same products, 2^8 apart)
+    assert (got - want).abs().max() <= 2e-3 * want.abs().max(), (got - want).abs().max()  # (fp16 probabilities)
+assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
 assert td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu")) == 3 * len(td.SPLIT_COUNTS)

@@ -11,7 +11,9 @@
 # kernels and the gaps between them in the graph replay; prof0 with FlashInfer's norms, profc with the L2 chain)
 # · gtest (the norm, decode-linear and fused norm + linear GPU tests, the worker parity tests) · w1f0, w1fa (w1f
 # with BANYAN_FUSED_NORM=0 / =all) · w1f_r (FP8 W1 + --fp8-vocab with BANYAN_ROPE_IN_DECODE=1) · w2p (w2 with
-# BANYAN_TRITON_PDL=1) · rtest (the GPU tests of the rope in the decode, the auto decode kernel, Triton PDL).
+# BANYAN_TRITON_PDL=1) · rtest (the GPU tests of the rope in the decode, the auto decode kernel, Triton PDL)
+# · wtest (the FP8 pool's integer widening GPU test) · pick (BANYAN_FP8_WIDEN for the steps after it: the fastest
+# widening of bench8's 600 × 1,536) · w1q8 (W1,W2 with FP8 weights and FP8 KV).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -63,8 +65,17 @@ for step in ${STEPS:-fp8}; do
            tail -3 "$OUT/rtest.log" ;;
     t8) timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
           >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
-    bench8) timeout 70 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
+    bench8) timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
               --shapes 64x1024,600x1536,1x1024 >"$OUT/fp8_decode.log" 2>&1; tail -6 "$OUT/fp8_decode.log" ;;
+    wtest) timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_fp8_widen_gpu.py -p no:cacheprovider \
+             >"$OUT/wtest.log" 2>&1; echo "wtest (rc $?)"; tail -3 "$OUT/wtest.log" ;;
+    pick) BANYAN_FP8_WIDEN=$(python3 -c "
+import json, sys
+r = [r for r in json.load(open('$OUT/fp8_decode.json'))['rows'] if r['batch'] == 600][0]
+t = {w: r.get(f'triton_fp8_64_4w3s_f16_{w}_us') for w in ('cvt', 'int', 'asm')}
+print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null || echo asm)
+          export BANYAN_FP8_WIDEN; echo "pick: BANYAN_FP8_WIDEN=$BANYAN_FP8_WIDEN" ;;
+    w1q8) suite w1q8 200 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     w5) suite w5 150 --workloads W5 -- "${fast[@]}" ;;
     fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     bf16w3) suite bf16w3 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;

@@ -98,7 +98,7 @@ _rope = {"on": False}
 
 def rope_enabled() -> bool:
     """Whether pure-decode plans hand the rope and the K/V write to ``decode`` (``new``): set at start-up by
-    ``enable_rope`` (``BANYAN_ROPE_IN_DECODE=1`` and ``check_rope`` agreeing on the device)."""
+    ``enable_rope`` (unless ``BANYAN_ROPE_IN_DECODE=0``, where ``check_rope`` agrees on the device)."""
     return _rope["on"]
 
 
@@ -107,11 +107,11 @@ def set_rope(on: bool) -> None:
 
 
 def enable_rope(device: torch.device, dtype: torch.dtype) -> str:
-    """With ``BANYAN_ROPE_IN_DECODE=1``: this kernel rotating q and k and writing the new token's K/V itself (no
-    rope + write kernel before it in pure-decode steps) where ``check_rope`` finds it agreeing with the two steps
-    on ``device`` → what the decode steps use (logged). Off by default: not yet measured on a GPU."""
+    """This kernel rotating q and k and writing the new token's K/V itself (no rope + write kernel before it in
+    pure-decode steps) where ``check_rope`` finds it agreeing with the two steps on ``device`` → what the decode
+    steps use (logged). ``BANYAN_ROPE_IN_DECODE=0`` turns it off (W1 FP8 on the H200: 2.80 → 2.77 ms with it)."""
     set_rope(False)
-    if os.environ.get("BANYAN_ROPE_IN_DECODE", "0") != "1":
+    if os.environ.get("BANYAN_ROPE_IN_DECODE", "1") != "1":
         return "off"
     try:
         if check_rope(device, dtype):
@@ -163,7 +163,38 @@ def check_rope(device: torch.device, q_dtype: torch.dtype) -> bool:
     return True
 
 
+WIDEN_MODES = {"cvt": 0, "int": 1, "asm": 2}
+WIDEN_DEFAULT = "asm"  # (set from fp8_decode_bench on the H200: docs/perf.md)
+
+
+def widen_mode(device: torch.device, mode: str | None = None) -> str:
+    """How an FP8 pool's e4m3 values become the fp16 products' operands (``f16``): "cvt", the conversion
+    instruction (one a pair, on the narrow conversion pipe); "int", integer operations on each value (the bit
+    pattern of value × 2^-8, exact, subnormals included); "asm", the same on four values at a time in 32-bit
+    registers (a byte permute, a shift, a mask: as ``kernels/gemv.cu`` widens FP8 weights). ``BANYAN_FP8_WIDEN``
+    overrides the default, ``mode`` both; Triton's interpreter (CPU tests) has no inline assembly: "int" there."""
+    mode = mode or os.environ.get("BANYAN_FP8_WIDEN", WIDEN_DEFAULT)
+    if mode not in WIDEN_MODES:
+        raise ValueError(f"BANYAN_FP8_WIDEN={mode!r} (cvt | int | asm)")
+    if mode == "asm" and (device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+        return "int"
+    return mode
+
+
 if triton is not None:
+    @triton.jit
+    def _widen_e4m3(x, WIDEN: tl.constexpr):
+        """e4m3 values → fp16 holding value × 2^-8, exactly: the byte sign-extended to 16 bits, shifted left by 7
+        (exponent and mantissa land in fp16's, 4 exponent bits under a zero top bit: the bias 15 against 7), and
+        the stray copy of the sign at bit 14 masked off. The caller multiplies 2^8 back into its scales."""
+        if WIDEN == 2:  # (prmt's sign-replicating selectors: bytes 0, 1 → halves of one register, 2, 3 → another)
+            return tl.inline_asm_elementwise(
+                "{\n.reg .b32 lo, hi;\nprmt.b32 lo, $2, 0, 0x9180;\nprmt.b32 hi, $2, 0, 0xB3A2;\n"
+                "shl.b32 lo, lo, 7;\nshl.b32 hi, hi, 7;\nand.b32 $0, lo, 0xBF80BF80;\nand.b32 $1, hi, 0xBF80BF80;\n}",
+                "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=True, pack=4)
+        wide = (x.to(tl.int8, bitcast=True).to(tl.int32) << 7) & 0xBF80
+        return wide.to(tl.int16).to(tl.float16, bitcast=True)
+
     @triton.jit
     def _partial_kernel(Q, K, V, Table, Rows, Prefix, Start, Opart, Lpart, Out, Lse, Count,
                         Knew, Vnew, CosSin, Pos, Slots, KInv, VInv, stride_nt, stride_nh, stride_vt, stride_vh,
@@ -173,7 +204,7 @@ if triton is not None:
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-                        QUANT: tl.constexpr, FMAX: tl.constexpr):
+                        QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -229,14 +260,22 @@ if triton is not None:
             slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
             kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
             kv_mask = nmask[:, None] & dmask[None, :]
-            k = tl.load(K + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+            k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+            if WIDEN:
+                k = _widen_e4m3(k, WIDEN)
+            else:
+                k = k.to(q.dtype)
             qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_H, BLOCK) float32, log2 units
             qk = tl.where(nmask[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            if WIDEN:
+                v = _widen_e4m3(v, WIDEN)
+            else:
+                v = v.to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
         full = l_i > 0
@@ -273,8 +312,8 @@ if triton is not None:
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int = BLOCK_N,
-           num_warps: int = 4, num_stages: int = 2, starts: torch.Tensor | None = None,
-           table_stride: int | None = None, f16: bool = False, new: tuple | None = None):
+           num_warps: int = 4, num_stages: int | None = None, starts: torch.Tensor | None = None,
+           table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -287,7 +326,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     positions, slots, k_inv, v_inv): q and k (B, Hkv, D) are not rotated yet — the kernel rotates q, and
     writes the rotated k and v (quantized with ``k_inv`` / ``v_inv`` (Hkv,) unless None) at ``slots``
     of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``block``,
-    ``num_warps``, ``num_stages``: the launch configuration (benchmarks/gpu/fp8_decode_bench.py)."""
+    ``num_warps``, ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else 2): the launch configuration, and
+    ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -301,6 +341,11 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     kn, vn, cos_sin, pos, slots, k_inv, v_inv = new or (q, q, q, rows, rows, None, None)
     quant = k_inv is not None
     assert new is None or (block_d == d and kn.stride(2) == vn.stride(2) == 1 and cos_sin.shape[1] == d)
+    e4m3 = f16 and k_cache.dtype == torch.float8_e4m3fn
+    mode = WIDEN_MODES[widen_mode(q.device, widen) if e4m3 else "cvt"]
+    if num_stages is None:
+        num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 745 µs against 837 with 2)
+    unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
         out, lse, _pair_counts(q.device, bsz * hkv),
@@ -310,10 +355,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         req_to_token.stride(0) if table_stride is None else table_stride,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        sm_scale * k_scale * 1.4426950408889634, v_scale,  # (exp2: scores in log2 units)
+        sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
-        PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     return (out, lse) if return_lse else out
