@@ -23,7 +23,7 @@ from benchmarks.gpu.decode_parts_bench import D, HKV, HQ, LAYERS, graph_time
 SHAPES = "1x1024,1x8192,16x2048,64x1024,256x1536,600x1536,1024x1024"
 CONFIGS = ((64, 4, 2, False, "cvt"), (64, 4, 3, False, "cvt"), (64, 4, 2, True, "cvt"), (64, 4, 3, True, "cvt"),
            (64, 4, 3, True, "int"), (64, 4, 3, True, "asm"), (64, 4, 4, True, "asm"), (32, 4, 3, True, "asm"),
-           (64, 8, 3, True, "asm"), (128, 4, 3, True, "asm"), (64, 2, 3, True, "asm"))
+           (64, 8, 3, True, "asm"), (128, 4, 3, True, "asm"), (128, 4, 3, True, "cvt"), (64, 2, 3, True, "asm"))
 # (block, warps, stages, products in fp16, how an FP8 pool's values are widened: triton_decode.widen_mode)
 HBM = 4.3e12
 

@@ -164,7 +164,8 @@ def check_rope(device: torch.device, q_dtype: torch.dtype) -> bool:
 
 
 WIDEN_MODES = {"cvt": 0, "int": 1, "asm": 2}
-WIDEN_DEFAULT = "asm"  # (set from fp8_decode_bench on the H200: docs/perf.md)
+WIDEN_DEFAULT = "cvt"  # (fp8_decode_bench, H200: 600 × 1,536 cvt 755 µs, asm 768, int 797 — docs/perf.md)
+FP8_WIDE_BLOCK = 128  # context tokens an iteration for an FP8 pool at <= 2 splits (600 × 1,536: 603 µs against 768)
 
 
 def widen_mode(device: torch.device, mode: str | None = None) -> str:
@@ -311,7 +312,7 @@ if triton is not None:
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
-           v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int = BLOCK_N,
+           v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int | None = None,
            num_warps: int = 4, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
@@ -326,7 +327,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     positions, slots, k_inv, v_inv): q and k (B, Hkv, D) are not rotated yet — the kernel rotates q, and
     writes the rotated k and v (quantized with ``k_inv`` / ``v_inv`` (Hkv,) unless None) at ``slots``
     of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``block``,
-    ``num_warps``, ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else 2): the launch configuration, and
+    ``num_warps``, ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else 2), ``block`` (None: 128 for such
+    a pool at one or two splits a request — large batches — else 64): the launch configuration, and
     ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -344,7 +346,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     e4m3 = f16 and k_cache.dtype == torch.float8_e4m3fn
     mode = WIDEN_MODES[widen_mode(q.device, widen) if e4m3 else "cvt"]
     if num_stages is None:
-        num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 745 µs against 837 with 2)
+        num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
+    if block is None:  # (a function of the split count, not of the batch: warm_up compiles each count's)
+        block = FP8_WIDE_BLOCK if e4m3 and splits <= 2 else BLOCK_N
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
