@@ -73,14 +73,15 @@ def run(shapes: list[tuple[int, int]]) -> list[dict]:
                 kn, vn = (torch.randn(bs, HKV, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
                 inv = torch.full((HKV,), 2.0, device=dev)
                 new = (kn, vn, torch.randn(ctx, D, device=dev), prefix, table[:, -1].to(torch.int64), inv, inv)
-                for block in (64, 128):
+                for block, widen in ((64, "cvt"), (128, "cvt"), (64, "asm"), (128, "asm")):
+                    key = f"triton_fp8_{block}_4w3s_f16_{widen}_rope_us"
                     try:
-                        row[f"triton_fp8_{block}_4w3s_f16_cvt_rope_us"] = round(graph_time(
-                            lambda i, c=caches, b=block: td.decode(q, c[i][0], c[i][1], table, rows_dev, prefix,
-                                                                   scale, 0.5, 2.0, block=b, num_stages=3, f16=True,
-                                                                   widen="cvt", new=new), LAYERS), 2)
+                        row[key] = round(graph_time(
+                            lambda i, c=caches, b=block, wm=widen: td.decode(
+                                q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, block=b, num_stages=3,
+                                f16=True, widen=wm, new=new), LAYERS), 2)
                     except Exception as e:
-                        row[f"triton_fp8_{block}_4w3s_f16_cvt_rope_us"] = f"{type(e).__name__}: {e}"[:120]
+                        row[key] = f"{type(e).__name__}: {e}"[:120]
                 ref = w.run(q, caches[0], k_scale=0.5, v_scale=2.0).float()
                 got = td.decode(q, caches[0][0], caches[0][1], table, rows_dev, prefix, scale, 0.5, 2.0).float()
                 row["triton_vs_flashinfer_fp8_max_abs"] = float((got - ref).abs().max())

@@ -164,8 +164,10 @@ def check_rope(device: torch.device, q_dtype: torch.dtype) -> bool:
 
 
 WIDEN_MODES = {"cvt": 0, "int": 1, "asm": 2}
-WIDEN_DEFAULT = "cvt"  # (fp8_decode_bench, H200: 600 × 1,536 cvt 755 µs, asm 768, int 797 — docs/perf.md)
-FP8_WIDE_BLOCK = 128  # context tokens an iteration for an FP8 pool at <= 2 splits (600 × 1,536: 603 µs against 768)
+# (fp8_decode_bench, H200, µs a layer: 600 × 1,536 with 64-token blocks cvt 754, asm 767; with 128-token blocks —
+# then bound by the widening — cvt 735, asm 605; 256 × 512: 131 (64, cvt) → 100 (128, asm). docs/perf.md)
+WIDEN_DEFAULT = "asm"
+FP8_WIDE_BLOCK = 128  # context tokens an iteration for an FP8 pool at <= 2 splits (large batches)
 
 
 def widen_mode(device: torch.device, mode: str | None = None) -> str:
