@@ -34,7 +34,7 @@ def run(shapes: list[tuple[int, int]]) -> list[dict]:
     from services.worker.attention import triton_decode as td
 
     dev, rows = torch.device("cuda"), []
-    ws = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+    ws = torch.zeros(512 << 20, dtype=torch.uint8, device=dev)  # (256 MiB overflowed at 1,024 × 288)
     scale = 1 / math.sqrt(D)
     for bs, ctx in shapes:
         slots = bs * ctx + 1
