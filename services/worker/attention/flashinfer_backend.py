@@ -38,6 +38,8 @@ import torch
 
 from services.worker.attention import triton_decode
 from services.worker.attention.base import AttentionBackend, AttentionBatch
+from services.worker.attention.fi_plan import fa2_decode_plan, kv_indices
+from services.worker.attention.fi_plan import indptr as _indptr
 from services.worker.hostio import to_device
 from services.worker.kv_pool import KVPool
 from shared.logging import get_logger
@@ -47,30 +49,6 @@ log = get_logger("worker")
 WORKSPACE_BYTES = 256 << 20  # FlashInfer's float workspace (split-KV partial results), shared by all plans
 
 Run = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def kv_indices(
-    req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, total: int,
-    out: torch.Tensor | None = None, starts: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Slots of positions 0..seq_lens[i]-1 (``starts[i]``..``starts[i]``+seq_lens[i]-1 with
-    ``starts``) of each row ``rows[i]``, concatenated: (total,) int32 (into ``out`` when given).
-
-    rows, seq_lens, starts (B,) int64 on the table's device; ``total`` (the sum of seq_lens) is
-    known on the host, so nothing here waits for the device.
-    """
-    device = req_to_token.device
-    row_start = rows * req_to_token.stride(0) - (torch.cumsum(seq_lens, 0) - seq_lens)  # (B,) flat offset - kv start
-    if starts is not None:
-        row_start = row_start + starts
-    flat = torch.repeat_interleave(row_start, seq_lens, output_size=total) + torch.arange(total, device=device)
-    return torch.index_select(req_to_token.view(-1), 0, flat, out=out)
-
-
-def _indptr(lengths: np.ndarray) -> torch.Tensor:  # (B,) -> (B + 1,) int32 on the host
-    out = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=out[1:])
-    return torch.from_numpy(out)
 
 
 class FlashInferAttention(AttentionBackend):
@@ -332,7 +310,7 @@ class FlashInferAttention(AttentionBackend):
         Python (a host loop over the batch among it): the page table into the fixed buffers, then
         the planner's one call. The captured kernels read only those buffers and the workspace; the
         plan must come out as at capture (FlashInfer's graph mode keeps it fixed), else we stop."""
-        bs, (hq, hkv, d) = batch.num_reqs, self._heads
+        bs = batch.num_reqs
         seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int32) + 1
         indptr = _indptr(seq_lens)
         total = int(indptr[-1])
@@ -340,11 +318,7 @@ class FlashInferAttention(AttentionBackend):
                    out=wrapper._paged_kv_indices_buf[:total])
         # (from pinned memory: a pageable source may make the copy wait for the step in flight)
         wrapper._paged_kv_indptr_buf.copy_(indptr.pin_memory(), non_blocking=True)  # last_page_len: fixed ones
-        info = wrapper._cached_module.plan(
-            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
-            self._range[: bs + 1], indptr, torch.from_numpy(seq_lens), bs, bs, hq, hkv, 1, True, d, d, False, -1,
-            -1, False, 0, 0,  # fixed split size, disable split-kv, colocated CTAs, uniform q len
-        )
+        info = fa2_decode_plan(wrapper, self._range[: bs + 1], indptr, seq_lens, self._heads, graph=True)
         if list(info) != self._graph_plan_info[bs]:
             raise RuntimeError("the plan differs from the captured one")
 
@@ -380,16 +354,12 @@ class FlashInferAttention(AttentionBackend):
         self._planned_once.add(id(wrapper))
 
     def _plan_fa2_decode(self, wrapper, seq_lens: np.ndarray, indptr: torch.Tensor, indices: torch.Tensor) -> None:
-        n, (hq, hkv, d), dev = len(seq_lens), self._heads, self.pool.device
+        n, dev = len(seq_lens), self.pool.device
         if n + 1 > self._rows_host.numel():
             self._rows_host = torch.arange(2 * n + 1, dtype=torch.int32)
             self._rows_dev = self._rows_host.to(dev)
             self._ones_dev = torch.ones(2 * n, dtype=torch.int32, device=dev)
-        info = wrapper._cached_module.plan(
-            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
-            self._rows_host[: n + 1], indptr, torch.from_numpy(seq_lens.astype(np.int32)), n, n, hq, hkv, 1, False,
-            d, d, False, -1, -1, False, 0, 0,  # not a graph; causal off, no window, split-kv as FlashInfer picks
-        )
+        info = fa2_decode_plan(wrapper, self._rows_host[: n + 1], indptr, seq_lens, self._heads, graph=False)
         wrapper._paged_kv_indptr_buf = to_device(indptr.numpy(), torch.int32, dev)
         wrapper._paged_kv_indices_buf = indices
         wrapper._paged_kv_last_page_len_buf = self._ones_dev[:n]  # (its size is the batch size to ``run``)
