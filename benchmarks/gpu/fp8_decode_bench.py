@@ -5,6 +5,8 @@ from a CUDA graph and reading another layer's cache per call (8 cycled, as 32 la
 8B shape: 32 query / 8 KV heads, head_dim 128, page size 1 (slots in random order).
 
     python -m benchmarks.gpu.fp8_decode_bench --out $OUT/fp8_decode.json [--shapes 64x1024,600x1536]
+    python -m benchmarks.gpu.fp8_decode_bench --out D --shapes 96x2560 --spread 0.9 --splits 1,2,4,8
+    (W2's ~90-row decodes: contexts 256-2,560 — does one split a request leave the longest ones as a tail?)
 
 Also checks the Triton kernel against FlashInfer on the same FP8 cache (max abs difference).
 Prints a table last (µs a layer, % of 4.3 TB/s); writes JSON."""
@@ -28,7 +30,7 @@ CONFIGS = ((64, 4, 2, False, "cvt"), (64, 4, 3, False, "cvt"), (64, 4, 2, True, 
 HBM = 4.3e12
 
 
-def run(shapes: list[tuple[int, int]]) -> list[dict]:
+def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, ...] = ()) -> list[dict]:
     import flashinfer
 
     from services.worker.attention import triton_decode as td
@@ -41,13 +43,16 @@ def run(shapes: list[tuple[int, int]]) -> list[dict]:
         bf = [(torch.randn(slots, HKV, D, dtype=torch.bfloat16, device=dev),
                torch.randn(slots, HKV, D, dtype=torch.bfloat16, device=dev)) for _ in range(LAYERS)]
         f8 = [(k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)) for k, v in bf]
-        perm = torch.randperm(slots - 1, device=dev)[: bs * ctx].to(torch.int32) + 1
-        table = perm.view(bs, ctx)
+        table = (torch.randperm(slots - 1, device=dev)[: bs * ctx].to(torch.int32) + 1).view(bs, ctx)
         rows_dev = torch.arange(bs, device=dev)
-        prefix = torch.full((bs,), ctx - 1, dtype=torch.int64, device=dev)
-        indptr = torch.arange(0, (bs + 1) * ctx, ctx, dtype=torch.int32)
+        # contexts: all ``ctx``, or with ``spread`` uniform in [ctx (1 - spread), ctx] (W2's requests differ)
+        lens = torch.randint(max(1, int(ctx * (1 - spread))), ctx + 1, (bs,)) if spread else torch.full((bs,), ctx)
+        prefix = (lens - 1).to(dev)
+        indptr = torch.zeros(bs + 1, dtype=torch.int32)
+        indptr[1:] = lens.cumsum(0)
+        perm = torch.cat([table[i, : int(n)] for i, n in enumerate(lens.tolist())])
         q = torch.randn(bs, HQ, D, dtype=torch.bfloat16, device=dev)
-        row: dict = {"batch": bs, "context": ctx}
+        row: dict = {"batch": bs, "context": ctx, "spread": spread, "mean_context": float(lens.float().mean())}
         for name, caches, kv_dtype in (("bf16", bf, torch.bfloat16), ("fp8", f8, torch.float8_e4m3fn)):
             w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 ws, "NHD", use_cuda_graph=True, use_tensor_cores=True, paged_kv_indptr_buffer=indptr.to(dev),
@@ -69,6 +74,9 @@ def run(shapes: list[tuple[int, int]]) -> list[dict]:
                                                 LAYERS), 2)
                 except Exception as e:  # (a configuration that does not compile: recorded)
                     row[key] = f"{type(e).__name__}: {e}"[:120]
+            for n in splits if name == "fp8" else ():  # the served configuration at other split counts
+                row[f"triton_fp8_served_{n}splits_us"] = round(graph_time(lambda i, c=caches, n=n: td.decode(
+                    q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, splits=n, f16=True), LAYERS), 2)
             if name == "fp8":  # the decode steps' variant: the rope and the new token's K/V write inside
                 kn, vn = (torch.randn(bs, HKV, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
                 inv = torch.full((HKV,), 2.0, device=dev)
@@ -97,7 +105,7 @@ def run(shapes: list[tuple[int, int]]) -> list[dict]:
             times = {k: v for k, v in row.items() if k.startswith(f"triton_{name}_") and isinstance(v, float)}
             row[f"triton_{name}_best_us"] = min(times.values()) if times else None
             row[f"triton_{name}_best"] = min(times, key=times.get) if times else None
-            row[f"{name}_bytes"] = bs * ctx * HKV * D * 2 * size
+            row[f"{name}_bytes"] = int(lens.sum()) * HKV * D * 2 * size
         rows.append(row)
         print(json.dumps(row), flush=True)
         del bf, f8
@@ -125,9 +133,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default=SHAPES, help="batch x context, comma-separated")
+    ap.add_argument("--spread", type=float, default=0.0, help="contexts uniform in [context (1 - spread), context]")
+    ap.add_argument("--splits", default="", help="also time the served FP8 configuration at these split counts")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-    rows = run(shapes)
+    rows = run(shapes, a.spread, tuple(int(n) for n in a.splits.split(",") if n))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"rows": rows, "configs": CONFIGS}, indent=1))
     print(table(rows))
