@@ -5,7 +5,8 @@ from a CUDA graph and reading another layer's cache per call (8 cycled, as 32 la
 8B shape: 32 query / 8 KV heads, head_dim 128, page size 1 (slots in random order).
 
     python -m benchmarks.gpu.fp8_decode_bench --out $OUT/fp8_decode.json [--shapes 64x1024,600x1536]
-    python -m benchmarks.gpu.fp8_decode_bench --out D --shapes 96x2560 --spread 0.9 --splits 1,2,4,8
+    python -m benchmarks.gpu.fp8_decode_bench --out D --shapes 96x2560 --spread 0.9 --splits 1,2,4,8 \
+      --min-parts 0,256,512
     (W2's ~90-row decodes: contexts 256-2,560 — does one split a request leave the longest ones as a tail?)
 
 Also checks the Triton kernel against FlashInfer on the same FP8 cache (max abs difference).
@@ -30,7 +31,8 @@ CONFIGS = ((64, 4, 2, False, "cvt"), (64, 4, 3, False, "cvt"), (64, 4, 2, True, 
 HBM = 4.3e12
 
 
-def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, ...] = ()) -> list[dict]:
+def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, ...] = (),
+        min_parts: tuple[int, ...] = (0,)) -> list[dict]:
     import flashinfer
 
     from services.worker.attention import triton_decode as td
@@ -74,9 +76,11 @@ def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, .
                                                 LAYERS), 2)
                 except Exception as e:  # (a configuration that does not compile: recorded)
                     row[key] = f"{type(e).__name__}: {e}"[:120]
-            for n in splits if name == "fp8" else ():  # the served configuration at other split counts
-                row[f"triton_fp8_served_{n}splits_us"] = round(graph_time(lambda i, c=caches, n=n: td.decode(
-                    q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, splits=n, f16=True), LAYERS), 2)
+            for n, part in ((n, part) for n in splits for part in min_parts) if name == "fp8" else ():
+                # the served configuration at other split counts, with parts of at least ``part`` tokens
+                row[f"triton_fp8_served_{n}splits_min{part}_us"] = round(graph_time(lambda i, c=caches, n=n, m=part:
+                    td.decode(q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, splits=n, f16=True,
+                              min_part=m), LAYERS), 2)
             if name == "fp8":  # the decode steps' variant: the rope and the new token's K/V write inside
                 kn, vn = (torch.randn(bs, HKV, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
                 inv = torch.full((HKV,), 2.0, device=dev)
@@ -135,9 +139,11 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES, help="batch x context, comma-separated")
     ap.add_argument("--spread", type=float, default=0.0, help="contexts uniform in [context (1 - spread), context]")
     ap.add_argument("--splits", default="", help="also time the served FP8 configuration at these split counts")
+    ap.add_argument("--min-parts", default="0", help="with --splits: the kernel's min_part values to time")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-    rows = run(shapes, a.spread, tuple(int(n) for n in a.splits.split(",") if n))
+    rows = run(shapes, a.spread, tuple(int(n) for n in a.splits.split(",") if n),
+               tuple(int(n) for n in a.min_parts.split(",")))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"rows": rows, "configs": CONFIGS}, indent=1))
     print(table(rows))

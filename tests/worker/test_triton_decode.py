@@ -57,6 +57,10 @@ for splits in (1, 3, 16):
         ro, rl = ref(q, ks, vs)
         assert torch.allclose(o, ro, atol=1e-4, rtol=1e-4), (splits, (o - ro).abs().max())
         assert torch.allclose(lse, rl, atol=1e-4, rtol=1e-4), (splits, (lse - rl).abs().max())
+for splits, part in ((4, 64), (16, 100)):  # parts of at least ``part`` tokens: short contexts' later splits empty
+    o, lse = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=splits, return_lse=True, min_part=part)
+    ro, rl = ref(q, 1.0, 1.0)
+    assert torch.allclose(o, ro, atol=1e-4, rtol=1e-4) and torch.allclose(lse, rl, atol=1e-4, rtol=1e-4), (splits, part)
 wide = torch.randn(5, 2 * hq, d, generator=g)
 o = td.decode(wide[:, ::2], kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=4)  # q strided by heads
 assert torch.allclose(o, ref(wide[:, ::2].contiguous(), 1.0, 1.0)[0], atol=1e-4, rtol=1e-4)

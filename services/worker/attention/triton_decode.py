@@ -207,7 +207,7 @@ if triton is not None:
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-                        QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr):
+                        QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -216,6 +216,8 @@ if triton is not None:
         n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
         first = tl.load(Start + b).to(tl.int32) if HAS_START else 0  # (a cascade step's own level: from skip)
         per = tl.cdiv(tl.cdiv(n - first, SPLITS), BLOCK) * BLOCK
+        if MIN_PER:  # (parts of at least MIN_PER tokens: a short context leaves its later programs empty)
+            per = tl.maximum(per, MIN_PER)
         lo = first + s * per
         hi = tl.minimum(lo + per, n)
         offs_g = tl.arange(0, BLOCK_H)
@@ -316,7 +318,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int | None = None,
            num_warps: int = 4, num_stages: int | None = None, starts: torch.Tensor | None = None,
-           table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None):
+           table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
+           min_part: int = 0):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -331,7 +334,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``block``,
     ``num_warps``, ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else 2), ``block`` (None: 128 for such
     a pool at one or two splits a request — large batches — else 64): the launch configuration, and
-    ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py)."""
+    ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py).
+    ``min_part`` > 0: each split reads at least that many tokens (rounded up to the block), so that with more
+    splits long contexts are spread over more programs while short ones leave theirs empty (not yet measured:
+    ``fp8_decode_bench --spread``)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -364,7 +370,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
-        PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block, num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     return (out, lse) if return_lse else out
