@@ -1,0 +1,157 @@
+"""Where a prefill step's device time goes (issue 18: W2's mixed steps run ~23 µs a prompt token, ~620
+TFLOP/s of the model's GEMMs). Two parts:
+
+1. The model's prefill, ``--rows`` × ``--length`` tokens a step, eagerly under ``torch.profiler`` through
+   ``ModelRunner`` (no server): kernels grouped as ``decode_profile`` groups them, µs a step and a prompt token.
+2. The layer's GEMM shapes alone at M = rows × length (q/k/v, o, gate/up, down), timed with CUDA events on
+   cuBLAS and on cuBLASLt (``torch.backends.cuda.preferred_blas_library``): TFLOP/s each.
+
+    python -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 8 --length 2048 --out $OUT/prefill.json
+
+Prints a table last; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.driver import Driver  # noqa: E402
+from benchmarks.gpu.decode_profile import group_of  # noqa: E402
+from services.worker.runner import ModelRunner  # noqa: E402
+from shared.config import WorkerConfig  # noqa: E402
+
+
+def profile_prefill(driver: Driver, prompts: list[list[int]], steps: int) -> dict:
+    """Kernels of ``steps`` prefill steps of ``prompts`` (released after each) → groups and heaviest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step(k: int) -> None:
+        rids = [f"p{k}_{i}" for i in range(len(prompts))]
+        driver.run([(r, p, True) for r, p in zip(rids, prompts)])
+        for r in rids:
+            driver.release(r)
+
+    for k in range(2):
+        step(-1 - k)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for k in range(steps):
+        step(k)
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t) / steps * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for k in range(steps):
+            step(100 + k)
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(ev.name, [0, 0.0])
+            k[0] += 1
+            k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    groups: dict[str, list[float]] = {}
+    for name, (n, us) in kernels.items():
+        g = groups.setdefault(group_of(name), [0, 0.0])
+        g[0] += n / steps
+        g[1] += us / steps
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]
+    return {"wall_ms": round(wall_ms, 2),
+            "us_per_step": round(sum(us for _, us in kernels.values()) / steps, 1),
+            "groups": {g: {"kernels_per_step": round(n, 2), "us_per_step": round(us, 1)}
+                       for g, (n, us) in sorted(groups.items(), key=lambda kv: -kv[1][1])},
+            "top": [{"name": name[:160], "group": group_of(name), "per_step": round(n / steps, 2),
+                     "us_per_step": round(us / steps, 1)} for name, (n, us) in top]}
+
+
+def time_gemms(m: int, shapes: dict[str, tuple[int, int]], dtype: torch.dtype, reps: int = 20) -> dict:
+    """TFLOP/s of x[m, k] @ w[n, k]^T for each (n, k) shape, per BLAS library torch offers here."""
+    out: dict[str, dict] = {}
+    for lib in ("cublas", "cublaslt"):
+        try:
+            torch.backends.cuda.preferred_blas_library(lib)
+        except Exception as e:  # (a build without the choice)
+            out[lib] = {"error": str(e)[:200]}
+            continue
+        res = {}
+        for name, (n, k) in shapes.items():
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
+            for _ in range(3):
+                torch.nn.functional.linear(x, w)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(reps):
+                torch.nn.functional.linear(x, w)
+            b.record()
+            torch.cuda.synchronize()
+            us = a.elapsed_time(b) / reps * 1e3
+            res[name] = {"n": n, "k": k, "us": round(us, 1), "tflops": round(2 * m * n * k / us / 1e6, 1)}
+        out[lib] = res
+    torch.backends.cuda.preferred_blas_library("cublas")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="/tmp/llama8b")
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/prefill_profile.json"))
+    ap.add_argument("worker_args", nargs="*", help="WorkerConfig fields as --name value (after --)")
+    args = ap.parse_args()
+    extra = {}
+    it = iter(args.worker_args)
+    for flag in it:
+        name, value = flag.removeprefix("--").replace("-", "_"), next(it, "true")
+        extra[name] = True if value == "true" else value
+    tokens = args.rows * args.length
+    runner = ModelRunner(WorkerConfig(model=args.model, device="cuda", context_length=max(4096, args.length + 8),
+                                      max_total_tokens=max(300_000, 3 * tokens),
+                                      **extra), args.model)
+    spec = runner.spec
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, spec.vocab_size, (args.length,), generator=g).tolist() for _ in range(args.rows)]
+    prof = profile_prefill(Driver(runner, max_rows=args.rows + 1), prompts, args.steps)
+    cfg = json.loads((Path(args.model) / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    hd = cfg.get("head_dim", h // heads)
+    shapes = {"qkv": ((heads + 2 * kv) * hd, h), "o": (h, heads * hd), "gate_up": (2 * inter, h), "down": (h, inter)}
+    del runner
+    torch.cuda.empty_cache()
+    gemms = time_gemms(tokens, shapes, torch.bfloat16)
+    layers = cfg["num_hidden_layers"]
+    out = {"model": args.model, "worker_args": args.worker_args, "rows": args.rows, "length": args.length,
+           "tokens": tokens, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M"), "prefill": prof, "gemms": gemms}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(f"## prefill {args.rows} × {args.length} = {tokens} tokens: {prof['wall_ms']} ms wall a step "
+          f"({prof['wall_ms'] / tokens * 1e3:.2f} µs a token), {prof['us_per_step'] / 1e3:.1f} ms in kernels")
+    print("| group | kernels a step | ms a step | µs a token |\n| --- | ---: | ---: | ---: |")
+    for name, v in prof["groups"].items():
+        print(f"| {name} | {v['kernels_per_step']} | {v['us_per_step'] / 1e3:.1f} | {v['us_per_step'] / tokens:.2f} |")
+    for k in prof["top"][:12]:
+        print(f"  {k['per_step']:6.1f} × {k['name'][:100]}: {k['us_per_step'] / 1e3:.2f} ms")
+    print(f"\n| GEMM (M = {tokens}) | n × k | cuBLAS µs (TFLOP/s) | cuBLASLt µs (TFLOP/s) | × {layers} layers, ms |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for name, (n, k) in shapes.items():
+        c, lt = gemms.get("cublas", {}).get(name, {}), gemms.get("cublaslt", {}).get(name, {})
+        best = min(v.get("us", 1e12) for v in (c, lt))
+        print(f"| {name} | {n} × {k} | {c.get('us')} ({c.get('tflops')}) | {lt.get('us')} ({lt.get('tflops')}) | "
+              f"{best * layers / 1e3:.1f} |")
+    print(f"\nJSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
