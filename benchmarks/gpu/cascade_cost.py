@@ -99,11 +99,12 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{g}x{m}" for g, m in SHAPES))
     ap.add_argument("--profile", action="store_true", help="profile the first shape's plain and cascade steps")
     ap.add_argument("--device", default="auto", help="auto | cuda | cpu (a CPU run checks the script, not speed)")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3 (the pool's dtype)")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     need = sum(g * args.prefix + g * m * (args.own + 3 * args.steps + 8) for g, m in shapes)
     runner = ModelRunner(WorkerConfig(model=args.model, max_total_tokens=need + 4096, device=args.device,
-                                      cuda_graph_max_bs=args.graph_max_bs), args.model)
+                                      cuda_graph_max_bs=args.graph_max_bs, kv_cache_dtype=args.kv_cache_dtype), args.model)
     driver = Driver(runner, max_rows=max(g * m + g for g, m in shapes) * 2)
     vocab = runner.spec.vocab_size
     rows = []

@@ -95,8 +95,9 @@ def test_flashinfer_attention_matches_torch(heads, prefill_backend, decode) -> N
                                positions=positions, prefix_lens_cpu=[p for p, _ in reqs],
                                extend_lens_cpu=[e for _, e in reqs])
         t = positions.numel()
-        q = torch.randn(t, hq, d, dtype=torch.bfloat16, device="cuda")
-        k, v = (torch.randn(t, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device="cuda")  # strided views, as the model's
+        q = qkv[:, : hq * d].unflatten(-1, (hq, d))
+        k, v = (qkv[:, (hq + i * hkv) * d: (hq + (i + 1) * hkv) * d].unflatten(-1, (hkv, d)) for i in range(2))
         ref.prepare(batch)
         want = ref.forward(q, k, v, 0)
         fi.prepare(batch)

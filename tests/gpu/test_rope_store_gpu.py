@@ -12,18 +12,19 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def test_rope_store_agrees_with_flashinfer_rope_then_the_write() -> None:
+@pytest.mark.parametrize("t", [13, 64, 1000])  # a head a program (decode sizes); token blocks (prefill sizes)
+def test_rope_store_agrees_with_flashinfer_rope_then_the_write(t) -> None:
     from services.worker.kernels import rope_store as rs
     from services.worker.models.ops import flashinfer_ops
     from services.worker.models.rotary import RopeConfig, RotaryEmbedding
 
     dev = torch.device("cuda")
     assert rs.check(dev)
-    t, hq, hkv, d = 64, 32, 8, 128
+    hq, hkv, d = 32, 8, 128
     cos_sin = RotaryEmbedding(d, 4096, RopeConfig(theta=500000.0)).cos_sin.to(dev)
     g = torch.Generator(device="cpu").manual_seed(0)
     positions = torch.randint(0, 4096, (t,), generator=g).to(dev)
-    slots = torch.randperm(1000, generator=g)[:t].to(dev)
+    slots = torch.randperm(2000, generator=g)[:t].to(dev)
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(torch.bfloat16).to(dev)
 
     def views(x):
@@ -31,7 +32,7 @@ def test_rope_store_agrees_with_flashinfer_rope_then_the_write() -> None:
                 x[:, (hq + hkv) * d:].unflatten(-1, (hkv, d)))
 
     fused, ref = qkv.clone(), qkv.clone()
-    caches = [torch.zeros(1000, hkv, d, dtype=torch.bfloat16, device=dev) for _ in range(4)]
+    caches = [torch.zeros(2000, hkv, d, dtype=torch.bfloat16, device=dev) for _ in range(4)]
     rs.rope_store(*views(fused), caches[0], caches[1], slots, cos_sin, positions)
     q, k, v = views(ref)
     q, k = flashinfer_ops().rope(cos_sin, positions, torch.bfloat16)(q, k)

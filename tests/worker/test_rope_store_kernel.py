@@ -1,7 +1,7 @@
 """The fused rope + K/V write (``kernels/rope_store.py``) in Triton's interpreter on the CPU against
 its PyTorch reference and against the two steps it replaces (the layers' rope, then the pool's
 write): strided q/k/v views of one qkv tensor, positions out of order, GQA heads, scaled and
-saturated writes (float32 caches here: the interpreter's emulated fp8 cast does not round as the
+saturated writes, both launch shapes (a head a program; token blocks) (float32 caches here: the interpreter's emulated fp8 cast does not round as the
 GPU does; ``check`` runs the bf16/fp16/e4m3 cases on the device at start-up). Skipped visibly where
 Triton is not installed."""
 
@@ -28,7 +28,9 @@ def views(x):
     return (x[:, : hq * d].unflatten(-1, (hq, d)), x[:, hq * d: (hq + hkv) * d].unflatten(-1, (hkv, d)),
             x[:, (hq + hkv) * d:].unflatten(-1, (hkv, d)))
 
-for inv in (None, (torch.tensor([1.0, 0.05]), torch.tensor([0.5, 20.0]))):
+for rows_from, inv in ((64, None), (64, (torch.tensor([1.0, 0.05]), torch.tensor([0.5, 20.0]))), (1, None),
+                      (1, (torch.tensor([1.0, 0.05]), torch.tensor([0.5, 20.0])))):
+    rs.ROWS_FROM = rows_from  # 64: a head a program (decode sizes); 1: token blocks (prefill), the last partial
     got, want = qkv.clone(), qkv.clone()
     caches = [torch.full((12, hkv, d), -1.0) for _ in range(4)]
     rs.rope_store(*views(got), caches[0], caches[1], slots, cos_sin, positions, *(inv or (None, None)))
@@ -49,6 +51,7 @@ for inv in (None, (torch.tensor([1.0, 0.05]), torch.tensor([0.5, 20.0]))):
         rs.reference(*views(ref), caches[2], caches[3], slots, cos_sin, positions)
         assert torch.allclose(ref, got, rtol=1e-5, atol=1e-4) and torch.allclose(caches[2], caches[0], rtol=1e-5, atol=1e-4)
 
+rs.ROWS_FROM = 64
 # the pool's entry point: the same rotated q, k and pool with the kernel set as without it
 from services.worker.kv_pool import KVPool
 from services.worker.quant import kv

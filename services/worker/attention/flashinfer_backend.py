@@ -244,7 +244,7 @@ class FlashInferAttention(AttentionBackend):
             return lambda q, kv: self.decode.run(q, kv, return_lse=lse, **self._scale_kw)
         self.paged.plan(_indptr(extend), _indptr(own), indices, self._last_page_len(n), *self._heads, 1,
                         causal=True, **self._dtypes)
-        return lambda q, kv: self.paged.run(q.contiguous(), kv, return_lse=lse, **self._scale_kw)
+        return lambda q, kv: self.paged.run(q, kv, return_lse=lse, **self._scale_kw)  # (q strided: FA2/FA3 take strides)
 
     def _plan_cascade(self, batch: AttentionBatch, prefix: np.ndarray, extend: np.ndarray) -> None:
         c, dev = batch.cascade, self.pool.device
@@ -385,4 +385,4 @@ class FlashInferAttention(AttentionBackend):
         return self._ones[:n]
 
     def _run_ragged(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
-        return self.ragged.run(q.contiguous(), k.contiguous(), v.contiguous())
+        return self.ragged.run(q, k, v)  # (strided views of the qkv output: the kernels take their strides)

@@ -65,6 +65,56 @@ def _rope_store_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, 
         tl.store(vc_ptr + dst + HALF + offs, w2.to(vc_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _rope_store_rows_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, cs_ptr, k_inv_ptr, v_inv_ptr,
+                            T, HQ, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h, c_stride_s,
+                            c_stride_h, cs_stride, QUANT: tl.constexpr, FMAX: tl.constexpr, HALF: tl.constexpr,
+                            BLOCK_T: tl.constexpr):
+    """``_rope_store_kernel`` for many tokens (prefill): a program takes BLOCK_T tokens of one head, so a
+    16k-token step is ~20k programs of [BLOCK_T, D] tiles instead of 650k one-head programs. The same
+    arithmetic element for element (the same bits)."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    h = tl.program_id(1)
+    live = t < T
+    offs = tl.arange(0, HALF)[None, :]
+    mask = live[:, None]
+    row = cs_ptr + tl.load(pos_ptr + t, mask=live, other=0).to(tl.int64)[:, None] * cs_stride
+    cos = tl.load(row + offs, mask=mask, other=0.0)
+    sin = tl.load(row + HALF + offs, mask=mask, other=0.0)
+    if h < HQ:
+        at = q_ptr + t[:, None] * q_stride_t + h * q_stride_h
+    else:
+        at = k_ptr + t[:, None] * k_stride_t + (h - HQ) * k_stride_h
+    x1 = tl.load(at + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(at + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    r1 = (x1 * cos - x2 * sin).to(q_ptr.dtype.element_ty)
+    r2 = (x2 * cos + x1 * sin).to(q_ptr.dtype.element_ty)
+    tl.store(at + offs, r1, mask=mask)
+    tl.store(at + HALF + offs, r2, mask=mask)
+    if h >= HQ:
+        j = h - HQ
+        dst = tl.load(slots_ptr + t, mask=live, other=0).to(tl.int64)[:, None] * c_stride_s + j * c_stride_h
+        src = v_ptr + t[:, None] * v_stride_t + j * v_stride_h
+        v1 = tl.load(src + offs, mask=mask, other=0.0)
+        v2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+        if QUANT:
+            ki, vi = tl.load(k_inv_ptr + j), tl.load(v_inv_ptr + j)
+            k1 = tl.minimum(tl.maximum(r1.to(tl.float32) * ki, -FMAX), FMAX)
+            k2 = tl.minimum(tl.maximum(r2.to(tl.float32) * ki, -FMAX), FMAX)
+            w1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -FMAX), FMAX)
+            w2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -FMAX), FMAX)
+        else:
+            k1, k2, w1, w2 = r1, r2, v1, v2
+        tl.store(kc_ptr + dst + offs, k1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst + HALF + offs, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst + offs, w1.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst + HALF + offs, w2.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+ROWS_FROM = 64  # tokens from which a step takes the token-blocked kernel (decode sizes keep one head a program)
+ROWS_BLOCK = 16
+
+
 def rope_store(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, cos_sin: Tensor,
                positions: Tensor, k_inv: Tensor | None = None, v_inv: Tensor | None = None) -> None:
     """q (T, Hq, D) and k (T, Hkv, D) rotated in place at ``positions`` (T,) by the float32 table
@@ -78,6 +128,13 @@ def rope_store(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor
     assert d == cos_sin.shape[1] and d & (d - 1) == 0 and q.stride(2) == k.stride(2) == v.stride(2) == 1
     assert k_cache.stride(2) == 1 and k_cache.stride() == v_cache.stride() and cos_sin.stride(1) == 1
     quant = k_inv is not None
+    if t >= ROWS_FROM:  # (prefill sizes: launched plainly, no PDL)
+        _rope_store_rows_kernel[(triton.cdiv(t, ROWS_BLOCK), hq + hkv)](
+            q, k, v, k_cache, v_cache, slots, positions, cos_sin, k_inv if quant else cos_sin,
+            v_inv if quant else cos_sin, t, hq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), QUANT=quant, FMAX=FP8_MAX,
+            HALF=d // 2, BLOCK_T=ROWS_BLOCK, num_warps=4)
+        return
     pdl = launch_pdl(q.device)
     _rope_store_kernel[(t, hq + hkv)](
         q, k, v, k_cache, v_cache, slots, positions, cos_sin, k_inv if quant else cos_sin,
@@ -105,13 +162,15 @@ def reference(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
 def check(device: torch.device) -> bool:
     """The kernel against ``reference`` on ``device``: bf16 and fp16 pools (bit for bit but for a
     last-place rounding where float32 fused multiply-adds differ) and an FP8 pool (its values within
-    an e4m3 step), on strided q/k/v views of one qkv tensor as the model passes them."""
+    an e4m3 step), on strided q/k/v views of one qkv tensor as the model passes them; decode sizes (a head a
+    program) and prefill sizes (``ROWS_FROM`` tokens and more: token blocks, the last one partial)."""
     g = torch.Generator(device="cpu").manual_seed(3)
-    t, hq, hkv, d, slots_n = 13, 8, 2, 128, 64
+    hq, hkv, d, slots_n = 8, 2, 128, 256
     cos_sin = torch.randn(100, d, generator=g).to(device)
-    positions = torch.randint(0, 100, (t,), generator=g).to(device)
-    slots = torch.randperm(slots_n, generator=g)[:t].to(device)
-    for dtype, fp8 in ((torch.bfloat16, False), (torch.float16, False), (torch.bfloat16, True)):
+    for t, dtype, fp8 in ((13, torch.bfloat16, False), (13, torch.float16, False), (13, torch.bfloat16, True),
+                          (ROWS_FROM + 37, torch.bfloat16, False), (ROWS_FROM + 37, torch.bfloat16, True)):
+        positions = torch.randint(0, 100, (t,), generator=g).to(device)
+        slots = torch.randperm(slots_n, generator=g)[:t].to(device)
         qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(dtype).to(device)
         inv = (torch.rand(hkv, generator=g) + 0.5).to(device) if fp8 else None
         runs = []
