@@ -15,7 +15,7 @@
 # · wtest (the FP8 pool's integer widening GPU test) · pick (BANYAN_FP8_WIDEN for the steps after it: the fastest
 # widening of bench8's 600 × 1,536) · w1q8 (W1,W2 with FP8 weights and FP8 KV) · spread (the FP8 decode at mixed
 # contexts, $SPREAD shapes, by split count and min_part) · pprof (a 16k-token prefill's kernels; the GEMMs alone)
-# · ptest (the prefill attention and rope + write GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and FP8 pools).
+# · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and FP8 pools).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -70,12 +70,14 @@ for step in ${STEPS:-fp8}; do
     bench8) timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
               --shapes 64x1024,600x1536,1x1024 >"$OUT/fp8_decode.log" 2>&1; tail -6 "$OUT/fp8_decode.log" ;;
     spread) timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/spread.json" --shapes "${SPREAD:-96x2560}" \
-              --spread 0.9 --splits 1,2,4,8 --min-parts 0,256,512 >"$OUT/spread.log" 2>&1; echo "spread (rc $?)"
+              --spread 0.9 --splits ${SPREAD_SPLITS:-1,2,4,8} --min-parts ${SPREAD_MIN:-0,256,512} >"$OUT/spread.log" 2>&1; echo "spread (rc $?)"
             tail -14 "$OUT/spread.log" ;;
     casc) for dt in auto fp8_e4m3; do  # (a 1,024-row shared-prefix step's kernels, bf16 and FP8 pools)
             timeout 150 python3 -m benchmarks.gpu.cascade_cost --model /tmp/llama8b --shapes 32x32 --profile \
               --kv-cache-dtype $dt --out "$OUT/casc_$dt.json" >"$OUT/casc_$dt.log" 2>&1; echo "casc $dt (rc $?)"
             tail -3 "$OUT/casc_$dt.log"; done ;;
+    ftest) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "fp8_pool or cascade_matches" \
+             -p no:cacheprovider >"$OUT/ftest.log" 2>&1; echo "ftest (rc $?)"; tail -3 "$OUT/ftest.log" ;;
     ptest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_rope_store_gpu.py tests/gpu/test_gpu_parity.py -k \
              "rope_store or attention_matches_torch or worker_matches_torch or cascade_matches or fp8_pool or piecewise" \
              -p no:cacheprovider >"$OUT/ptest.log" 2>&1; echo "ptest (rc $?)"; tail -3 "$OUT/ptest.log" ;;

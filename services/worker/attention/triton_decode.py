@@ -286,8 +286,14 @@ if triton is not None:
         full = l_i > 0
         out = acc / tl.where(full, l_i, 1.0)[:, None]
         lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))  # log2 units
-        o_at = Opart + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         hd_mask = gmask[:, None] & dmask[None, :]
+        if SPLITS == 1:  # (one part: it is the result — the merge below would give these very bits)
+            tl.store(Out + b * stride_out_t + heads[:, None] * stride_out_h + offs_d[None, :],
+                     (out * v_scale).to(Out.dtype.element_ty), mask=hd_mask)
+            if WRITE_LSE:
+                tl.store(Lse + b * stride_lse_b + heads, lse, mask=gmask)
+            return
+        o_at = Opart + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_at + s * stride_os, out, mask=hd_mask)
         l_at = Lpart + b * stride_lb + heads * stride_lh
         tl.store(l_at + s, lse, mask=gmask)
