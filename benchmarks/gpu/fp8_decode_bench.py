@@ -32,7 +32,9 @@ HBM = 4.3e12
 
 
 def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, ...] = (),
-        min_parts: tuple[int, ...] = (0,)) -> list[dict]:
+        min_parts: tuple[int, ...] = (0,), only: str = "") -> list[dict]:
+    import re
+
     import flashinfer
 
     from services.worker.attention import triton_decode as td
@@ -69,6 +71,8 @@ def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, .
                 if widen != "cvt" and name != "fp8" or name == "bf16" and warps != 4:
                     continue  # (widening is an FP8 pool's)
                 key = f"triton_{name}_{block}_{warps}w{stages}s{'_f16' if f16 else ''}{'_' + widen if f16 else ''}_us"
+                if only and not re.search(only, key):
+                    continue
                 try:
                     row[key] = round(graph_time(lambda i, c=caches, b=block, nw=warps, ns=stages, h=f16, wm=widen:
                                                 td.decode(q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5,
@@ -87,6 +91,8 @@ def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, .
                 new = (kn, vn, torch.randn(ctx, D, device=dev), prefix, table[:, -1].to(torch.int64), inv, inv)
                 for block, widen in ((64, "cvt"), (128, "cvt"), (64, "asm"), (128, "asm")):
                     key = f"triton_fp8_{block}_4w3s_f16_{widen}_rope_us"
+                    if only and not re.search(only, key):
+                        continue
                     try:
                         row[key] = round(graph_time(
                             lambda i, c=caches, b=block, wm=widen: td.decode(
@@ -140,10 +146,11 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=0.0, help="contexts uniform in [context (1 - spread), context]")
     ap.add_argument("--splits", default="", help="also time the served FP8 configuration at these split counts")
     ap.add_argument("--min-parts", default="0", help="with --splits: the kernel's min_part values to time")
+    ap.add_argument("--only", default="", help="time only the Triton variants whose key matches this regex")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     rows = run(shapes, a.spread, tuple(int(n) for n in a.splits.split(",") if n),
-               tuple(int(n) for n in a.min_parts.split(",")))
+               tuple(int(n) for n in a.min_parts.split(",")), a.only)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"rows": rows, "configs": CONFIGS}, indent=1))
     print(table(rows))
