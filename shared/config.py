@@ -159,6 +159,11 @@ class SchedulerConfig(CommonConfig):
     priority_prefill_cap: int = field(default=2048, metadata={
         "help": "priority scheduling: prompt tokens a step gives requests below the highest priority present "
                 "(running or waiting), so that an urgent request's steps stay short (0: no cap)"})
+    step_time_target_ms: float = field(default=0.0, metadata={
+        "help": "inter-token latency bound: while requests decode, a step carries only the prompt tokens that "
+                "keep its predicted device time (a model fitted online to the worker's step times) within this "
+                "many ms, at least 64 (long prompts are spread over more steps: steadier ITL, later first "
+                "tokens); steps with nothing decoding are not limited. 0: off (--max-prefill-tokens only)"})
     priority_prefill_cap_window: float = field(default=10.0, metadata={
         "help": "priority scheduling: the --priority-prefill-cap stays on this many seconds after the last "
                 "higher-priority request left, so the next one does not find a full-size chunk in flight "
@@ -224,6 +229,7 @@ class SchedulerConfig(CommonConfig):
         _check(self.priority_prefill_cap >= 0, "priority_prefill_cap must be >= 0 (0: no cap)")
         _check(self.priority_aging_seconds >= 0, "priority_aging_seconds must be >= 0 (0: no aging)")
         _check(self.priority_prefill_cap_window >= 0, "priority_prefill_cap_window must be >= 0")
+        _check(self.step_time_target_ms >= 0, "step_time_target_ms must be >= 0 (0: off)")
         _check(self.max_pinned_tokens >= 0, "max_pinned_tokens must be >= 0 (0: a quarter of the KV pool)")
         _check(self.cascade_min_group >= 2, "cascade_min_group must be >= 2")
         _check(self.cascade_min_prefix >= 1, "cascade_min_prefix must be >= 1")

@@ -11,7 +11,9 @@
    scheduling the highest priority present goes first (its chunks, then admission in priority
    order, then the chunks of the lower levels), and the lower levels share at most
    ``low_priority_prefill`` prompt tokens a step: an urgent request's steps stay short (also for
-   ``low_priority_window`` seconds after the last one left, for the next one's sake).
+   ``low_priority_window`` seconds after the last one left, for the next one's sake). With
+   ``step_target_ms`` a step in which requests decode carries only the prompt tokens its fitted cost
+   model (``step_model.py``) lets within that time: long prompts spread over steps, ITL stays level.
 3. In-batch dedup: a waiting request whose uncached prefix is being computed by another request
    right now waits a step, then finds it in the cache (this is how n > 1 branches share a prompt).
 
@@ -39,6 +41,7 @@ from services.scheduler.kv import KVManager
 from services.scheduler.plan import Plan
 from services.scheduler.policy import Policy
 from services.scheduler.request import Req, Status
+from services.scheduler.step_model import StepModel
 
 log = get_logger("scheduler")
 DEDUP_MIN_TOKENS = 32
@@ -80,6 +83,9 @@ class Limits:
     # the worker's largest CUDA-graph decode batch: jump-forward chunks become one-token rows when the
     # step then fits it (``Plan.split_output_chunks``; 0: never)
     graph_bs: int = 0
+    # --step-time-target-ms: a step with decodes carries the prompt tokens that keep it within this many ms
+    # by the fitted ``StepModel`` (0: off)
+    step_target_ms: float = 0.0
 
 
 class _Budget:
@@ -111,6 +117,8 @@ class Batcher:
         self.cascade = cascade if kv.caching else None  # (no cache: nothing is shared)
         self.counters = counters if counters is not None else kv.counters  # step ids, retractions, cascade totals
         self.new_token_ratio = INIT_RATIO
+        self.step_model = StepModel()  # fitted to answered steps while ``limits.step_target_ms`` is set
+        self.last_prompt_budget = limits.max_prefill_tokens  # (the last step with decodes: its prompt tokens' cap)
         self._prefilled: list[Req] = []  # requests with prompt tokens in the last batch built
         self._urgent_run = 0  # urgent steps in a row just before (``Limits.urgent_steps``)
         self._groups_memo: tuple[Any, Groups | None, Any] = (None, None, None)  # (batch key, its groups, refs)
@@ -124,7 +132,7 @@ class Batcher:
         # that token will be its last; it finishes when the token arrives)
         decoding = [r for r in running if r.to_compute == 1 and (r.remaining_new_tokens > 0 or not r.in_flight)]
         self._make_room_for_decode(decoding, running, waiting)
-        budget = self._budget(running, waiting)
+        budget = self._budget(running, waiting, sum(1 for r in decoding if r.status is Status.RUNNING))
         # an urgent step? the lower levels' decodes wait until the top level's admissions are known
         urgent, held = self._urgent_possible(decoding, waiting, budget), []
         now = []
@@ -186,10 +194,12 @@ class Batcher:
         return (self.limits.urgent_steps and self._urgent_run < URGENT_RUN and budget.top > float("-inf")
                 and any(_level(r) >= budget.top for r in waiting) and any(_level(r) < budget.top for r in decoding))
 
-    def _budget(self, running: list[Req], waiting: deque[Req]) -> _Budget:
-        low = self.limits.low_priority_prefill
+    def _budget(self, running: list[Req], waiting: deque[Req], decodes: int) -> _Budget:
+        low, total = self.limits.low_priority_prefill, self.limits.max_prefill_tokens
+        if self.limits.step_target_ms and decodes:  # (someone's next token waits for this step)
+            total = self.last_prompt_budget = self.step_model.prompt_budget(self.limits.step_target_ms, decodes, total)
         if low is None or not (running or waiting):
-            return _Budget(self.limits.max_prefill_tokens, float("-inf"), None)
+            return _Budget(total, float("-inf"), None)
         top = max(max((_level(r) for r in running), default=float("-inf")),
                   max((_level(r) for r in waiting), default=float("-inf")))
         if self.limits.low_priority_window > 0:  # the highest level present lately
@@ -199,7 +209,7 @@ class Batcher:
             for level in [lv for lv, t in seen.items() if now - t > self.limits.low_priority_window]:
                 del seen[level]
             top = max(top, max(seen, default=top))
-        return _Budget(self.limits.max_prefill_tokens, top, low or None)  # (0: levels ordered, nothing capped)
+        return _Budget(total, top, low or None)  # (0: levels ordered, nothing capped)
 
     def _chunks(self, reqs: list[Req], budget: _Budget, plan: Plan) -> None:
         """The next chunk of each running request still computing its prompt (or a jump-forward)."""

@@ -68,7 +68,7 @@ class EngineSession:
                         cfg.priority_prefill_cap if cfg.enable_priority_scheduling else None,
                         cfg.priority_prefill_cap_window,
                         cfg.enable_priority_scheduling and not cfg.disable_priority_urgent_steps,
-                        w.cuda_graph_max_bs or SPLIT_ROWS_NO_GRAPHS)
+                        w.cuda_graph_max_bs or SPLIT_ROWS_NO_GRAPHS, cfg.step_time_target_ms)
         batcher = Batcher(kv, policy, limits, cascade, counters, preemptor)
         budget = PinBudget(budget_limit(cfg.max_pinned_tokens, kv.pool_size))
         info = ModelInfo(model=w.model, architecture=w.architecture, vocab_size=w.vocab_size,

@@ -41,6 +41,9 @@
   io); ``banyan:hicache_demoted_tokens_total`` (pool evictions copied out on their way: the next forward
   waits for those copies); ``banyan:hicache_fetch_wait_seconds`` (how long a request was kept aside while
   its prefix came back into the pool).
+- With ``--step-time-target-ms``: ``banyan:step_model_ms{term}`` — the fitted step-time model (``step_model.py``;
+  ``base``, ``per_decode_row``, ``per_prompt_token``) — and ``banyan:step_prompt_budget_tokens``, the prompt tokens
+  the last step with decodes could carry.
 - ``banyan:gc_pause_seconds{generation}``: Python GC pauses of the scheduler process (``shared/gc_pause.py``;
   the worker and the tokenizer report theirs too).
 """
@@ -113,6 +116,7 @@ class SchedulerMetrics:
         self.pins = Gauge("banyan:num_pinned_prefixes", "Prefixes pinned (PinPrefix)", registry=r)
         self.pinned = Gauge("banyan:pinned_tokens", "KV tokens held pinned (exempt from eviction)", ["kind"],
                             registry=r)
+        self._step_model: tuple[Gauge, Gauge] | None = None  # (registered with --step-time-target-ms)
         self._retractions = 0
         self._cascade = (0, 0)
         self._shed = (0, 0, 0)
@@ -159,6 +163,18 @@ class SchedulerMetrics:
             self.shed.inc(c.shed - self._shed[1])
             self.urgent_steps.inc(c.urgent_steps - self._shed[2])
             self._shed = (c.preemptions, c.shed, c.urgent_steps)
+
+    def step_model(self, ms: dict[str, float], budget: int) -> None:
+        """The step-time model's terms (ms) and the last prompt budget it gave (``--step-time-target-ms``)."""
+        if self._step_model is None:
+            self._step_model = (Gauge("banyan:step_model_ms", "Fitted step device time terms, ms (base, per decode "
+                                      "row, per prompt token)", ["term"], registry=self.registry),
+                                Gauge("banyan:step_prompt_budget_tokens", "Prompt tokens the last step with decodes "
+                                      "could carry under --step-time-target-ms", registry=self.registry))
+        terms, gauge = self._step_model
+        for term, value in ms.items():
+            terms.labels(term).set(value)
+        gauge.set(budget)
 
     def anchors(self, sessions: int, session_tokens: int, pins: int, pinned_tokens: int) -> None:
         if (sessions, session_tokens, pins, pinned_tokens) == self._anchors:

@@ -164,6 +164,9 @@ class Scheduler:
         out = e.answers.pop(sched.step_id)
         if isinstance(out, StepOutput):
             self.applier.apply(sched, out, mask_for)
+            if e.batcher.limits.step_target_ms:  # (the step-time model learns from every answered step)
+                e.batcher.step_model.observe(sched.num_tokens - sched.prefill_tokens, sched.prefill_tokens,
+                                             out.busy_ms)
         else:
             self.applier.fail(sched, out, mask_for)
         return True
@@ -259,6 +262,10 @@ class Scheduler:
         c, kv, running, waiting = self.counters, e.kv, len(self.table.running), num_waiting(self.table, e)
         self.metrics.step(running, waiting, kv.pool_size, kv.slots.num_free, kv.evictable, c, queue_times, e.hicache)
         self.metrics.anchors(len(e.sessions.sessions), e.sessions.tokens, len(e.pins.pins), e.pins.tokens)
+        if self.cfg.step_time_target_ms:
+            m = e.batcher.step_model
+            self.metrics.step_model({"base": m.base_ms, "per_decode_row": m.row_ms, "per_prompt_token": m.token_ms},
+                                    e.batcher.last_prompt_budget)
         if self.cfg.enable_priority_scheduling:
             self.metrics.by_priority(self.table.running, self.table.waiting, self.applier.first_tokens)
         self.summary.tick(running, waiting, c.prompt, c.prefill_cached, c.decode,

@@ -209,7 +209,8 @@ class _Steps:
             self._failed(b.step_id, e)
             return
         seconds = time.perf_counter() - self._t0
-        self.q.send(StepOutput(step_id=b.step_id, next_ids=i32(next_ids), forward_ms=seconds * 1e3, **extra))
+        self.q.send(StepOutput(step_id=b.step_id, next_ids=i32(next_ids), forward_ms=seconds * 1e3,
+                               busy_ms=self.runner.busy_s * 1e3, **extra))
         self._answered[b.step_id] = time.perf_counter()
         self._answered.pop(b.step_id - 4, None)
         self.metrics.step(seconds, len(b.rows) // 4, len(b.input_ids) // 4, self.runner.busy_s, self.runner.idle_s,

@@ -142,6 +142,7 @@ class StepOutput(msgspec.Struct, tag="out", frozen=True):
     step_id: int
     next_ids: bytes  # int32 (B,)
     forward_ms: float = 0.0
+    busy_ms: float = 0.0  # the step's device time (first input copy to last output; wall time on a CPU)
     # Only when a request in the batch asked for logprobs (rows of the others are 0):
     logprobs: bytes = b""  # float32 (B,): log-probability of each sampled token
     top_k: int = 0  # alternatives per row
