@@ -93,6 +93,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           export BANYAN_FP8_WIDEN; echo "pick: BANYAN_FP8_WIDEN=$BANYAN_FP8_WIDEN" ;;
     w1q8) suite w1q8 200 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     w5) suite w5 150 --workloads W5 -- "${fast[@]}" ;;
+    w5t) suite w5t 150 --workloads W5 -- --step-time-target-ms "${STEP_MS:-12}" "${fast[@]}" ;;
     fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     bf16w3) suite bf16w3 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
     w2h) suite w2h 250 --workloads W2,W2H -- "${fast[@]}" ;;
