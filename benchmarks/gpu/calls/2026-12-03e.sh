@@ -15,7 +15,9 @@
 # · wtest (the FP8 pool's integer widening GPU test) · pick (BANYAN_FP8_WIDEN for the steps after it: the fastest
 # widening of bench8's 600 × 1,536) · w1q8 (W1,W2 with FP8 weights and FP8 KV) · spread (the FP8 decode at mixed
 # contexts, $SPREAD shapes, by split count and min_part) · pprof (a 16k-token prefill's kernels; the GEMMs alone)
-# · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and FP8 pools).
+# · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
+# GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
+# FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
