@@ -128,6 +128,15 @@ def graph_ms(driver: Driver, runner: ModelRunner, rids: list[str], steps: int) -
     return sorted(times)[len(times) // 2] * 1e3
 
 
+def worker_extra(flags: list[str]) -> dict:
+    """``--name value`` pairs (after ``--``) → WorkerConfig fields ("true" → True)."""
+    extra, it = {}, iter(flags)
+    for flag in it:
+        name, value = flag.removeprefix("--").replace("-", "_"), next(it, "true")
+        extra[name] = True if value == "true" else value
+    return extra
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="/tmp/llama8b")
@@ -137,11 +146,7 @@ def main() -> int:
     ap.add_argument("worker_args", nargs="*", help="WorkerConfig fields as --name value (after --), e.g. "
                     "--quantization fp8")
     args = ap.parse_args()
-    extra = {}
-    it = iter(args.worker_args)
-    for flag in it:
-        name, value = flag.removeprefix("--").replace("-", "_"), next(it, "true")
-        extra[name] = True if value == "true" else value
+    extra = worker_extra(args.worker_args)
     runner = ModelRunner(WorkerConfig(model=args.model, device="cuda", context_length=4096, max_total_tokens=300_000,
                                       **extra), args.model)
     driver = Driver(runner, max_rows=max(int(b) for b in args.batch.split(",")) + 1)

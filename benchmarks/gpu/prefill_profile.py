@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.driver import Driver  # noqa: E402
-from benchmarks.gpu.decode_profile import group_of  # noqa: E402
+from benchmarks.gpu.decode_profile import group_of, worker_extra  # noqa: E402
 from services.worker.runner import ModelRunner  # noqa: E402
 from shared.config import WorkerConfig  # noqa: E402
 
@@ -108,11 +108,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/prefill_profile.json"))
     ap.add_argument("worker_args", nargs="*", help="WorkerConfig fields as --name value (after --)")
     args = ap.parse_args()
-    extra = {}
-    it = iter(args.worker_args)
-    for flag in it:
-        name, value = flag.removeprefix("--").replace("-", "_"), next(it, "true")
-        extra[name] = True if value == "true" else value
+    extra = worker_extra(args.worker_args)
     tokens = args.rows * args.length
     runner = ModelRunner(WorkerConfig(model=args.model, device="cuda", context_length=max(4096, args.length + 8),
                                       max_total_tokens=max(300_000, 3 * tokens),

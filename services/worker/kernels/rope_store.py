@@ -23,6 +23,21 @@ Tensor = torch.Tensor
 
 
 @triton.jit
+def _pool_values(r1, r2, v1, v2, k_inv_ptr, v_inv_ptr, j, QUANT: tl.constexpr, FMAX: tl.constexpr):
+    """K's and V's halves as the pool stores them: scaled by the head's inverse scale and saturated for an
+    FP8 pool (the cast to e4m3 at the store), as they are otherwise."""
+    if QUANT:  # (a static branch: one return, as Triton compiles it)
+        ki, vi = tl.load(k_inv_ptr + j), tl.load(v_inv_ptr + j)
+        k1 = tl.minimum(tl.maximum(r1.to(tl.float32) * ki, -FMAX), FMAX)
+        k2 = tl.minimum(tl.maximum(r2.to(tl.float32) * ki, -FMAX), FMAX)
+        w1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -FMAX), FMAX)
+        w2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -FMAX), FMAX)
+    else:
+        k1, k2, w1, w2 = r1, r2, v1, v2
+    return k1, k2, w1, w2
+
+
+@triton.jit
 def _rope_store_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, cs_ptr, k_inv_ptr, v_inv_ptr,
                        HQ, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h, c_stride_s,
                        c_stride_h, cs_stride, QUANT: tl.constexpr, FMAX: tl.constexpr, HALF: tl.constexpr,
@@ -51,14 +66,7 @@ def _rope_store_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, 
         dst = tl.load(slots_ptr + t).to(tl.int64) * c_stride_s + j * c_stride_h
         v1 = tl.load(v_ptr + t * v_stride_t + j * v_stride_h + offs)
         v2 = tl.load(v_ptr + t * v_stride_t + j * v_stride_h + HALF + offs)
-        if QUANT:
-            ki, vi = tl.load(k_inv_ptr + j), tl.load(v_inv_ptr + j)
-            k1 = tl.minimum(tl.maximum(r1.to(tl.float32) * ki, -FMAX), FMAX)
-            k2 = tl.minimum(tl.maximum(r2.to(tl.float32) * ki, -FMAX), FMAX)
-            w1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -FMAX), FMAX)
-            w2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -FMAX), FMAX)
-        else:
-            k1, k2, w1, w2 = r1, r2, v1, v2
+        k1, k2, w1, w2 = _pool_values(r1, r2, v1, v2, k_inv_ptr, v_inv_ptr, j, QUANT, FMAX)
         tl.store(kc_ptr + dst + offs, k1.to(kc_ptr.dtype.element_ty))
         tl.store(kc_ptr + dst + HALF + offs, k2.to(kc_ptr.dtype.element_ty))
         tl.store(vc_ptr + dst + offs, w1.to(vc_ptr.dtype.element_ty))
@@ -97,14 +105,7 @@ def _rope_store_rows_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_
         src = v_ptr + t[:, None] * v_stride_t + j * v_stride_h
         v1 = tl.load(src + offs, mask=mask, other=0.0)
         v2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
-        if QUANT:
-            ki, vi = tl.load(k_inv_ptr + j), tl.load(v_inv_ptr + j)
-            k1 = tl.minimum(tl.maximum(r1.to(tl.float32) * ki, -FMAX), FMAX)
-            k2 = tl.minimum(tl.maximum(r2.to(tl.float32) * ki, -FMAX), FMAX)
-            w1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -FMAX), FMAX)
-            w2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -FMAX), FMAX)
-        else:
-            k1, k2, w1, w2 = r1, r2, v1, v2
+        k1, k2, w1, w2 = _pool_values(r1, r2, v1, v2, k_inv_ptr, v_inv_ptr, j, QUANT, FMAX)
         tl.store(kc_ptr + dst + offs, k1.to(kc_ptr.dtype.element_ty), mask=mask)
         tl.store(kc_ptr + dst + HALF + offs, k2.to(kc_ptr.dtype.element_ty), mask=mask)
         tl.store(vc_ptr + dst + offs, w1.to(vc_ptr.dtype.element_ty), mask=mask)
