@@ -1,0 +1,84 @@
+"""Banyan's Triton kernels compiled for the H200 (sm_90) on this machine, no GPU needed: Triton's
+front end, its optimizer, LLVM and ptxas run on the host, so a kernel that would not compile on the
+GPU (a construct the interpreter accepts but the compiler does not, a register or shared-memory
+overflow, inline PTX ptxas rejects) fails here, in CI, before a device call is spent on it. The
+configurations are the served ones (``triton_decode.decode``'s choices, ``rope_store``'s two
+launches). Skipped visibly where Triton or its CUDA back end is not installed."""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="Triton is not installed")
+
+POINTERS = {  # argument name → Triton pointer type (the pool's dtype substituted for "pool")
+    "Q": "*bf16", "K": "pool", "V": "pool", "Table": "*i32", "Rows": "*i64", "Prefix": "*i64", "Start": "*i64",
+    "Opart": "*fp32", "Lpart": "*fp32", "Out": "*bf16", "Lse": "*fp32", "Count": "*i32", "Knew": "*bf16",
+    "Vnew": "*bf16", "CosSin": "*fp32", "Pos": "*i64", "Slots": "*i64", "KInv": "*fp32", "VInv": "*fp32",
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "pool", "vc_ptr": "pool", "slots_ptr": "*i64",
+    "pos_ptr": "*i64", "cs_ptr": "*fp32", "k_inv_ptr": "*fp32", "v_inv_ptr": "*fp32",
+}
+FLOATS = {"qk_scale", "v_scale"}
+
+
+def compile_sm90(fn, constexprs: dict, pool: str, num_warps: int = 4, num_stages: int = 2):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in POINTERS:
+            sig[name] = pool if POINTERS[name] == "pool" else POINTERS[name]
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    src = ASTSource(fn, sig, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                         "num_stages": num_stages})
+
+
+def backend_or_skip() -> None:
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except Exception as e:  # (a Triton build without the CUDA back end)
+        pytest.skip(f"Triton's CUDA back end is not installed: {e}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("quant", [False, True])
+def test_rope_store_kernels_compile(quant) -> None:
+    backend_or_skip()
+    from services.worker.kernels import rope_store as rs
+
+    pool = "*fp8e4nv" if quant else "*bf16"
+    common = {"QUANT": quant, "FMAX": 448.0, "HALF": 64}
+    assert "cubin" in compile_sm90(rs._rope_store_kernel, {**common, "PDL": True}, pool, num_warps=1).asm
+    assert "cubin" in compile_sm90(rs._rope_store_rows_kernel, {**common, "BLOCK_T": rs.ROWS_BLOCK}, pool).asm
+
+
+SERVED = {  # the decode's launches: W1 (bf16, many splits), large FP8 batches (one split, rope inside), a
+    # cascade step's own level on an FP8 pool (starts, LSE), integer widening both ways
+    "bf16_splits8": dict(pool="*bf16", SPLITS=8, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False, stages=2),
+    "fp8_one_split_rope": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=128, F16=True, WIDEN=2, ROPE=True, QUANT=True,
+                               stages=3),
+    "fp8_own_level": dict(pool="*fp8e4nv", SPLITS=2, BLOCK=128, F16=True, WIDEN=2, ROPE=False, QUANT=False,
+                          HAS_START=True, WRITE_LSE=True, stages=3),
+    "fp8_int_widen": dict(pool="*fp8e4nv", SPLITS=4, BLOCK=64, F16=True, WIDEN=1, ROPE=False, QUANT=False, stages=3),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(SERVED))
+def test_the_decode_attention_compiles(name) -> None:
+    backend_or_skip()
+    from services.worker.attention import triton_decode as td
+
+    cfg = dict(SERVED[name])
+    pool, stages = cfg.pop("pool"), cfg.pop("stages")
+    splits = cfg["SPLITS"]
+    constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
+                      WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0)
+    constexprs.update(cfg)
+    kernel = compile_sm90(td._partial_kernel, constexprs, pool, num_warps=4, num_stages=stages)
+    assert "cubin" in kernel.asm
