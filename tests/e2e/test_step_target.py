@@ -1,12 +1,14 @@
 """``--step-time-target-ms`` on a live server: while a request decodes, a 1,000-token prompt is spread
-over many steps (the decoding request gets a token in each of them) instead of stalling it for one
-long step; its greedy output is what it is alone; the scheduler's metrics show the fitted model and
-the budget."""
+over many steps (the decoding request in each of them, the worker's step trace says) instead of
+stalling it for one long step; its greedy output is what it is alone; the scheduler's metrics show the
+fitted model and the budget."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -27,9 +29,8 @@ def request(ids: list[int], max_tokens: int, salt: str = "") -> pb.GenerateReque
         max_tokens=max_tokens, ignore_eos=True, temperature=0.0))
 
 
-def tokens_beside_a_decoder(server: Server, prompt: list[int]) -> tuple[int, list[int]]:
-    """Send ``prompt`` while another request decodes → (tokens the decoder got between sending it and its
-    first token, its output)."""
+def beside_a_decoder(server: Server, prompt: list[int]) -> list[int]:
+    """Send ``prompt`` while another request decodes → its output."""
     got = [0]
     started, stop = threading.Event(), threading.Event()
     with server.channel() as ch:
@@ -50,25 +51,28 @@ def tokens_beside_a_decoder(server: Server, prompt: list[int]) -> tuple[int, lis
         t = threading.Thread(target=decode, daemon=True)
         t.start()
         assert started.wait(120), "the decoding request did not start"
-        before = got[0]
-        stream = stub.Generate(request(prompt, 4), timeout=120)
-        first = next(stream)
-        during = got[0] - before
-        out = list(first.token_ids) + [x for r in stream for x in r.token_ids]
-        assert got[0] < 1500, "the decoder finished before the prompt did: the test proves nothing"
+        out = [x for r in stub.Generate(request(prompt, 4), timeout=120) for x in r.token_ids]
         stop.set()
         call.cancel()
         t.join(30)
-    return during, out
+    return out
+
+
+def pairs(trace: Path) -> list[int]:
+    """Tokens of each step that had two rows with prompt tokens among them (the prompt beside the decoder)."""
+    steps = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    return [s["tokens"] for s in steps if s["rows"] == 2 and s["tokens"] > 2]
 
 
 def test_a_long_prompt_beside_a_decoder_is_spread_over_steps(model_dir, tmp_path) -> None:
     prompt = [random.Random(3).randrange(10, 1900) for _ in range(1000)]
-    s = Server(model_dir, tmp_path / "target.log", "--step-time-target-ms", "0.01")  # (below any step: 64 a step)
+    trace = tmp_path / "steps_target.jsonl"
+    s = Server(model_dir, tmp_path / "target.log", "--step-time-target-ms", "0.01",  # (below any step: 64 a step)
+               env={"BANYAN_STEP_TRACE": str(trace)})
     try:
-        during, out = tokens_beside_a_decoder(s, prompt)
-        # ≥ 1,000 / 64 steps before its first token, each giving the decoder one (the stream may lag a few)
-        assert during >= 12, during
+        out = beside_a_decoder(s, prompt)
+        chunks = pairs(trace)  # 1,000 = 15 × 64 + 40, each chunk beside the decoder's token
+        assert len(chunks) >= 15 and max(chunks) <= 64 + 1 and sum(chunks) >= 1000, chunks
         with s.channel() as ch:
             alone = [x for r in pb_grpc.GenerationServiceStub(ch).Generate(request(prompt, 4, salt="alone"),
                                                                             timeout=120) for x in r.token_ids]
@@ -83,11 +87,11 @@ def test_a_long_prompt_beside_a_decoder_is_spread_over_steps(model_dir, tmp_path
     finally:
         assert s.stop() == 0, s.log_text()[-3000:]
 
-    s = Server(model_dir, tmp_path / "off.log")  # without the flag: the prompt in one step
+    trace = tmp_path / "steps_off.jsonl"
+    s = Server(model_dir, tmp_path / "off.log", env={"BANYAN_STEP_TRACE": str(trace)})  # without: one step
     try:
-        during, out_off = tokens_beside_a_decoder(s, prompt)
-        assert during <= 8, during
-        assert out_off == out
+        assert beside_a_decoder(s, prompt) == out
+        assert 1001 in pairs(trace), pairs(trace)
         assert "banyan:step_prompt_budget_tokens" not in s.metrics("scheduler")
     finally:
         assert s.stop() == 0, s.log_text()[-3000:]
