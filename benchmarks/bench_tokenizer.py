@@ -145,8 +145,9 @@ def client(port: int, streams: int, tokens: int, interval: int, out: multiproces
     asyncio.run(main())
 
 
-def prober(port: int, rate: float, stop, out: multiprocessing.Queue) -> None:
-    """Priority-10 one-token requests every 1 / ``rate`` s until ``stop``: their TTFTs (s)."""
+def prober(port: int, rate: float, ready, stop, out: multiprocessing.Queue) -> None:
+    """Priority-10 one-token requests every 1 / ``rate`` s until ``stop`` (at least one), ``ready`` set once
+    connected (the background starts then): their TTFTs (s)."""
     import asyncio
 
     import grpc
@@ -158,6 +159,8 @@ def prober(port: int, rate: float, stop, out: multiprocessing.Queue) -> None:
         ttfts: list[float] = []
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = pb_grpc.GenerationServiceStub(ch)
+            await ch.channel_ready()
+            ready.set()
 
             async def one() -> None:
                 req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[7] * 16), priority=10,
@@ -169,7 +172,7 @@ def prober(port: int, rate: float, stop, out: multiprocessing.Queue) -> None:
                         break
 
             tasks = []
-            while not stop.is_set():
+            while not tasks or not stop.is_set():
                 tasks.append(asyncio.create_task(one()))
                 await asyncio.sleep(1 / rate)
             await asyncio.gather(*tasks)
@@ -234,12 +237,14 @@ def main() -> int:
             cpu0 = cpu_seconds(proc.pid)
             mp = multiprocessing.get_context("spawn")
             q: multiprocessing.Queue = mp.Queue()
+            if args.probe_rate > 0:  # (connected before the background starts: its probes overlap it)
+                ready, stop, pq = mp.Event(), mp.Event(), mp.Queue()
+                p = mp.Process(target=prober, args=(port, args.probe_rate, ready, stop, pq), daemon=True)
+                p.start()
+                if not ready.wait(120):
+                    raise RuntimeError("the prober did not connect")
             c = mp.Process(target=client, args=(port, args.streams, args.tokens, args.stream_interval, q))
             c.start()
-            if args.probe_rate > 0:
-                stop, pq = mp.Event(), mp.Queue()
-                p = mp.Process(target=prober, args=(port, args.probe_rate, stop, pq))
-                p.start()
             res = q.get(timeout=900)
             c.join()
             res["replica_cpu_s"] = cpu_seconds(proc.pid) - cpu0
