@@ -135,7 +135,8 @@ def main() -> int:
           f"({prof['wall_ms'] / tokens * 1e3:.2f} µs a token), {prof['us_per_step'] / 1e3:.1f} ms in kernels")
     print("| group | kernels a step | ms a step | µs a token |\n| --- | ---: | ---: | ---: |")
     for name, v in prof["groups"].items():
-        print(f"| {name} | {v['kernels_per_step']} | {v['us_per_step'] / 1e3:.1f} | {v['us_per_step'] / tokens:.2f} |")
+        us = v["us_per_step"]
+        print(f"| {name} | {v['kernels_per_step']} | {us / 1e3:.1f} | {us / tokens:.2f} |")
     for k in prof["top"][:12]:
         print(f"  {k['per_step']:6.1f} × {k['name'][:100]}: {k['us_per_step'] / 1e3:.2f} ms")
     print(f"\n| GEMM (M = {tokens}) | n × k | cuBLAS µs (TFLOP/s) | cuBLASLt µs (TFLOP/s) | × {layers} layers, ms |")

@@ -244,7 +244,7 @@ class FlashInferAttention(AttentionBackend):
             return lambda q, kv: self.decode.run(q, kv, return_lse=lse, **self._scale_kw)
         self.paged.plan(_indptr(extend), _indptr(own), indices, self._last_page_len(n), *self._heads, 1,
                         causal=True, **self._dtypes)
-        return lambda q, kv: self.paged.run(q, kv, return_lse=lse, **self._scale_kw)  # (q strided: FA2/FA3 take strides)
+        return lambda q, kv: self.paged.run(q, kv, return_lse=lse, **self._scale_kw)  # (q strided: FA2/FA3 take it)
 
     def _plan_cascade(self, batch: AttentionBatch, prefix: np.ndarray, extend: np.ndarray) -> None:
         c, dev = batch.cascade, self.pool.device
