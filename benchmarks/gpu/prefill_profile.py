@@ -139,7 +139,8 @@ def main() -> int:
         print(f"| {name} | {v['kernels_per_step']} | {us / 1e3:.1f} | {us / tokens:.2f} |")
     for k in prof["top"][:12]:
         print(f"  {k['per_step']:6.1f} × {k['name'][:100]}: {k['us_per_step'] / 1e3:.2f} ms")
-    print(f"\n| GEMM (M = {tokens}) | n × k | cuBLAS µs (TFLOP/s) | cuBLASLt µs (TFLOP/s) | × {layers} layers, ms |")
+    print(f"\n| GEMM (M = {tokens}) | n × k | cuBLAS µs (TFLOP/s) | cuBLASLt µs (TFLOP/s) | "
+          f"× {layers} layers, ms |")
     print("| --- | --- | ---: | ---: | ---: |")
     for name, (n, k) in shapes.items():
         c, lt = gemms.get("cublas", {}).get(name, {}), gemms.get("cublaslt", {}).get(name, {})
