@@ -7,6 +7,7 @@ TFLOP/s of the model's GEMMs). Two parts:
    cuBLAS and on cuBLASLt (``torch.backends.cuda.preferred_blas_library``): TFLOP/s each.
 
     python -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 8 --length 2048 --out $OUT/prefill.json
+    python -m benchmarks.gpu.prefill_profile --rows 3 --length 2048 --decode-rows 525 --out D   # a W2 mixed step
 
 Prints a table last; writes JSON.
 """
@@ -29,13 +30,14 @@ from services.worker.runner import ModelRunner  # noqa: E402
 from shared.config import WorkerConfig  # noqa: E402
 
 
-def profile_prefill(driver: Driver, prompts: list[list[int]], steps: int) -> dict:
-    """Kernels of ``steps`` prefill steps of ``prompts`` (released after each) → groups and heaviest kernels."""
+def profile_prefill(driver: Driver, prompts: list[list[int]], steps: int, decoders: list[str] = ()) -> dict:
+    """Kernels of ``steps`` prefill steps of ``prompts`` (released after each), each with a decode token of every
+    request in ``decoders`` first (a mixed step, as the scheduler orders one) → groups and heaviest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     def step(k: int) -> None:
         rids = [f"p{k}_{i}" for i in range(len(prompts))]
-        driver.run([(r, p, True) for r, p in zip(rids, prompts)])
+        driver.run([(r, [7], True) for r in decoders] + [(r, p, True) for r, p in zip(rids, prompts)])
         for r in rids:
             driver.release(r)
 
@@ -105,33 +107,47 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--decode-rows", type=int, default=0, help="decoding requests in each step (W2's mixed steps: "
+                    "~525 of ~1,500 tokens beside ~6k prompt tokens)")
+    ap.add_argument("--decode-context", type=int, default=1536, help="their context at the start")
     ap.add_argument("--out", type=Path, default=Path("/tmp/prefill_profile.json"))
     ap.add_argument("worker_args", nargs="*", help="WorkerConfig fields as --name value (after --)")
     args = ap.parse_args()
     extra = worker_extra(args.worker_args)
     tokens = args.rows * args.length
-    runner = ModelRunner(WorkerConfig(model=args.model, device="cuda", context_length=max(4096, args.length + 8),
-                                      max_total_tokens=max(300_000, 3 * tokens),
+    kv_need = 3 * tokens + args.decode_rows * (args.decode_context + 4 * args.steps + 16)
+    runner = ModelRunner(WorkerConfig(model=args.model, device="cuda",
+                                      context_length=max(4096, args.length + 8, args.decode_context + 64),
+                                      max_total_tokens=max(300_000, kv_need),
                                       **extra), args.model)
     spec = runner.spec
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, spec.vocab_size, (args.length,), generator=g).tolist() for _ in range(args.rows)]
-    prof = profile_prefill(Driver(runner, max_rows=args.rows + 1), prompts, args.steps)
+    driver = Driver(runner, max_rows=args.rows + args.decode_rows + 1)
+    decoders = [f"d{i}" for i in range(args.decode_rows)]
+    per = max(1, 16384 // args.decode_context)  # (their prompts, ~16k tokens a step)
+    for i in range(0, len(decoders), per):
+        driver.run([(r, torch.randint(0, spec.vocab_size, (args.decode_context,), generator=g).tolist(), True)
+                    for r in decoders[i:i + per]])
+    prof = profile_prefill(driver, prompts, args.steps, decoders)
     cfg = json.loads((Path(args.model) / "config.json").read_text())
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     hd = cfg.get("head_dim", h // heads)
     shapes = {"qkv": ((heads + 2 * kv) * hd, h), "o": (h, heads * hd), "gate_up": (2 * inter, h), "down": (h, inter)}
-    del runner
+    del runner, driver
     torch.cuda.empty_cache()
     gemms = time_gemms(tokens, shapes, torch.bfloat16)
     layers = cfg["num_hidden_layers"]
     out = {"model": args.model, "worker_args": args.worker_args, "rows": args.rows, "length": args.length,
+           "decode_rows": args.decode_rows, "decode_context": args.decode_context,
            "tokens": tokens, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M"), "prefill": prof, "gemms": gemms}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
-    print(f"## prefill {args.rows} × {args.length} = {tokens} tokens: {prof['wall_ms']} ms wall a step "
+    print(f"## prefill {args.rows} × {args.length} = {tokens} tokens"
+          f"{f' beside {args.decode_rows} decodes of ~{args.decode_context}' if args.decode_rows else ''}: "
+          f"{prof['wall_ms']} ms wall a step "
           f"({prof['wall_ms'] / tokens * 1e3:.2f} µs a token), {prof['us_per_step'] / 1e3:.1f} ms in kernels")
     print("| group | kernels a step | ms a step | µs a token |\n| --- | ---: | ---: | ---: |")
     for name, v in prof["groups"].items():
