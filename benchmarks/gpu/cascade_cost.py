@@ -103,8 +103,9 @@ def main() -> None:
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     need = sum(g * args.prefix + g * m * (args.own + 3 * args.steps + 8) for g, m in shapes)
-    runner = ModelRunner(WorkerConfig(model=args.model, max_total_tokens=need + 4096, device=args.device,
-                                      cuda_graph_max_bs=args.graph_max_bs, kv_cache_dtype=args.kv_cache_dtype), args.model)
+    cfg = WorkerConfig(model=args.model, max_total_tokens=need + 4096, device=args.device,
+                       cuda_graph_max_bs=args.graph_max_bs, kv_cache_dtype=args.kv_cache_dtype)
+    runner = ModelRunner(cfg, args.model)
     driver = Driver(runner, max_rows=max(g * m + g for g, m in shapes) * 2)
     vocab = runner.spec.vocab_size
     rows = []

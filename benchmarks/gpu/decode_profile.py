@@ -50,14 +50,8 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def profile_steps(driver: Driver, rids: list[str], steps: int) -> dict:
-    """Kernels of ``steps`` eager decode steps of ``rids`` → per-step groups and the heaviest kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            driver.run([(r, [7], True) for r in rids])
-        torch.cuda.synchronize()
+def kernel_table(prof, steps: int) -> dict:
+    """A ``torch.profiler`` run of ``steps`` steps → its CUDA kernels per step: by group, in all, the heaviest."""
     kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -76,6 +70,17 @@ def profile_steps(driver: Driver, rids: list[str], steps: int) -> dict:
             "us_per_step": round(sum(us for _, us in kernels.values()) / steps, 1),
             "top": [{"name": name[:160], "group": group_of(name), "per_step": round(n / steps, 2),
                      "us_per_step": round(us / steps, 2)} for name, (n, us) in top]}
+
+
+def profile_steps(driver: Driver, rids: list[str], steps: int) -> dict:
+    """Kernels of ``steps`` eager decode steps of ``rids`` → per-step groups and the heaviest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            driver.run([(r, [7], True) for r in rids])
+        torch.cuda.synchronize()
+    return kernel_table(prof, steps)
 
 
 def profile_graph(driver: Driver, runner: ModelRunner, rids: list[str], steps: int) -> dict | None:

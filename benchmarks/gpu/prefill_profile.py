@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.driver import Driver  # noqa: E402
-from benchmarks.gpu.decode_profile import group_of, worker_extra  # noqa: E402
+from benchmarks.gpu.decode_profile import kernel_table, worker_extra  # noqa: E402
 from services.worker.runner import ModelRunner  # noqa: E402
 from shared.config import WorkerConfig  # noqa: E402
 
@@ -53,24 +53,7 @@ def profile_prefill(driver: Driver, prompts: list[list[int]], steps: int, decode
         for k in range(steps):
             step(100 + k)
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels.setdefault(ev.name, [0, 0.0])
-            k[0] += 1
-            k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-    groups: dict[str, list[float]] = {}
-    for name, (n, us) in kernels.items():
-        g = groups.setdefault(group_of(name), [0, 0.0])
-        g[0] += n / steps
-        g[1] += us / steps
-    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]
-    return {"wall_ms": round(wall_ms, 2),
-            "us_per_step": round(sum(us for _, us in kernels.values()) / steps, 1),
-            "groups": {g: {"kernels_per_step": round(n, 2), "us_per_step": round(us, 1)}
-                       for g, (n, us) in sorted(groups.items(), key=lambda kv: -kv[1][1])},
-            "top": [{"name": name[:160], "group": group_of(name), "per_step": round(n / steps, 2),
-                     "us_per_step": round(us / steps, 1)} for name, (n, us) in top]}
+    return {"wall_ms": round(wall_ms, 2), **kernel_table(prof, steps)}
 
 
 def time_gemms(m: int, shapes: dict[str, tuple[int, int]], dtype: torch.dtype, reps: int = 20) -> dict:

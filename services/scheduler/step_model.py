@@ -30,7 +30,6 @@ class StepModel:
     def __init__(self) -> None:
         self.theta = np.array(PRIOR, dtype=np.float64)
         self.cov = np.diag(np.array(PRIOR_VAR, dtype=np.float64))
-        self.observed = 0
 
     @property
     def base_ms(self) -> float:
@@ -58,7 +57,6 @@ class StepModel:
         self.cov = (self.cov - np.outer(gain, px)) / FORGET
         if np.trace(self.cov) > MAX_VAR:
             self.cov *= MAX_VAR / np.trace(self.cov)
-        self.observed += 1
 
     def prompt_budget(self, target_ms: float, rows: int, cap: int) -> int:
         """Prompt tokens a step with ``rows`` decode rows may add within ``target_ms`` (at most ``cap``)."""

@@ -53,8 +53,10 @@ def test_rope_store_kernels_compile(quant) -> None:
 
     pool = "*fp8e4nv" if quant else "*bf16"
     common = {"QUANT": quant, "FMAX": 448.0, "HALF": 64}
-    assert "cubin" in compile_sm90(rs._rope_store_kernel, {**common, "PDL": True}, pool, num_warps=1).asm
-    assert "cubin" in compile_sm90(rs._rope_store_rows_kernel, {**common, "BLOCK_T": rs.ROWS_BLOCK}, pool).asm
+    decode = {**common, "BLOCK_T": 1, "PDL": True}  # (a token a program, PDL-launched)
+    assert "cubin" in compile_sm90(rs._rope_store_kernel, decode, pool, num_warps=1).asm
+    prompts = {**common, "BLOCK_T": rs.ROWS_BLOCK, "PDL": False}
+    assert "cubin" in compile_sm90(rs._rope_store_kernel, prompts, pool).asm
 
 
 SERVED = {  # the decode's launches: W1 (bf16, many splits), large FP8 batches (one split, rope inside), a

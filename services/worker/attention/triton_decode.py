@@ -376,7 +376,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit,  # (exp2: scores in log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
-        PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block, num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
+        num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     return (out, lse) if return_lse else out

@@ -23,64 +23,15 @@ Tensor = torch.Tensor
 
 
 @triton.jit
-def _pool_values(r1, r2, v1, v2, k_inv_ptr, v_inv_ptr, j, QUANT: tl.constexpr, FMAX: tl.constexpr):
-    """K's and V's halves as the pool stores them: scaled by the head's inverse scale and saturated for an
-    FP8 pool (the cast to e4m3 at the store), as they are otherwise."""
-    if QUANT:  # (a static branch: one return, as Triton compiles it)
-        ki, vi = tl.load(k_inv_ptr + j), tl.load(v_inv_ptr + j)
-        k1 = tl.minimum(tl.maximum(r1.to(tl.float32) * ki, -FMAX), FMAX)
-        k2 = tl.minimum(tl.maximum(r2.to(tl.float32) * ki, -FMAX), FMAX)
-        w1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -FMAX), FMAX)
-        w2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -FMAX), FMAX)
-    else:
-        k1, k2, w1, w2 = r1, r2, v1, v2
-    return k1, k2, w1, w2
-
-
-@triton.jit
 def _rope_store_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, cs_ptr, k_inv_ptr, v_inv_ptr,
-                       HQ, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h, c_stride_s,
+                       T, HQ, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h, c_stride_s,
                        c_stride_h, cs_stride, QUANT: tl.constexpr, FMAX: tl.constexpr, HALF: tl.constexpr,
-                       PDL: tl.constexpr):
+                       BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    """A program takes BLOCK_T tokens of one head (of q, or of k with its v): one at decode sizes, a tile of
+    them for prompts (a 16k-token step is then ~20k programs, not 650k)."""
     if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    offs = tl.arange(0, HALF)
-    row = cs_ptr + tl.load(pos_ptr + t).to(tl.int64) * cs_stride
-    cos = tl.load(row + offs)
-    sin = tl.load(row + HALF + offs)
-    if h < HQ:
-        at = q_ptr + t * q_stride_t + h * q_stride_h
-    else:
-        at = k_ptr + t * k_stride_t + (h - HQ) * k_stride_h
-    x1 = tl.load(at + offs).to(tl.float32)
-    x2 = tl.load(at + HALF + offs).to(tl.float32)
-    r1 = (x1 * cos - x2 * sin).to(q_ptr.dtype.element_ty)
-    r2 = (x2 * cos + x1 * sin).to(q_ptr.dtype.element_ty)
-    tl.store(at + offs, r1)
-    tl.store(at + HALF + offs, r2)
-    if h >= HQ:  # k's head: rotated K and V into the pool
-        j = h - HQ
-        dst = tl.load(slots_ptr + t).to(tl.int64) * c_stride_s + j * c_stride_h
-        v1 = tl.load(v_ptr + t * v_stride_t + j * v_stride_h + offs)
-        v2 = tl.load(v_ptr + t * v_stride_t + j * v_stride_h + HALF + offs)
-        k1, k2, w1, w2 = _pool_values(r1, r2, v1, v2, k_inv_ptr, v_inv_ptr, j, QUANT, FMAX)
-        tl.store(kc_ptr + dst + offs, k1.to(kc_ptr.dtype.element_ty))
-        tl.store(kc_ptr + dst + HALF + offs, k2.to(kc_ptr.dtype.element_ty))
-        tl.store(vc_ptr + dst + offs, w1.to(vc_ptr.dtype.element_ty))
-        tl.store(vc_ptr + dst + HALF + offs, w2.to(vc_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _rope_store_rows_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, cs_ptr, k_inv_ptr, v_inv_ptr,
-                            T, HQ, q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h, c_stride_s,
-                            c_stride_h, cs_stride, QUANT: tl.constexpr, FMAX: tl.constexpr, HALF: tl.constexpr,
-                            BLOCK_T: tl.constexpr):
-    """``_rope_store_kernel`` for many tokens (prefill): a program takes BLOCK_T tokens of one head, so a
-    16k-token step is ~20k programs of [BLOCK_T, D] tiles instead of 650k one-head programs. The same
-    arithmetic element for element (the same bits)."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
     h = tl.program_id(1)
     live = t < T
@@ -99,20 +50,27 @@ def _rope_store_rows_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_
     r2 = (x2 * cos + x1 * sin).to(q_ptr.dtype.element_ty)
     tl.store(at + offs, r1, mask=mask)
     tl.store(at + HALF + offs, r2, mask=mask)
-    if h >= HQ:
+    if h >= HQ:  # k's head: rotated K and V into the pool
         j = h - HQ
         dst = tl.load(slots_ptr + t, mask=live, other=0).to(tl.int64)[:, None] * c_stride_s + j * c_stride_h
         src = v_ptr + t[:, None] * v_stride_t + j * v_stride_h
         v1 = tl.load(src + offs, mask=mask, other=0.0)
         v2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
-        k1, k2, w1, w2 = _pool_values(r1, r2, v1, v2, k_inv_ptr, v_inv_ptr, j, QUANT, FMAX)
+        if QUANT:
+            ki, vi = tl.load(k_inv_ptr + j), tl.load(v_inv_ptr + j)
+            k1 = tl.minimum(tl.maximum(r1.to(tl.float32) * ki, -FMAX), FMAX)
+            k2 = tl.minimum(tl.maximum(r2.to(tl.float32) * ki, -FMAX), FMAX)
+            w1 = tl.minimum(tl.maximum(v1.to(tl.float32) * vi, -FMAX), FMAX)
+            w2 = tl.minimum(tl.maximum(v2.to(tl.float32) * vi, -FMAX), FMAX)
+        else:
+            k1, k2, w1, w2 = r1, r2, v1, v2
         tl.store(kc_ptr + dst + offs, k1.to(kc_ptr.dtype.element_ty), mask=mask)
         tl.store(kc_ptr + dst + HALF + offs, k2.to(kc_ptr.dtype.element_ty), mask=mask)
         tl.store(vc_ptr + dst + offs, w1.to(vc_ptr.dtype.element_ty), mask=mask)
         tl.store(vc_ptr + dst + HALF + offs, w2.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-ROWS_FROM = 64  # tokens from which a step takes the token-blocked kernel (decode sizes keep one head a program)
+ROWS_FROM = 64  # tokens from which a program takes ROWS_BLOCK of them (decode sizes: one token a program)
 ROWS_BLOCK = 16
 
 
@@ -129,19 +87,13 @@ def rope_store(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor
     assert d == cos_sin.shape[1] and d & (d - 1) == 0 and q.stride(2) == k.stride(2) == v.stride(2) == 1
     assert k_cache.stride(2) == 1 and k_cache.stride() == v_cache.stride() and cos_sin.stride(1) == 1
     quant = k_inv is not None
-    if t >= ROWS_FROM:  # (prefill sizes: launched plainly, no PDL)
-        _rope_store_rows_kernel[(triton.cdiv(t, ROWS_BLOCK), hq + hkv)](
-            q, k, v, k_cache, v_cache, slots, positions, cos_sin, k_inv if quant else cos_sin,
-            v_inv if quant else cos_sin, t, hq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), QUANT=quant, FMAX=FP8_MAX,
-            HALF=d // 2, BLOCK_T=ROWS_BLOCK, num_warps=4)
-        return
-    pdl = launch_pdl(q.device)
-    _rope_store_kernel[(t, hq + hkv)](
+    block, pdl = (ROWS_BLOCK, False) if t >= ROWS_FROM else (1, launch_pdl(q.device))  # (prompts: no PDL)
+    _rope_store_kernel[(triton.cdiv(t, block), hq + hkv)](
         q, k, v, k_cache, v_cache, slots, positions, cos_sin, k_inv if quant else cos_sin,
-        v_inv if quant else cos_sin, hq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), QUANT=quant, FMAX=FP8_MAX, HALF=d // 2, PDL=pdl,
-        num_warps=1, **({"launch_pdl": True} if pdl else {}))
+        v_inv if quant else cos_sin, t, hq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), QUANT=quant, FMAX=FP8_MAX,
+        HALF=d // 2, BLOCK_T=block, PDL=pdl, num_warps=1 if block == 1 else 4,
+        **({"launch_pdl": True} if pdl else {}))
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, cos_sin: Tensor,
