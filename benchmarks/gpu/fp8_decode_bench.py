@@ -80,6 +80,10 @@ def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, .
                                                 LAYERS), 2)
                 except Exception as e:  # (a configuration that does not compile: recorded)
                     row[key] = f"{type(e).__name__}: {e}"[:120]
+            key = f"triton_{name}_served_us"  # (what the flashinfer backend launches: ``launch_config``'s choice)
+            if not only or re.search(only, key):
+                row[key] = round(graph_time(lambda i, c=caches, h=name == "fp8": td.decode(
+                    q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, f16=h), LAYERS), 2)
             for n, part in ((n, part) for n in splits for part in min_parts) if name == "fp8" else ():
                 # the served configuration at other split counts, with parts of at least ``part`` tokens
                 row[f"triton_fp8_served_{n}splits_min{part}_us"] = round(graph_time(lambda i, c=caches, n=n, m=part:

@@ -67,6 +67,11 @@ SERVED = {  # the decode's launches: W1 (bf16, many splits), large FP8 batches (
     "fp8_own_level": dict(pool="*fp8e4nv", SPLITS=2, BLOCK=128, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                           HAS_START=True, WRITE_LSE=True, stages=3),
     "fp8_int_widen": dict(pool="*fp8e4nv", SPLITS=4, BLOCK=64, F16=True, WIDEN=1, ROPE=False, QUANT=False, stages=3),
+    # FP8 from 512 rows: 64-token blocks on 2 warps (a W3 own level: starts, LSE); bf16 from 256 rows (``row_bounds``)
+    "fp8_narrow_own_level": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=64, F16=True, WIDEN=2, ROPE=False, QUANT=False,
+                                 HAS_START=True, WRITE_LSE=True, stages=3, warps=2),
+    "bf16_one_split_own_level": dict(pool="*bf16", SPLITS=1, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False,
+                                     HAS_START=True, WRITE_LSE=True, stages=2),
 }
 
 
@@ -77,10 +82,10 @@ def test_the_decode_attention_compiles(name) -> None:
     from services.worker.attention import triton_decode as td
 
     cfg = dict(SERVED[name])
-    pool, stages = cfg.pop("pool"), cfg.pop("stages")
+    pool, stages, warps = cfg.pop("pool"), cfg.pop("stages"), cfg.pop("warps", 4)
     splits = cfg["SPLITS"]
     constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
                       WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0)
     constexprs.update(cfg)
-    kernel = compile_sm90(td._partial_kernel, constexprs, pool, num_warps=4, num_stages=stages)
+    kernel = compile_sm90(td._partial_kernel, constexprs, pool, num_warps=warps, num_stages=stages)
     assert "cubin" in kernel.asm

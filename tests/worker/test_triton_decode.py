@@ -125,16 +125,33 @@ def test_pdl_launches_only_on_cuda_and_only_when_turned_on(monkeypatch) -> None:
 
 
 def test_which_decode_plans_auto_sends_to_the_triton_kernel() -> None:
-    from services.worker.attention.triton_decode import AUTO_TRITON_ROWS
-    from services.worker.attention.triton_decode import max_rows as triton_max_rows
+    from services.worker.attention import triton_decode as td
 
-    assert triton_max_rows("flashinfer", "cuda", True) == 0
-    assert triton_max_rows("triton", "cuda", False) == td_max_pairs()
-    assert triton_max_rows("auto", "cuda", False) == AUTO_TRITON_ROWS == 16  # bf16/fp16 pool: small batches
-    assert triton_max_rows("auto", "cuda", True) == td_max_pairs()  # FP8 pool: every decode
-    assert triton_max_rows("auto", "cpu", True) == 0  # (no Triton launches off CUDA)
+    every, none = (td.MAX_PAIRS, 1), (0, td.MAX_PAIRS + 1)
+    assert td.row_bounds("flashinfer", "cuda", True) == none
+    assert td.row_bounds("triton", "cuda", False) == every
+    # bf16/fp16 pool: small batches (splits over the context) and large ones (one program a pair); not 17-255 rows
+    assert td.row_bounds("auto", "cuda", False) == (td.AUTO_TRITON_ROWS, td.AUTO_TRITON_FROM) == (16, 256)
+    assert td.row_bounds("auto", "cuda", True) == every  # FP8 pool: every decode
+    assert td.row_bounds("auto", "cpu", True) == none  # (no Triton launches off CUDA)
     with pytest.raises(ValueError, match="bad decode kernel"):
-        triton_max_rows("fa3", "cuda", False)
+        td.row_bounds("fa3", "cuda", False)
+
+
+def test_launch_configurations_by_batch() -> None:
+    from services.worker.attention import triton_decode as td
+
+    # bf16/fp16 pools: the split count alone changes (a power of two filling the GPU), 64-token blocks, 4 warps
+    assert [td.launch_config(b, 8, False) for b in (1, 16, 64, 96, 1024)] == [
+        (16, 64, 4), (4, 64, 4), (2, 64, 4), (1, 64, 4), (1, 64, 4)]
+    # FP8 pools: two splits up to 128 rows of 8 KV heads; 128-token blocks at <= 2 splits; 64 on 2 warps from 512
+    assert [td.launch_config(b, 8, True) for b in (1, 16, 96, 128, 129, 256, 511, 512, 4096)] == [
+        (16, 64, 4), (4, 64, 4), (2, 128, 4), (2, 128, 4), (1, 128, 4), (1, 128, 4), (1, 128, 4), (1, 64, 2),
+        (1, 64, 2)]
+    assert td.launch_config(1024, 8, True, splits=4) == (4, 64, 4)  # (a forced count keeps its own block)
+    every = {td.launch_config(b, 8, fp8) for b in range(1, 4097) for fp8 in (False, True)}
+    warmed = {td.launch_config(1, 8, fp8, s) for s in td.SPLIT_COUNTS for fp8 in (False, True)}
+    assert every <= warmed | {td.launch_config(td.MAX_PAIRS // 8, 8, True)}  # (what warm_up compiles)
 
 
 def td_max_pairs() -> int:

@@ -18,7 +18,8 @@
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
 # FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12) · grid (the decode by batch × context:
-# the split count and the block/warps of FP8 pools, Triton vs FlashInfer for bf16) · mprof (a W2-like mixed step's
+# the split count and the block/warps of FP8 pools, Triton vs FlashInfer for bf16) · gserved (the same shapes: the
+# served launch configurations only, both pools, against FlashInfer's) · mprof (a W2-like mixed step's
 # kernels: 6k prompt tokens beside 525 decodes of ~1.5k).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
@@ -84,6 +85,9 @@ for step in ${STEPS:-fp8}; do
             --shapes "${GRID:-64x2560,96x2560,128x2560,256x1536,512x768,1024x384,1024x1536}" \
             --only "128_4w3s_f16_asm_us|64_2w3s_f16_asm_us|triton_bf16_64_4w2s_us" >"$OUT/grid.log" 2>&1
           echo "grid (rc $?)"; tail -9 "$OUT/grid.log" ;;
+    gserved) timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/gserved.json" --spread 0.67 \
+            --shapes "${GRID:-64x2560,96x2560,128x2560,256x1536,512x768,1024x384,1024x1536}" --only "_served_us" \
+            >"$OUT/gserved.log" 2>&1; echo "gserved (rc $?)"; tail -9 "$OUT/gserved.log" ;;
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
     ftest) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "fp8_pool or cascade_matches" \

@@ -73,10 +73,11 @@ class FlashInferAttention(AttentionBackend):
         self.num_q_heads = num_q_heads
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
-        self._triton_max_rows = triton_decode.max_rows(decode_kernel, pool.device.type, pool.quantized)
+        self._triton_bounds = triton_decode.row_bounds(decode_kernel, pool.device.type, pool.quantized)
         self._f16 = pool.quantized  # (Triton, FP8 pool: products in fp16 — e4m3 widens to it in one instruction)
         self._sm_scale = self.head_dim ** -0.5
-        if self._triton_max_rows and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
+        takes_any = self._triton_bounds[0] or self._triton_bounds[1] <= triton_decode.MAX_PAIRS
+        if takes_any and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
             try:
                 triton_decode.warm_up(pool.compute_dtype, pool.dtype, (num_q_heads, self.num_kv_heads,
                                                                        self.head_dim), pool.device, f16=self._f16)
@@ -84,7 +85,7 @@ class FlashInferAttention(AttentionBackend):
                 if decode_kernel != "auto":
                     raise
                 log.warning("triton_decode_unavailable", reason=f"{type(e).__name__}: {e}"[:300])
-                self._triton_max_rows = 0
+                self._triton_bounds = (0, triton_decode.MAX_PAIRS + 1)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
         self.decode_backend = decode_backend if self.tensor_cores else "auto"
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -115,8 +116,9 @@ class FlashInferAttention(AttentionBackend):
         self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device
 
     def triton_rows(self, rows: int) -> bool:
-        """Whether a decode plan of ``rows`` requests goes through ``triton_decode`` (``triton_decode.max_rows``)."""
-        return rows <= self._triton_max_rows and rows * self.num_kv_heads <= triton_decode.MAX_PAIRS
+        """Whether a decode plan of ``rows`` requests goes through ``triton_decode`` (``triton_decode.row_bounds``)."""
+        up_to, from_ = self._triton_bounds
+        return (rows <= up_to or rows >= from_) and rows * self.num_kv_heads <= triton_decode.MAX_PAIRS
 
     # --- per step ------------------------------------------------------------------------------
     # A FlashInfer plan is written on the host into its wrapper's pinned buffer, and the copy that

@@ -42,33 +42,59 @@ TARGET_PROGRAMS = 4 * 132  # ~4 programs per SM of an H100/H200 across (request,
 SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
 
 
-def num_splits(batch: int, kv_heads: int) -> int:
+def num_splits(batch: int, kv_heads: int, fp8: bool = False) -> int:
     """Splits per request: enough programs to fill the GPU at small batches, one at large ones; a
     power of two (each count is a kernel of its own, compiled by ``warm_up`` before serving). A
-    function of the batch size only (a graph's launch grid is fixed at capture)."""
+    function of the batch size only (a graph's launch grid is fixed at capture). ``fp8`` (an FP8 pool
+    read in fp16): two splits up to ``FP8_TWO_SPLIT_PAIRS`` (request, KV head) pairs."""
     want = min(MAX_SPLITS, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads)))
+    if fp8 and batch * kv_heads <= FP8_TWO_SPLIT_PAIRS:
+        want = max(want, 2)
     return 1 << (max(1, want).bit_length() - 1)  # (the power of two at or below)
 
 
-AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``max_rows``)
+# FP8 pool (fp8_decode_bench --spread 0.67 grid, H200, 8 KV heads, µs a layer; docs/perf.md 2026-12-04 seventeenth):
+# two splits beat one at 96 × 2,560 (143 vs 150) and 128 × 2,560 (183 vs 191), lose at 256 × 1,536 (224 vs 211);
+# 64-token blocks on 2 warps beat 128 on 4 from 512 rows (512 × 768: 202 vs 219, 1,024 × 384: 213 vs 252,
+# 1,024 × 1,536: 724 vs 780), level at 256 rows, lose at 128 (217 vs 191).
+FP8_TWO_SPLIT_PAIRS = 1024
+FP8_NARROW_PAIRS = 4096
 
 
-def max_rows(decode_kernel: str, device_type: str, quantized: bool) -> int:
-    """Rows of a decode plan up to which the flashinfer backend sends it here: all with ``decode_kernel``
-    "triton", none with "flashinfer"; with "auto", all for an FP8 pool (FlashInfer's FP8-KV decode reads it at
-    under half the bandwidth: W2 +4 %, W3 +7 % with this kernel on the H200) and up to ``AUTO_TRITON_ROWS`` for
-    a bf16/fp16 one, where the context is split over several programs a request (W1 4.43 → 4.29–4.38 ms; at
-    W2's ~90-row and ~590-row decodes FlashInfer's ran 1–5 % faster; docs/perf.md, 2026-12-04). None off CUDA."""
+def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> tuple[int, int, int]:
+    """(splits, block, warps) of a launch of ``batch`` requests (``fp8``: an FP8 pool read in fp16) — functions
+    of the batch size (fixed at a graph's capture); ``splits`` overrides the count."""
+    splits = splits or num_splits(batch, kv_heads, fp8)
+    if not fp8 or splits > 2:
+        return splits, BLOCK_N, 4
+    if splits == 1 and batch * kv_heads >= FP8_NARROW_PAIRS:
+        return splits, BLOCK_N, 2
+    return splits, FP8_WIDE_BLOCK, 4
+
+
+AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
+AUTO_TRITON_FROM = 256  # ... and from which it takes it again
+
+
+def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[int, int]:
+    """(up to, from): the flashinfer backend sends a decode plan of r rows here when r <= up to or r >= from —
+    every plan with ``decode_kernel`` "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool
+    (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % on the H200) and, on a
+    bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (the context split over several programs a request: W1
+    4.43 → 4.29–4.38 ms) and from ``AUTO_TRITON_FROM`` (one program a (request, KV head), the result stored
+    directly: 256 × 1,536 268 µs a layer vs FlashInfer's 290, 512 × 768 264 vs 314, 1,024 × 384 270 vs 394;
+    level at 64–128 rows; docs/perf.md, 2026-12-04). None off CUDA."""
     if decode_kernel not in ("flashinfer", "triton", "auto"):
         raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
+    every, none = (MAX_PAIRS, 1), (0, MAX_PAIRS + 1)
     if decode_kernel == "auto":
-        return 0 if device_type != "cuda" else MAX_PAIRS if quantized else AUTO_TRITON_ROWS
-    return MAX_PAIRS if decode_kernel == "triton" else 0
+        return none if device_type != "cuda" else every if quantized else (AUTO_TRITON_ROWS, AUTO_TRITON_FROM)
+    return every if decode_kernel == "triton" else none
 
 
 def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int, int], device: torch.device,
             f16: bool = False) -> int:
-    """Compile, before serving, every variant the eager steps launch (split counts × table rows with
+    """Compile, before serving, every variant the eager steps launch (``launch_config``s × table rows with
     or without ``starts`` and the log-sum-exp; a graph's flat variant compiles at its capture):
     Triton compiles a variant on its first launch, ~0.5 s each — inside a step, that stalled W7's
     steps to 0.6–0.9 s on the H200. ``heads`` = (q heads, KV heads, head_dim) → variants launched."""
@@ -81,14 +107,16 @@ def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int
     q = torch.zeros((1, hq, d), dtype=q_dtype, device=device)
     new = (q[:, :hkv], q[:, :hkv], torch.zeros((ctx, d), device=device), last, last, *(
         (torch.ones(hkv, device=device),) * 2 if pool_dtype.itemsize == 1 else (None, None)))
+    fp8 = f16 and pool_dtype == torch.float8_e4m3fn
+    configs = {launch_config(1, hkv, fp8, s) for s in SPLIT_COUNTS} | {launch_config(MAX_PAIRS // hkv, hkv, fp8)}
     n = 0
-    for splits in SPLIT_COUNTS:
+    for splits, block, warps in sorted(configs):
         for starts, lse, rope in ((None, False, False), (None, True, False), (last // 2, True, False),
                                   (None, False, True)):
             if rope and not rope_enabled():
                 continue
             decode(q, k, k, table, rows, last, 1.0, splits=splits, return_lse=lse, starts=starts, f16=f16,
-                   new=new if rope else None)
+                   new=new if rope else None, block=block, num_warps=warps)
             n += 1
     return n
 
@@ -323,7 +351,7 @@ if triton is not None:
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
            rows: torch.Tensor, prefix_lens: torch.Tensor, sm_scale: float, k_scale: float = 1.0,
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int | None = None,
-           num_warps: int = 4, num_stages: int | None = None, starts: torch.Tensor | None = None,
+           num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
            min_part: int = 0):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
@@ -337,9 +365,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     (e4m3 widens to fp16 more cheaply than to bf16; q must fit fp16's range). ``new`` = (k, v, cos_sin,
     positions, slots, k_inv, v_inv): q and k (B, Hkv, D) are not rotated yet — the kernel rotates q, and
     writes the rotated k and v (quantized with ``k_inv`` / ``v_inv`` (Hkv,) unless None) at ``slots``
-    of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``block``,
-    ``num_warps``, ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else 2), ``block`` (None: 128 for such
-    a pool at one or two splits a request — large batches — else 64): the launch configuration, and
+    of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``splits``,
+    ``block``, ``num_warps`` (None: ``launch_config``'s), ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else
+    2): the launch configuration, and
     ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py).
     ``min_part`` > 0: each split reads at least that many tokens (rounded up to the block), so that with more
     splits long contexts are spread over more programs while short ones leave theirs empty (not yet measured:
@@ -347,7 +375,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
-    splits = splits or num_splits(bsz, hkv)
+    e4m3 = f16 and k_cache.dtype == torch.float8_e4m3fn
+    splits, auto_block, auto_warps = launch_config(bsz, hkv, e4m3, splits)
+    block, num_warps = block or auto_block, num_warps or auto_warps
     o_part = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
     out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
@@ -357,12 +387,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     kn, vn, cos_sin, pos, slots, k_inv, v_inv = new or (q, q, q, rows, rows, None, None)
     quant = k_inv is not None
     assert new is None or (block_d == d and kn.stride(2) == vn.stride(2) == 1 and cos_sin.shape[1] == d)
-    e4m3 = f16 and k_cache.dtype == torch.float8_e4m3fn
     mode = WIDEN_MODES[widen_mode(q.device, widen) if e4m3 else "cvt"]
     if num_stages is None:
         num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
-    if block is None:  # (a function of the split count, not of the batch: warm_up compiles each count's)
-        block = FP8_WIDE_BLOCK if e4m3 and splits <= 2 else BLOCK_N
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
