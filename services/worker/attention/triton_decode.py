@@ -88,7 +88,8 @@ def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[i
         raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
     every, none = (MAX_PAIRS, 1), (0, MAX_PAIRS + 1)
     if decode_kernel == "auto":
-        return none if device_type != "cuda" else every if quantized else (AUTO_TRITON_ROWS, AUTO_TRITON_FROM)
+        from_ = int(os.environ.get("BANYAN_TRITON_FROM", AUTO_TRITON_FROM))  # (an A/B knob: 65537 turns it off)
+        return none if device_type != "cuda" else every if quantized else (AUTO_TRITON_ROWS, from_)
     return every if decode_kernel == "triton" else none
 
 
