@@ -107,8 +107,9 @@ t = {w: r.get(f'triton_fp8_64_4w3s_f16_{w}_us') for w in ('cvt', 'int', 'asm')}
 print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null || echo asm)
           export BANYAN_FP8_WIDEN; echo "pick: BANYAN_FP8_WIDEN=$BANYAN_FP8_WIDEN" ;;
     w1q8) suite w1q8 200 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
-    w5) suite w5 150 --workloads W5 -- "${fast[@]}" ;;
-    w5t) suite w5t 150 --workloads W5 -- --step-time-target-ms "${STEP_MS:-12}" "${fast[@]}" ;;
+    w5) suite w5 "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}" ;;
+    w5t) suite w5t "${W5_LIMIT:-200}" --workloads W5 --scale "${W5_SCALE:-1}" -- --step-time-target-ms "${STEP_MS:-12}" \
+           "${fast[@]}" ;;
     fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     w3fi) export BANYAN_TRITON_FROM=65537; suite w3fi 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}"
           unset BANYAN_TRITON_FROM ;;
