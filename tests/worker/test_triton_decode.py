@@ -124,14 +124,17 @@ def test_pdl_launches_only_on_cuda_and_only_when_turned_on(monkeypatch) -> None:
         triton_pdl._supported.cache_clear()
 
 
-def test_which_decode_plans_auto_sends_to_the_triton_kernel() -> None:
+def test_which_decode_plans_auto_sends_to_the_triton_kernel(monkeypatch) -> None:
     from services.worker.attention import triton_decode as td
 
     every, none = (td.MAX_PAIRS, 1), (0, td.MAX_PAIRS + 1)
     assert td.row_bounds("flashinfer", "cuda", True) == none
     assert td.row_bounds("triton", "cuda", False) == every
-    # bf16/fp16 pool: small batches (splits over the context) and large ones (one program a pair); not 17-255 rows
-    assert td.row_bounds("auto", "cuda", False) == (td.AUTO_TRITON_ROWS, td.AUTO_TRITON_FROM) == (16, 256)
+    # bf16/fp16 pool: small batches (splits over the context); large ones only with BANYAN_TRITON_FROM
+    assert td.row_bounds("auto", "cuda", False) == (td.AUTO_TRITON_ROWS, td.AUTO_TRITON_FROM) == (16, 1 << 17)
+    assert td.AUTO_TRITON_FROM > td.MAX_PAIRS  # (no plan reaches it: MAX_PAIRS bounds a launch's rows)
+    monkeypatch.setenv("BANYAN_TRITON_FROM", "256")
+    assert td.row_bounds("auto", "cuda", False) == (16, 256)
     assert td.row_bounds("auto", "cuda", True) == every  # FP8 pool: every decode
     assert td.row_bounds("auto", "cpu", True) == none  # (no Triton launches off CUDA)
     with pytest.raises(ValueError, match="bad decode kernel"):

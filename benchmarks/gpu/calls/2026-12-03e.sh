@@ -19,8 +19,9 @@
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
 # FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12) · grid (the decode by batch × context:
 # the split count and the block/warps of FP8 pools, Triton vs FlashInfer for bf16) · gserved (the same shapes: the
-# served launch configurations only, both pools, against FlashInfer's) · w3fi (bf16w3 with FlashInfer's decode from 17
-# rows, BANYAN_TRITON_FROM=65537: the default before 2026-12-04's seventeenth session) · mprof (a W2-like mixed step's
+# served launch configurations only, both pools, against FlashInfer's) · w3tr (bf16w3 with the Triton decode from 256
+# rows, BANYAN_TRITON_FROM=256; run as w3fi with 65537 on 2026-12-04 when that was the default) · mprof (a W2-like
+# mixed step's
 # kernels: 6k prompt tokens beside 525 decodes of ~1.5k).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
@@ -111,7 +112,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w5t) suite w5t "${W5_LIMIT:-200}" --workloads W5 --scale "${W5_SCALE:-1}" -- --step-time-target-ms "${STEP_MS:-12}" \
            "${fast[@]}" ;;
     fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
-    w3fi) export BANYAN_TRITON_FROM=65537; suite w3fi 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}"
+    w3tr) export BANYAN_TRITON_FROM=256; suite w3tr 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}"
           unset BANYAN_TRITON_FROM ;;
     bf16w3) suite bf16w3 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
     w2h) suite w2h 250 --workloads W2,W2H -- "${fast[@]}" ;;

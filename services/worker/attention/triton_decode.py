@@ -73,7 +73,7 @@ def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = Non
 
 
 AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
-AUTO_TRITON_FROM = 256  # ... and from which it takes it again
+AUTO_TRITON_FROM = 1 << 17  # ... and from which it takes it again: never by default (``BANYAN_TRITON_FROM``)
 
 
 def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[int, int]:
@@ -81,9 +81,10 @@ def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[i
     every plan with ``decode_kernel`` "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool
     (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % on the H200) and, on a
     bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (the context split over several programs a request: W1
-    4.43 → 4.29–4.38 ms) and from ``AUTO_TRITON_FROM`` (one program a (request, KV head), the result stored
-    directly: 256 × 1,536 268 µs a layer vs FlashInfer's 290, 512 × 768 264 vs 314, 1,024 × 384 270 vs 394;
-    level at 64–128 rows; docs/perf.md, 2026-12-04). None off CUDA."""
+    4.43 → 4.29–4.38 ms). ``BANYAN_TRITON_FROM=N``: bf16/fp16 plans from N rows too. In isolation this kernel
+    beats FlashInfer's from 256 rows (256 × 1,536 268 µs a layer vs 290, 1,024 × 384 270 vs 394), but served
+    from 256 rows W2's >512-row eager decodes ran 6 % slower a row and W3 was level (14,523 vs 14,589 tok/s), so
+    it is off by default (docs/perf.md, 2026-12-04 seventeenth session). None off CUDA."""
     if decode_kernel not in ("flashinfer", "triton", "auto"):
         raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
     every, none = (MAX_PAIRS, 1), (0, MAX_PAIRS + 1)
