@@ -67,7 +67,8 @@ SERVED = {  # the decode's launches: W1 (bf16, many splits), large FP8 batches (
     "fp8_own_level": dict(pool="*fp8e4nv", SPLITS=2, BLOCK=128, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                           HAS_START=True, WRITE_LSE=True, stages=3),
     "fp8_int_widen": dict(pool="*fp8e4nv", SPLITS=4, BLOCK=64, F16=True, WIDEN=1, ROPE=False, QUANT=False, stages=3),
-    # FP8 from 512 rows: 64-token blocks on 2 warps (a W3 own level: starts, LSE); bf16 large batches (BANYAN_TRITON_FROM)
+    # FP8 from 512 rows: 64-token blocks on 2 warps (a W3 own level: starts, LSE); bf16, large batches
+    # (BANYAN_TRITON_FROM)
     "fp8_narrow_own_level": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=64, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                                  HAS_START=True, WRITE_LSE=True, stages=3, warps=2),
     "bf16_one_split_own_level": dict(pool="*bf16", SPLITS=1, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False,

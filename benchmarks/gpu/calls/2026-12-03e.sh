@@ -21,8 +21,7 @@
 # the split count and the block/warps of FP8 pools, Triton vs FlashInfer for bf16) · gserved (the same shapes: the
 # served launch configurations only, both pools, against FlashInfer's) · w3tr (bf16w3 with the Triton decode from 256
 # rows, BANYAN_TRITON_FROM=256; run as w3fi with 65537 on 2026-12-04 when that was the default) · mprof (a W2-like
-# mixed step's
-# kernels: 6k prompt tokens beside 525 decodes of ~1.5k).
+# mixed step's kernels: 6k prompt tokens beside 525 decodes of ~1.5k).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
