@@ -162,8 +162,9 @@ class SchedulerConfig(CommonConfig):
     step_time_target_ms: float = field(default=0.0, metadata={
         "help": "inter-token latency bound: while requests decode, a step carries only the prompt tokens that "
                 "keep its predicted device time (a model fitted online to the worker's step times) within this "
-                "many ms, at least 64 (long prompts are spread over more steps: steadier ITL, later first "
-                "tokens); steps with nothing decoding are not limited. 0: off (--max-prefill-tokens only)"})
+                "many ms, at least 64 and an eighth of the prompt tokens waiting (long prompts are spread over "
+                "more steps: steadier ITL, later first tokens); steps with nothing decoding are not limited. "
+                "0: off (--max-prefill-tokens only)"})
     priority_prefill_cap_window: float = field(default=10.0, metadata={
         "help": "priority scheduling: the --priority-prefill-cap stays on this many seconds after the last "
                 "higher-priority request left, so the next one does not find a full-size chunk in flight "

@@ -197,7 +197,9 @@ class Batcher:
     def _budget(self, running: list[Req], waiting: deque[Req], decodes: int) -> _Budget:
         low, total = self.limits.low_priority_prefill, self.limits.max_prefill_tokens
         if self.limits.step_target_ms and decodes:  # (someone's next token waits for this step)
-            total = self.last_prompt_budget = self.step_model.prompt_budget(self.limits.step_target_ms, decodes, total)
+            backlog = sum(r.to_compute for r in running if r.to_compute > 1) + sum(r.to_compute for r in waiting)
+            total = self.last_prompt_budget = self.step_model.prompt_budget(self.limits.step_target_ms, decodes,
+                                                                            total, backlog)
         if low is None or not (running or waiting):
             return _Budget(total, float("-inf"), None)
         top = max(max((_level(r) for r in running), default=float("-inf")),

@@ -264,7 +264,8 @@ class Scheduler:
         self.metrics.anchors(len(e.sessions.sessions), e.sessions.tokens, len(e.pins.pins), e.pins.tokens)
         if self.cfg.step_time_target_ms:
             m = e.batcher.step_model
-            self.metrics.step_model({"base": m.base_ms, "per_decode_row": m.row_ms, "per_prompt_token": m.token_ms},
+            self.metrics.step_model({"base": m.base_ms, "per_decode_row": m.row_ms, "per_prompt_token": m.token_ms,
+                                     "prompt_step": m.prompt_step_ms},
                                     e.batcher.last_prompt_budget)
         if self.cfg.enable_priority_scheduling:
             self.metrics.by_priority(self.table.running, self.table.waiting, self.applier.first_tokens)
