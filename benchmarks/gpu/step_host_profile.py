@@ -41,17 +41,24 @@ class Steps:
         self.g = torch.Generator().manual_seed(seed)
         self.vocab = vocab
 
-    def one(self, chunk: int) -> dict:
-        """One step (a new prompt of ``chunk`` tokens, or none, beside a token of each decoder) → its times."""
-        work = [(r, [7], True) for r in self.decoders]
-        rid = None
+    def _batch(self, chunk: int):
+        """A token of each decoder, and a new prompt of ``chunk`` tokens unless 0 → (batch, the prompt's id)."""
+        work, rid = [(r, [7], True) for r in self.decoders], None
         if chunk:
             self.n += 1
             rid = f"p{self.n}"
             work.append((rid, torch.randint(0, self.vocab, (chunk,), generator=self.g).tolist(), True))
-        runner, b = self.driver.runner, self.driver.batch(work)
+        return self.driver.batch(work), rid
+
+    def one(self, chunk: int, prof: cProfile.Profile | None = None) -> dict:
+        """One step (``_batch``) → its times; with ``prof``, its launch profiled."""
+        runner, (b, rid) = self.driver.runner, self._batch(chunk)
         t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
         launched = runner.launch(b)
+        if prof is not None:
+            prof.disable()
         t1 = time.perf_counter()
         runner.finish(launched)
         t2 = time.perf_counter()
@@ -64,18 +71,7 @@ class Steps:
         """``steps`` steps' launches under cProfile → the ``top`` functions by own time, ms a step."""
         prof = cProfile.Profile()
         for _ in range(steps):
-            work, rid = [(r, [7], True) for r in self.decoders], None
-            if chunk:
-                self.n += 1
-                rid = f"p{self.n}"
-                work.append((rid, torch.randint(0, self.vocab, (chunk,), generator=self.g).tolist(), True))
-            b = self.driver.batch(work)
-            prof.enable()
-            launched = self.driver.runner.launch(b)
-            prof.disable()
-            self.driver.runner.finish(launched)
-            if rid is not None:
-                self.driver.release(rid)
+            self.one(chunk, prof)
         stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, prim calls, own s, cumulative s, callers)}
         rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
         return [{"function": f"{Path(f).name}:{line}({name})", "calls_per_step": round(v[0] / steps, 1),
