@@ -84,6 +84,16 @@ def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, .
             if not only or re.search(only, key):
                 row[key] = round(graph_time(lambda i, c=caches, h=name == "fp8": td.decode(
                     q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, f16=h), LAYERS), 2)
+            key = f"triton_{name}_served_rope_us"  # (the same with the rope and the new K/V write inside: decodes')
+            if not only or re.search(only, key):
+                kn, vn = (torch.randn(bs, HKV, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
+                inv = torch.full((HKV,), 2.0, device=dev) if name == "fp8" else None
+                new = (kn, vn, torch.randn(ctx, D, device=dev), prefix, table[:, -1].to(torch.int64), inv, inv)
+                try:
+                    row[key] = round(graph_time(lambda i, c=caches, h=name == "fp8", nw=new: td.decode(
+                        q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, f16=h, new=nw), LAYERS), 2)
+                except Exception as e:  # (recorded, as a configuration that does not compile)
+                    row[key] = f"{type(e).__name__}: {e}"[:120]
             for n, part in ((n, part) for n in splits for part in min_parts) if name == "fp8" else ():
                 # the served configuration at other split counts, with parts of at least ``part`` tokens
                 row[f"triton_fp8_served_{n}splits_min{part}_us"] = round(graph_time(lambda i, c=caches, n=n, m=part:

@@ -88,7 +88,7 @@ for step in ${STEPS:-fp8}; do
             --only "128_4w3s_f16_asm_us|64_2w3s_f16_asm_us|triton_bf16_64_4w2s_us" >"$OUT/grid.log" 2>&1
           echo "grid (rc $?)"; tail -9 "$OUT/grid.log" ;;
     gserved) timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/gserved.json" --spread 0.67 \
-            --shapes "${GRID:-64x2560,96x2560,128x2560,256x1536,512x768,1024x384,1024x1536}" --only "_served_us" \
+            --shapes "${GRID:-64x2560,96x2560,128x2560,256x1536,512x768,1024x384,1024x1536}" --only "_served_(rope_)?us" \
             >"$OUT/gserved.log" 2>&1; echo "gserved (rc $?)"; tail -9 "$OUT/gserved.log" ;;
     hprof) read -r -a ha <<<"${HPROF:-}"  # (a W5-like mixed step's host time: launch vs device, cProfile's top)
            timeout 150 python3 -m benchmarks.gpu.step_host_profile --model /tmp/llama8b --out "$OUT/hprof.json" \
