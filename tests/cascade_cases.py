@@ -19,6 +19,9 @@ CASES = {
     # members first, group by group (as the scheduler orders a grouped batch): queries read in place
     "decode_leading": [(700, 1, 0), (650, 1, 0), (512, 1, 0), (900, 1, 1), (800, 1, 1), (300, 1, -1), (5, 1, -1)],
     "mixed_leading": [(700, 1, 0), (512, 40, 0), (900, 1, 1), (256, 300, 1), (0, 33, -1)],
+    # the decodes first (as the scheduler orders an ungrouped step): the backend's parts write one output in place
+    "mixed_decodes_first": [(700, 1, 0), (600, 1, 0), (900, 1, 1), (5, 1, -1), (512, 40, 0), (0, 33, -1),
+                            (256, 300, 1)],
 }
 GROUPED = [name for name, reqs in CASES.items() if any(g >= 0 for _, _, g in reqs)]
 SHARED = [512, 256]  # group 0 shares positions 0..511, group 1 0..255

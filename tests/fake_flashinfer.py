@@ -38,14 +38,24 @@ class _Paged:
         assert len(kv_indices) == self.kv[-1]
         self.plans += 1
 
-    def run(self, q, paged_kv, return_lse=False):
+    def run(self, q, paged_kv, out=None, lse=None, return_lse=False):
+        """As FlashInfer's: ``out`` / ``lse`` given are written (their shape and dtype checked) and returned."""
         k_cache, v_cache = paged_kv
-        out = torch.empty(q.shape, dtype=torch.float32)
-        lse = torch.empty(q.shape[:2])
+        o = torch.empty(q.shape, dtype=torch.float32)
+        s = torch.empty(q.shape[:2])
         for i in range(len(self.qo) - 1):
             qs, ks = slice(self.qo[i], self.qo[i + 1]), self.indices[self.kv[i]:self.kv[i + 1]].long()
-            out[qs], lse[qs] = _attend(q[qs], k_cache[ks], v_cache[ks], self.causal)
-        out = out.to(q.dtype)
+            o[qs], s[qs] = _attend(q[qs], k_cache[ks], v_cache[ks], self.causal)
+        if out is None:
+            out = o.to(q.dtype)
+        else:
+            assert out.shape == q.shape and out.dtype == q.dtype, (out.shape, out.dtype)
+            out.copy_(o)
+        if lse is None:
+            lse = s
+        else:
+            assert return_lse and lse.shape == q.shape[:2] and lse.dtype == torch.float32
+            lse.copy_(s)
         return (out, lse) if return_lse else out
 
 

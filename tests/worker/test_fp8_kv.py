@@ -136,10 +136,10 @@ def fp8_flashinfer():
                 self.dtypes = (q_data_type, kv_data_type or q_data_type)
                 super().plan(*args, **kw)
 
-            def run(self, q, *kv, return_lse=False, k_scale=None, v_scale=None):
+            def run(self, q, *kv, return_lse=False, k_scale=None, v_scale=None, **out):
                 if len(kv) == 2:  # ragged: the new tokens' own K/V, never scaled
                     assert k_scale is None and v_scale is None and kv[0].dtype == q.dtype == self.dtypes[0]
-                    return super().run(q, *kv, return_lse=return_lse)
+                    return super().run(q, *kv, return_lse=return_lse, **out)
                 k_cache, v_cache = kv[0]
                 assert (q.dtype, k_cache.dtype) == self.dtypes, "run dtypes differ from the plan's"
                 if k_cache.dtype == FP8:
@@ -147,7 +147,7 @@ def fp8_flashinfer():
                     v_cache = v_cache.float() * (1.0 if v_scale is None else v_scale)
                 else:
                     assert k_scale is None and v_scale is None
-                return super().run(q, (k_cache, v_cache), return_lse=return_lse)
+                return super().run(q, (k_cache, v_cache), return_lse=return_lse, **out)  # (out=, lse=: paged)
         return Fp8
 
     for name in ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",

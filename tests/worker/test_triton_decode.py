@@ -68,6 +68,17 @@ starts = torch.tensor([2, 0, 100, 1, 64])  # a cascade step's own level: positio
 o, lse = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=5, return_lse=True, starts=starts)
 ro, rl = ref(q, 1.0, 1.0, starts)
 assert torch.allclose(o, ro, atol=1e-4, rtol=1e-4) and torch.allclose(lse, rl, atol=1e-4, rtol=1e-4)
+# into rows of larger tensors (a mixed step's output: the decodes' rows first): the same values, written in place
+big, big_lse = torch.full((8, hq, d), 7.0), torch.full((8, hq), 7.0)
+o2, lse2 = td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=5, return_lse=True, starts=starts,
+                     out=big[1:6], lse_out=big_lse[1:6])
+assert o2.data_ptr() == big[1].data_ptr() and lse2.data_ptr() == big_lse[1].data_ptr()
+assert torch.equal(big[1:6], o) and torch.equal(big_lse[1:6], lse)
+assert (big[0] == 7).all() and (big[6:] == 7).all() and (big_lse[6:] == 7).all()  # (nothing else written)
+for splits in (1, 4):  # (one split stores its result directly; more merge in the last program)
+    one = torch.full((8, hq, d), 7.0)
+    td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), splits=splits, out=one[3:])
+    assert torch.allclose(one[3:], ref(q, 1.0, 1.0)[0], atol=1e-4, rtol=1e-4) and (one[:3] == 7).all()
 # a graph's buffers: the slots of each request's positions 0..prefix in one flat list, its offset as its row
 flat = torch.cat([table[r, :int(p) + 1] for r, p in zip(rows.tolist(), prefix.tolist(), strict=True)])
 offsets = torch.tensor([0] + [int(p) + 1 for p in prefix.tolist()]).cumsum(0)[:-1].to(torch.int32)

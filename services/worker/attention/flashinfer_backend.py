@@ -215,7 +215,7 @@ class FlashInferAttention(AttentionBackend):
         run_p = self._plan_part(batch, batch.rows[to_device(rows_p, torch.int64, dev)], own[rows_p], n,
                                 skip[rows_p], False, lse)
 
-        def run(q, kv):
+        def gathered(q, kv):
             parts = [(tok_d, run_d(q.index_select(0, tok_d), kv)), (tok_p, run_p(q.index_select(0, tok_p), kv))]
             if not lse:
                 out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -229,7 +229,18 @@ class FlashInferAttention(AttentionBackend):
                 lse_out.index_copy_(0, idx, s)
             return out, lse_out
 
-        return run
+        nd = len(rows_d)
+
+        def in_place(q, kv):  # the decodes first (the scheduler's order): q's first nd rows are theirs
+            if not q.is_contiguous():
+                return gathered(q, kv)
+            out = torch.empty_like(q)  # (each part writes its own rows: no gather of q, no scatter of the results)
+            lse_out = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if lse else None
+            for part, rows in ((run_d, slice(0, nd)), (run_p, slice(nd, None))):
+                part(q[rows], kv, out=out[rows], lse_out=None if lse_out is None else lse_out[rows])
+            return (out, lse_out) if lse else out
+
+        return in_place if rows_d[-1] == nd - 1 else gathered
 
     def _plan_part(self, batch: AttentionBatch, rows: torch.Tensor, own: np.ndarray, extend: np.ndarray,
                    skip: np.ndarray, decode: bool, lse: bool) -> Callable:
@@ -238,15 +249,19 @@ class FlashInferAttention(AttentionBackend):
         starts = to_device(skip, torch.int64, dev) if skip.any() else None
         if decode and self.triton_rows(n):  # (the last position each reads: skip + own - 1)
             run = self._triton_run(batch.req_to_token, rows, to_device(skip + own - 1, torch.int64, dev), starts, lse)
-            return lambda q, kv: run(q, None, None, kv[0], kv[1])
+            return lambda q, kv, out=None, lse_out=None: run(q, None, None, kv[0], kv[1], out=out, lse_out=lse_out)
         indices = kv_indices(batch.req_to_token, rows, to_device(own, torch.int64, dev), int(own.sum()),
                              starts=starts)
+        wrapper = self.decode if decode else self.paged
         if decode:
             self._plan_eager_decode(self.decode, own, indices)
-            return lambda q, kv: self.decode.run(q, kv, return_lse=lse, **self._scale_kw)
-        self.paged.plan(_indptr(extend), _indptr(own), indices, self._last_page_len(n), *self._heads, 1,
-                        causal=True, **self._dtypes)
-        return lambda q, kv: self.paged.run(q, kv, return_lse=lse, **self._scale_kw)  # (q strided: FA2/FA3 take it)
+        else:
+            self.paged.plan(_indptr(extend), _indptr(own), indices, self._last_page_len(n), *self._heads, 1,
+                            causal=True, **self._dtypes)
+        # (q strided: FA2/FA3 take it; ``out``/``lse_out``: written there — else FlashInfer's paged prefill
+        # allocates its output zero-filled)
+        return lambda q, kv, out=None, lse_out=None: wrapper.run(q, kv, out=out, lse=lse_out, return_lse=lse,
+                                                                 **self._scale_kw)
 
     def _plan_cascade(self, batch: AttentionBatch, prefix: np.ndarray, extend: np.ndarray) -> None:
         c, dev = batch.cascade, self.pool.device
@@ -373,11 +388,12 @@ class FlashInferAttention(AttentionBackend):
         """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row; ``flat``:
         ``table`` a flat slot list, ``rows`` offsets into it), the layer's scales applied by the kernel."""
 
-        def run(q, k, v, k_cache, v_cache, new=None):
+        def run(q, k, v, k_cache, v_cache, new=None, out=None, lse_out=None):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
                                         kw.get("v_scale", 1.0), return_lse=lse, starts=starts,
-                                        table_stride=1 if flat else None, f16=self._f16, new=new)
+                                        table_stride=1 if flat else None, f16=self._f16, new=new, out=out,
+                                        lse_out=lse_out)
 
         return run
 

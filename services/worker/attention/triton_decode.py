@@ -355,7 +355,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int | None = None,
            num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
-           min_part: int = 0):
+           min_part: int = 0, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -371,9 +371,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     ``block``, ``num_warps`` (None: ``launch_config``'s), ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else
     2): the launch configuration, and
     ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py).
-    ``min_part`` > 0: each split reads at least that many tokens (rounded up to the block), so that with more
-    splits long contexts are spread over more programs while short ones leave theirs empty (not yet measured:
-    ``fp8_decode_bench --spread``)."""
+    ``out`` / ``lse_out``: where to write them ((B, Hq, D) in q's dtype, (B, Hq) float32; views of larger
+    tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
+    tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
+    short ones leave theirs empty (not yet measured: ``fp8_decode_bench --spread``)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -382,8 +383,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     block, num_warps = block or auto_block, num_warps or auto_warps
     o_part = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
-    out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else l_part
+    if out is None:
+        out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
+    lse = l_part if not return_lse else lse_out if lse_out is not None else torch.empty(
+        (bsz, hq), dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(d)
     pdl = launch_pdl(q.device)
     kn, vn, cos_sin, pos, slots, k_inv, v_inv = new or (q, q, q, rows, rows, None, None)
