@@ -124,6 +124,24 @@ def test_flashinfer_cascade_matches_plain_attention(name, decode) -> None:
     assert err < 1e-2, name
 
 
+@pytest.mark.parametrize("decode", ["flashinfer", "triton"])
+@pytest.mark.parametrize("name", ["mixed", "mixed_decodes_first"])
+def test_flashinfer_mixed_step_matches_torch(name, decode) -> None:
+    """Decodes mixed with prefill chunks, no groups: the decode and prefill parts gathered by token
+    ("mixed") or, decodes first, writing their rows of one output in place (``out=``)."""
+    from services.worker.attention.flashinfer_backend import FlashInferAttention
+
+    pool, plain, _, (q, k, v) = cascade_batch(name, 32, 8, 128, torch.bfloat16, "cuda")
+    ref = TorchAttention(pool)
+    ref.prepare(plain)
+    want = ref.forward(q, k, v, 0)
+    fi = FlashInferAttention(pool, 32, decode_kernel=decode)
+    fi.prepare(plain)
+    err = rel_err(fi.forward(q, k, v, 0), want)
+    REPORT[f"attention_mixed_{name}_{decode}"] = err
+    assert err < 1e-2, name
+
+
 def test_fused_ops_match_torch() -> None:
     from services.worker.models.ops import flashinfer_ops
 
