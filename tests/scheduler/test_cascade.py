@@ -215,6 +215,9 @@ def test_flashinfer_backend_plans_on_a_stand_in(monkeypatch, name, grouped):
     if name == "mixed":  # decodes and prefill chunks: split between the decode and the prefill plan
         assert fi.decode.plans == 1 and fi.paged.plans == 1
     torch.testing.assert_close(fi.forward(q, k, v, 0), want, rtol=1e-5, atol=1e-5)
+    wide = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2])  # q a strided view (an eager step's, of q/k/v)
+    wide[:, :, : q.shape[2]] = q
+    torch.testing.assert_close(fi.forward(wide[:, :, : q.shape[2]], k, v, 0), want, rtol=1e-5, atol=1e-5)
 
 
 def test_kv_indices_with_starts():

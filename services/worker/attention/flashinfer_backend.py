@@ -232,8 +232,7 @@ class FlashInferAttention(AttentionBackend):
         nd = len(rows_d)
 
         def in_place(q, kv):  # the decodes first (the scheduler's order): q's first nd rows are theirs
-            if not q.is_contiguous():
-                return gathered(q, kv)
+            q = q.contiguous()  # (eager steps: a view of the q/k/v output — one copy, not a gather for each part)
             out = torch.empty_like(q)  # (each part writes its own rows: no gather of q, no scatter of the results)
             lse_out = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if lse else None
             for part, rows in ((run_d, slice(0, nd)), (run_p, slice(nd, None))):
