@@ -22,7 +22,8 @@
 # served launch configurations only, both pools, against FlashInfer's) · w3tr (bf16w3 with the Triton decode from 256
 # rows, BANYAN_TRITON_FROM=256; run as w3fi with 65537 on 2026-12-04 when that was the default) · mprof (a W2-like
 # mixed step's kernels: 6k prompt tokens beside 525 decodes of ~1.5k) · hprof (step_host_profile: 64 / 256 / 1,150
-# prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF).
+# prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
+# · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -93,6 +94,8 @@ for step in ${STEPS:-fp8}; do
     hprof) read -r -a ha <<<"${HPROF:-}"  # (a W5-like mixed step's host time: launch vs device, cProfile's top)
            timeout 150 python3 -m benchmarks.gpu.step_host_profile --model /tmp/llama8b --out "$OUT/hprof.json" \
              -- "${ha[@]}" "${fast[@]}" >"$OUT/hprof.log" 2>&1; echo "hprof (rc $?)"; tail -45 "$OUT/hprof.log" ;;
+    wbench) timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/wbench.json" \
+              >"$OUT/wbench.log" 2>&1; echo "wbench (rc $?)"; tail -12 "$OUT/wbench.log" ;;  # (64 × 1k decode step)
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
     ftest) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "fp8_pool or cascade_matches" \
