@@ -42,8 +42,8 @@
   waits for those copies); ``banyan:hicache_fetch_wait_seconds`` (how long a request was kept aside while
   its prefix came back into the pool).
 - With ``--step-time-target-ms``: ``banyan:step_model_ms{term}`` — the fitted step-time model (``step_model.py``;
-  ``base``, ``per_decode_row``, ``per_prompt_token``, ``prompt_step``) — and ``banyan:step_prompt_budget_tokens``, the prompt tokens
-  the last step with decodes could carry.
+  ``base``, ``per_decode_row``, ``per_prompt_token``, ``prompt_step``) — and ``banyan:step_prompt_budget_tokens``,
+  the prompt tokens the last step with decodes could carry.
 - ``banyan:gc_pause_seconds{generation}``: Python GC pauses of the scheduler process (``shared/gc_pause.py``;
   the worker and the tokenizer report theirs too).
 """
@@ -168,7 +168,8 @@ class SchedulerMetrics:
         """The step-time model's terms (ms) and the last prompt budget it gave (``--step-time-target-ms``)."""
         if self._step_model is None:
             self._step_model = (Gauge("banyan:step_model_ms", "Fitted step device time terms, ms (base, per decode "
-                                      "row, per prompt token, a step with prompt tokens)", ["term"], registry=self.registry),
+                                      "row, per prompt token, a step with prompt tokens)", ["term"],
+                                      registry=self.registry),
                                 Gauge("banyan:step_prompt_budget_tokens", "Prompt tokens the last step with decodes "
                                       "could carry under --step-time-target-ms", registry=self.registry))
         terms, gauge = self._step_model
