@@ -20,11 +20,13 @@ Works for any pool dtype (bf16 pools too; the tests run float32 in Triton's inte
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 
+from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
+    AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
+    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, launch_config, num_splits, row_bounds)
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -33,65 +35,6 @@ try:
     import triton.language as tl
 except ImportError:  # (the CPU install: nothing here is used without CUDA)
     triton = None
-
-BLOCK_N = 64  # context tokens a program reads per iteration
-MAX_SPLITS = 16
-TARGET_PROGRAMS = 4 * 132  # ~4 programs per SM of an H100/H200 across (request, KV head, split)
-
-
-SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
-
-
-def num_splits(batch: int, kv_heads: int, fp8: bool = False) -> int:
-    """Splits per request: enough programs to fill the GPU at small batches, one at large ones; a
-    power of two (each count is a kernel of its own, compiled by ``warm_up`` before serving). A
-    function of the batch size only (a graph's launch grid is fixed at capture). ``fp8`` (an FP8 pool
-    read in fp16): two splits up to ``FP8_TWO_SPLIT_PAIRS`` (request, KV head) pairs."""
-    want = min(MAX_SPLITS, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads)))
-    if fp8 and batch * kv_heads <= FP8_TWO_SPLIT_PAIRS:
-        want = max(want, 2)
-    return 1 << (max(1, want).bit_length() - 1)  # (the power of two at or below)
-
-
-# FP8 pool (fp8_decode_bench --spread 0.67 grid, H200, 8 KV heads, µs a layer; docs/perf.md 2026-12-04 seventeenth):
-# two splits beat one at 96 × 2,560 (143 vs 150) and 128 × 2,560 (183 vs 191), lose at 256 × 1,536 (224 vs 211);
-# 64-token blocks on 2 warps beat 128 on 4 from 512 rows (512 × 768: 202 vs 219, 1,024 × 384: 213 vs 252,
-# 1,024 × 1,536: 724 vs 780), level at 256 rows, lose at 128 (217 vs 191).
-FP8_TWO_SPLIT_PAIRS = 1024
-FP8_NARROW_PAIRS = 4096
-
-
-def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> tuple[int, int, int]:
-    """(splits, block, warps) of a launch of ``batch`` requests (``fp8``: an FP8 pool read in fp16) — functions
-    of the batch size (fixed at a graph's capture); ``splits`` overrides the count."""
-    splits = splits or num_splits(batch, kv_heads, fp8)
-    if not fp8 or splits > 2:
-        return splits, BLOCK_N, 4
-    if splits == 1 and batch * kv_heads >= FP8_NARROW_PAIRS:
-        return splits, BLOCK_N, 2
-    return splits, FP8_WIDE_BLOCK, 4
-
-
-AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
-AUTO_TRITON_FROM = 1 << 17  # ... and from which it takes it again: never by default (``BANYAN_TRITON_FROM``)
-
-
-def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[int, int]:
-    """(up to, from): the flashinfer backend sends a decode plan of r rows here when r <= up to or r >= from —
-    every plan with ``decode_kernel`` "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool
-    (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % on the H200) and, on a
-    bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (the context split over several programs a request: W1
-    4.43 → 4.29–4.38 ms). ``BANYAN_TRITON_FROM=N``: bf16/fp16 plans from N rows too. In isolation this kernel
-    beats FlashInfer's from 256 rows (256 × 1,536 268 µs a layer vs 290, 1,024 × 384 270 vs 394), but served
-    from 256 rows W2's >512-row eager decodes ran 6 % slower a row and W3 was level (14,523 vs 14,589 tok/s), so
-    it is off by default (docs/perf.md, 2026-12-04 seventeenth session). None off CUDA."""
-    if decode_kernel not in ("flashinfer", "triton", "auto"):
-        raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
-    every, none = (MAX_PAIRS, 1), (0, MAX_PAIRS + 1)
-    if decode_kernel == "auto":
-        from_ = int(os.environ.get("BANYAN_TRITON_FROM", AUTO_TRITON_FROM))  # (an A/B knob: 65537 turns it off)
-        return none if device_type != "cuda" else every if quantized else (AUTO_TRITON_ROWS, from_)
-    return every if decode_kernel == "triton" else none
 
 
 def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int, int], device: torch.device,
@@ -197,7 +140,6 @@ WIDEN_MODES = {"cvt": 0, "int": 1, "asm": 2}
 # (fp8_decode_bench, H200, µs a layer: 600 × 1,536 with 64-token blocks cvt 754, asm 767; with 128-token blocks —
 # then bound by the widening — cvt 735, asm 605; 256 × 512: 131 (64, cvt) → 100 (128, asm). docs/perf.md)
 WIDEN_DEFAULT = "asm"
-FP8_WIDE_BLOCK = 128  # context tokens an iteration for an FP8 pool at <= 2 splits (large batches)
 
 
 def widen_mode(device: torch.device, mode: str | None = None) -> str:
@@ -415,7 +357,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     return (out, lse) if return_lse else out
 
 
-MAX_PAIRS = 1 << 16  # (request, KV head) pairs a launch may have: the counts' size
 _counts: dict[torch.device, torch.Tensor] = {}
 
 
