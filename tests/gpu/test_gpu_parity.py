@@ -107,38 +107,23 @@ def test_flashinfer_attention_matches_torch(heads, prefill_backend, decode) -> N
 
 
 @pytest.mark.parametrize("decode", ["flashinfer", "triton"])
-@pytest.mark.parametrize("name", GROUPED)
-def test_flashinfer_cascade_matches_plain_attention(name, decode) -> None:
+@pytest.mark.parametrize("name, grouped", [(n, True) for n in GROUPED]
+                         + [("mixed", False), ("mixed_decodes_first", False)])
+def test_flashinfer_cascade_matches_plain_attention(name, grouped, decode) -> None:
     """Two-level attention (shared prefixes read once per group, states merged) equals plain
-    attention over each request's whole KV."""
+    attention over each request's whole KV; and without groups, a step of decodes mixed with prefill
+    chunks, its decode and prefill parts gathered by token ("mixed") or, decodes first, writing their
+    rows of one output in place."""
     from services.worker.attention.flashinfer_backend import FlashInferAttention
 
-    pool, plain, grouped, (q, k, v) = cascade_batch(name, 32, 8, 128, torch.bfloat16, "cuda")
+    pool, plain, cascaded, (q, k, v) = cascade_batch(name, 32, 8, 128, torch.bfloat16, "cuda")
     ref = TorchAttention(pool)
     ref.prepare(plain)
     want = ref.forward(q, k, v, 0)
     fi = FlashInferAttention(pool, 32, decode_kernel=decode)
-    fi.prepare(grouped)
+    fi.prepare(cascaded if grouped else plain)
     err = rel_err(fi.forward(q, k, v, 0), want)
-    REPORT[f"attention_cascade_{name}_{decode}"] = err
-    assert err < 1e-2, name
-
-
-@pytest.mark.parametrize("decode", ["flashinfer", "triton"])
-@pytest.mark.parametrize("name", ["mixed", "mixed_decodes_first"])
-def test_flashinfer_mixed_step_matches_torch(name, decode) -> None:
-    """Decodes mixed with prefill chunks, no groups: the decode and prefill parts gathered by token
-    ("mixed") or, decodes first, writing their rows of one output in place (``out=``)."""
-    from services.worker.attention.flashinfer_backend import FlashInferAttention
-
-    pool, plain, _, (q, k, v) = cascade_batch(name, 32, 8, 128, torch.bfloat16, "cuda")
-    ref = TorchAttention(pool)
-    ref.prepare(plain)
-    want = ref.forward(q, k, v, 0)
-    fi = FlashInferAttention(pool, 32, decode_kernel=decode)
-    fi.prepare(plain)
-    err = rel_err(fi.forward(q, k, v, 0), want)
-    REPORT[f"attention_mixed_{name}_{decode}"] = err
+    REPORT[f"attention_{'cascade' if grouped else 'mixed'}_{name}_{decode}"] = err
     assert err < 1e-2, name
 
 
