@@ -27,11 +27,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.scheduler import step_model  # noqa: E402
 from services.scheduler.batcher import Batcher, Limits  # noqa: E402
 from services.scheduler.kv import KVManager  # noqa: E402
 from services.scheduler.policy import POLICIES  # noqa: E402
 from services.scheduler.request import Req, Status  # noqa: E402
+from services.scheduler.step_model import DRAIN_STEPS, StepModel  # noqa: E402
 from shared.messages.common import SamplingParams  # noqa: E402
 
 
@@ -46,14 +46,10 @@ def simulate(reqs: list[tuple[float, int, int]], target: float, cost: dict, drai
              four_terms: bool = True, pool: int = 1 << 20) -> dict:
     """Serve ``reqs`` on a simulated clock → latencies (ms) and counts."""
     b = Batcher(KVManager(pool, 512), POLICIES["fcfs"](), Limits(512, 16384, 16384, step_target_ms=target))
+    b.step_model = StepModel(drain_steps=DRAIN_STEPS if drain else 1 << 40)
     if not four_terms:  # (the model before the fixed term: its prior pinned at zero, never updated)
         b.step_model.theta[3], b.step_model.cov[3, 3] = 0.0, 0.0
-    saved = step_model.DRAIN_STEPS
-    step_model.DRAIN_STEPS = saved if drain else 1 << 40
-    try:
-        return _serve(b, reqs, cost)
-    finally:
-        step_model.DRAIN_STEPS = saved
+    return _serve(b, reqs, cost)
 
 
 def _serve(b: Batcher, reqs: list[tuple[float, int, int]], cost: dict) -> dict:

@@ -132,7 +132,7 @@ class Batcher:
         # that token will be its last; it finishes when the token arrives)
         decoding = [r for r in running if r.to_compute == 1 and (r.remaining_new_tokens > 0 or not r.in_flight)]
         self._make_room_for_decode(decoding, running, waiting)
-        budget = self._budget(running, waiting, sum(1 for r in decoding if r.status is Status.RUNNING))
+        budget = self._budget(running, waiting, decoding)
         # an urgent step? the lower levels' decodes wait until the top level's admissions are known
         urgent, held = self._urgent_possible(decoding, waiting, budget), []
         now = []
@@ -194,9 +194,10 @@ class Batcher:
         return (self.limits.urgent_steps and self._urgent_run < URGENT_RUN and budget.top > float("-inf")
                 and any(_level(r) >= budget.top for r in waiting) and any(_level(r) < budget.top for r in decoding))
 
-    def _budget(self, running: list[Req], waiting: deque[Req], decodes: int) -> _Budget:
+    def _budget(self, running: list[Req], waiting: deque[Req], decoding: list[Req]) -> _Budget:
         low, total = self.limits.low_priority_prefill, self.limits.max_prefill_tokens
-        if self.limits.step_target_ms and decodes:  # (someone's next token waits for this step)
+        decodes = sum(1 for r in decoding if r.status is Status.RUNNING) if self.limits.step_target_ms else 0
+        if decodes:  # (--step-time-target-ms, and someone's next token waits for this step)
             backlog = sum(r.to_compute for r in running if r.to_compute > 1) + sum(r.to_compute for r in waiting)
             total = self.last_prompt_budget = self.step_model.prompt_budget(self.limits.step_target_ms, decodes,
                                                                             total, backlog)

@@ -34,7 +34,8 @@ MAX_VAR = 1e4  # covariance bound: directions the recent steps do not excite (no
 
 
 class StepModel:
-    def __init__(self) -> None:
+    def __init__(self, drain_steps: int = DRAIN_STEPS) -> None:
+        self.drain_steps = drain_steps
         self.theta = np.array(PRIOR, dtype=np.float64)
         self.cov = np.diag(np.array(PRIOR_VAR, dtype=np.float64))
 
@@ -73,4 +74,4 @@ class StepModel:
         """Prompt tokens a step with ``rows`` decode rows may add within ``target_ms`` (at most ``cap``), with
         ``backlog`` prompt tokens waiting (the floors: the module's docstring)."""
         room = (target_ms - self.base_ms - self.prompt_step_ms - self.row_ms * rows) / self.token_ms
-        return int(min(cap, max(MIN_PROMPT_TOKENS, room, -(-backlog // DRAIN_STEPS))))
+        return int(min(cap, max(MIN_PROMPT_TOKENS, room, -(-backlog // self.drain_steps))))
