@@ -7,17 +7,20 @@ host (~20 ms a step for an 8B model): a step of a few hundred tokens, ~12 ms of 
 bound by that launch (docs/perf.md). Here a step of T tokens replays, for the captured size
 ``size_for(T)`` ≥ T (padded), L + 1 graphs for L layers:
 
-    graph 0: embed, layer 0's input norm and q/k/v projection           → q, k, v buffers
-    attention of layer 0 (eager, the step's plan; rotates q/k and writes the KV) → its output buffer
-    graph i: layer i-1's o-projection, norm, MLP; layer i's norm and q/k/v → q, k, v buffers
+    graph 0: embed, layer 0's input norm, q/k/v projection, rope + KV write → q, k, v buffers, the pool
+    attention of layer 0 (eager: the step's plan)                           → its output buffer
+    graph i: layer i-1's o-projection, norm, MLP; layer i's norm, q/k/v, rope + KV write
     …
     graph L: the last layer's o-projection, norm, MLP; the final norm     → hidden buffer
 
-The graphs read and write fixed buffers (token ids, q, k, v, attention output, hidden); the
-residual stream is carried from graph to graph in the graphs' own memory (one pool for every size:
-graphs of one size replay in capture order, never interleaved with another size's). Padding rows
-(token id stale, position none: the attention sees only the step's T rows) compute garbage that no
-real row reads: every op between attentions is row-wise.
+The graphs read and write fixed buffers (token ids, positions, KV slots, q, k, v, attention output,
+hidden); the residual stream is carried from graph to graph in the graphs' own memory (one pool for
+every size: graphs of one size replay in capture order, never interleaved with another size's).
+Padding rows (token id stale, position 0, slot 0 — the pool's padding slot, never allocated — the
+attention sees only the step's T rows) compute garbage that no real row reads: every op between
+attentions is row-wise. The rope and the KV write inside the graphs leave one launch a layer to the
+eager attention (a mixed step of W5 is bound by the host's launches, docs/perf.md). Without a pool
+(``pool=None``) the attention rotates and writes, as in the model's own forward.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from services.worker.attention.base import AttentionBackend
+from services.worker.kv_pool import KVPool
 
 
 def token_sizes(max_tokens: int) -> list[int]:
@@ -39,8 +43,10 @@ def token_sizes(max_tokens: int) -> list[int]:
 
 
 class PiecewiseGraphs:
-    def __init__(self, model, max_tokens: int, device: torch.device, dtype: torch.dtype, capture: bool = True) -> None:
-        """``capture=False`` (tests, on the CPU): the pieces run eagerly in place of their graphs."""
+    def __init__(self, model, max_tokens: int, device: torch.device, dtype: torch.dtype, capture: bool = True,
+                 pool: KVPool | None = None) -> None:
+        """``capture=False`` (tests, on the CPU): the pieces run eagerly in place of their graphs. ``pool``: the
+        pieces rotate q/k and write each layer's K/V there (``forward`` then takes the step's slots)."""
         inner = model.model
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, list(inner.layers), inner.norm, \
             inner.rotary_emb
@@ -55,6 +61,8 @@ class PiecewiseGraphs:
         self.v = torch.zeros((t, hkv, d), dtype=dtype, device=device)
         self.attn_out = torch.zeros((t, hq * d), dtype=dtype, device=device)
         self.hidden = torch.zeros((t, hidden), dtype=dtype, device=device)
+        self.pool = pool
+        self.where = torch.zeros((2, t), dtype=torch.int64, device=device)  # each row's position and KV slot
         self._graphs: dict[int, list] = {}
         if capture:
             self._capture()
@@ -68,16 +76,26 @@ class PiecewiseGraphs:
         return next(s for s in self.sizes if s >= num_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
-                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
-        """As the model's forward (attention planned already) → hidden (T, H), a view of the fixed
-        output buffer: valid until the next step's replay (later work on the stream reads it first)."""
+                between_layers: Callable[[], None] | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """As the model's forward (attention planned already; ``slots``: the new tokens' KV slots, with a
+        pool) → hidden (T, H), a view of the fixed output buffer: valid until the next step's replay
+        (later work on the stream reads it first)."""
         t = input_ids.shape[0]
-        graphs = self._graphs[self.size_for(t)]
+        size = self.size_for(t)
+        graphs = self._graphs[size]
         self.ids[:t].copy_(input_ids)
-        rope = self.rotary(positions, self.dtype)
+        rope, written = None, self.pool is not None
+        if written:
+            if slots is None:
+                raise ValueError("piecewise graphs that write the KV need the step's slots")
+            self.where[0, :t].copy_(positions)
+            self.where[1, :t].copy_(slots)
+            self.where[:, t:size].zero_()  # (padding rows: the last step's slots must not be written again)
+        else:
+            rope = self.rotary(positions, self.dtype)
         graphs[0].replay()
         for i, layer in enumerate(self.layers):
-            out = attn.forward(self.q[:t], self.k[:t], self.v[:t], layer.self_attn.layer, rope)
+            out = attn.forward(self.q[:t], self.k[:t], self.v[:t], layer.self_attn.layer, rope, written=written)
             self.attn_out[:t].copy_(out.flatten(1))
             graphs[i + 1].replay()
             if between_layers is not None:
@@ -89,19 +107,26 @@ class PiecewiseGraphs:
         """The L + 1 pieces of a step of ``t`` tokens; the residual stream passes through ``state``."""
         state: dict[str, torch.Tensor] = {}
 
-        def stash(q, k, v, residual) -> None:
-            self.q[:t].copy_(q)
-            self.k[:t].copy_(k)
-            self.v[:t].copy_(v)
+        def stash(i: int, q, k, v, residual) -> None:
+            bq, bk, bv = self.q[:t], self.k[:t], self.v[:t]
+            bq.copy_(q)
+            bk.copy_(k)
+            bv.copy_(v)
             state["residual"] = residual
+            if self.pool is not None:  # (the rotation built in the piece: captured with it, from the buffer)
+                rope = self.rotary(self.where[0, :t], self.dtype)
+                q, k = self.pool.store_rope(self.layers[i].self_attn.layer, self.where[1, :t], bq, bk, bv, rope)
+                if q is not bq:  # (a rope that is not in place: rotated copies)
+                    bq.copy_(q)
+                    bk.copy_(k)
 
         def first() -> None:
-            stash(*self.layers[0].before_attention(self.embed(self.ids[:t]), None))
+            stash(0, *self.layers[0].before_attention(self.embed(self.ids[:t]), None))
 
         def between(i: int) -> Callable[[], None]:
             def piece() -> None:
                 x, residual = self.layers[i - 1].after_attention(self.attn_out[:t], state["residual"])
-                stash(*self.layers[i].before_attention(x, residual))
+                stash(i, *self.layers[i].before_attention(x, residual))
             return piece
 
         def last() -> None:

@@ -160,8 +160,9 @@ class ModelRunner:
             piece_tokens = PIECEWISE_AUTO_TOKENS if self.graphs is not None and self.tp.size == 1 else 0
         if piece_tokens > 0 and (self.graphs is not None or self.device.type == "cpu"):
             try:  # (on the CPU the pieces run eagerly in place of graphs: the same path, for tests)
-                self.pieces = PiecewiseGraphs(self.model, piece_tokens, self.device, self.dtype,
-                                              capture=self.device.type == "cuda")
+                write = os.environ.get("BANYAN_PIECEWISE_WRITE", "1") == "1"  # (an A/B knob: the rope + KV write
+                self.pieces = PiecewiseGraphs(self.model, piece_tokens, self.device, self.dtype,  # in the graphs)
+                                              capture=self.device.type == "cuda", pool=self.kv if write else None)
             except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # (a capture that fails: eager steps as before)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
@@ -346,7 +347,7 @@ class ModelRunner:
         if self.between_layers is not None:
             self.between_layers()
         if pieces:
-            hidden = self.pieces.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H): a view, see there
+            hidden = self.pieces.forward(ids_d, pos_d, self.attn, self.between_layers, slots_d)  # (T, H): a view
         else:
             hidden = self.model.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H)
         if b.score_rows:  # scoring requests: the logits of their prompt positions

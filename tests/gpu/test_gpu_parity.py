@@ -106,15 +106,18 @@ def test_flashinfer_attention_matches_torch(heads, prefill_backend, decode) -> N
         assert err < 1e-2, name
 
 
+@pytest.mark.parametrize("one_plan", [False, True], ids=["split", "one_plan"])
 @pytest.mark.parametrize("decode", ["flashinfer", "triton"])
 @pytest.mark.parametrize("name, grouped", [(n, True) for n in GROUPED]
                          + [("mixed", False), ("mixed_decodes_first", False)])
-def test_flashinfer_cascade_matches_plain_attention(name, grouped, decode) -> None:
+def test_flashinfer_cascade_matches_plain_attention(monkeypatch, name, grouped, decode, one_plan) -> None:
     """Two-level attention (shared prefixes read once per group, states merged) equals plain
     attention over each request's whole KV; and without groups, a step of decodes mixed with prefill
-    chunks, its decode and prefill parts gathered by token ("mixed") or, decodes first, writing their
-    rows of one output in place."""
+    chunks: ``one_plan``, all rows in one paged prefill plan; else its decode and prefill parts gathered
+    by token ("mixed") or, decodes first, writing their rows of one output in place."""
     from services.worker.attention.flashinfer_backend import FlashInferAttention
+
+    monkeypatch.setenv("BANYAN_MIXED_ONE_PLAN", "64" if one_plan else "0")
 
     pool, plain, cascaded, (q, k, v) = cascade_batch(name, 32, 8, 128, torch.bfloat16, "cuda")
     ref = TorchAttention(pool)
@@ -123,7 +126,7 @@ def test_flashinfer_cascade_matches_plain_attention(name, grouped, decode) -> No
     fi = FlashInferAttention(pool, 32, decode_kernel=decode)
     fi.prepare(cascaded if grouped else plain)
     err = rel_err(fi.forward(q, k, v, 0), want)
-    REPORT[f"attention_{'cascade' if grouped else 'mixed'}_{name}_{decode}"] = err
+    REPORT[f"attention_{'cascade' if grouped else 'mixed'}_{name}_{decode}{'_one' if one_plan else ''}"] = err
     assert err < 1e-2, name
 
 
@@ -230,19 +233,23 @@ def test_rope_inside_the_triton_decode_matches_the_rope_kernel_before_it(models,
     assert max(errs) < 5e-3 and same >= 0.98
 
 
-@pytest.mark.parametrize("decode", ["flashinfer", "triton"])
-def test_piecewise_graphs_match_eager_steps(models, decode) -> None:
+@pytest.mark.parametrize("decode,kv,write", [("flashinfer", "auto", True), ("triton", "auto", True),
+                                              ("triton", "fp8_e4m3", True), ("flashinfer", "auto", False)])
+def test_piecewise_graphs_match_eager_steps(monkeypatch, models, decode, kv, write) -> None:
     """Prompts, prompts mixed with decodes and decodes (``_schedule``) with the work between attentions
-    replayed from piecewise graphs, against the same steps eager."""
+    replayed from piecewise graphs — ``write``: the rope and the KV write inside them — against the same
+    steps eager."""
     vocab = 32000
+    monkeypatch.setenv("BANYAN_PIECEWISE_WRITE", "1" if write else "0")
     r = runner(models["small"], attention_backend="flashinfer", piecewise_cuda_graph_max_tokens=512,
-               decode_attention=decode)
-    assert r.pieces is not None and r.pieces.size_for(300) == 320
+               decode_attention=decode, kv_cache_dtype=kv)
+    assert r.pieces is not None and r.pieces.size_for(300) == 320 and (r.pieces.pool is not None) == write
     got = _schedule(Driver(r), vocab)
     del r
-    want = _schedule(Driver(runner(models["small"], attention_backend="flashinfer", decode_attention=decode)), vocab)
+    want = _schedule(Driver(runner(models["small"], attention_backend="flashinfer", decode_attention=decode,
+                                   kv_cache_dtype=kv)), vocab)
     errs = [rel_err(g, w) for g, w in zip(got, want, strict=True)]
-    REPORT[f"piecewise_vs_eager_{decode}"] = max(errs)
+    REPORT[f"piecewise_vs_eager_{decode}_{kv}{'' if write else '_attention_writes'}"] = max(errs)
     same = torch.cat([g.argmax(-1) == w.argmax(-1) for g, w in zip(got, want, strict=True)]).float().mean()
     assert max(errs) < 5e-3 and same >= 0.98  # (padded GEMMs may round differently: near-ties may flip)
 

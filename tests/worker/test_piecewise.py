@@ -39,18 +39,24 @@ def _model(arch: str):
     return model, cfg
 
 
+@pytest.mark.parametrize("write", [True, False], ids=["pieces_write_kv", "attention_writes_kv"])
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
-def test_pieces_equal_the_forward(arch) -> None:
+def test_pieces_equal_the_forward(arch, write) -> None:
+    """``write``: the pieces rotate q/k and write the KV (the runner's way), padding rows into slot 0 only;
+    else the attention does, as in the model's forward."""
     model, cfg = _model(arch)
     model.eval()
-    pieces = PiecewiseGraphs(model, 64, torch.device("cpu"), torch.float32, capture=False)
-    assert pieces.size_for(1) == 16 and pieces.size_for(40) == 64 and pieces.size_for(65) is None
     table = torch.zeros(5, 128, dtype=torch.int32)
     table[:4] = (torch.randperm(4 * 128) + 1)[: 4 * 128].view(4, 128).int()
     steps = [[(0, 30), (0, 9)], [(30, 1), (9, 20), (0, 3)], [(31, 1), (29, 1), (3, 1)]]  # (prefix, extend)
     gen = torch.Generator().manual_seed(1)
+    pools = []
     for use_pieces in (False, True):
         pool = KVPool(cfg.num_layers, 600, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+        pools.append(pool)
+        pieces = PiecewiseGraphs(model, 64, torch.device("cpu"), torch.float32, capture=False,
+                                 pool=pool if write else None)
+        assert pieces.size_for(1) == 16 and pieces.size_for(40) == 64 and pieces.size_for(65) is None
         attn, outs = TorchAttention(pool), []
         gen.manual_seed(1)
         for step in steps:
@@ -64,12 +70,20 @@ def test_pieces_equal_the_forward(arch) -> None:
             ids = torch.randint(0, cfg.vocab_size, (len(positions),), generator=gen)
             attn.prepare(batch)
             with torch.inference_mode():
-                run = pieces.forward if use_pieces else model.forward
-                outs.append(run(ids, positions, attn).clone())
+                if use_pieces:
+                    outs.append(pieces.forward(ids, positions, attn, slots=batch.out_slots).clone())
+                else:
+                    outs.append(model.forward(ids, positions, attn).clone())
         if not use_pieces:
             want = outs
     for got, ref in zip(outs, want, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    for layer in range(cfg.num_layers):  # the same KV in every slot but the padding slot 0
+        for a, b in ((pools[0].k[layer], pools[1].k[layer]), (pools[0].v[layer], pools[1].v[layer])):
+            torch.testing.assert_close(a[1:], b[1:], rtol=1e-5, atol=1e-5)
+    if write:
+        with pytest.raises(ValueError, match="slots"):
+            pieces.forward(ids, positions, attn)
 
 
 def test_step_kinds_name_piecewise_steps() -> None:

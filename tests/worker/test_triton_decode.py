@@ -232,8 +232,10 @@ def test_rope_and_the_kv_write_inside_the_decode_in_the_interpreter() -> None:
 
 
 BACKEND_SCRIPT = r"""
+import os
 import sys
 import torch
+os.environ["BANYAN_MIXED_ONE_PLAN"] = "0"  # (a mixed step split: its decode rows through the Triton kernel)
 from tests import fake_flashinfer
 sys.modules["flashinfer"] = fake_flashinfer.module()
 from services.worker.attention import triton_decode as td

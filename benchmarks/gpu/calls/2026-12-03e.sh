@@ -23,7 +23,8 @@
 # rows, BANYAN_TRITON_FROM=256; run as w3fi with 65537 on 2026-12-04 when that was the default) · mprof (a W2-like
 # mixed step's kernels: 6k prompt tokens beside 525 decodes of ~1.5k) · hprof (step_host_profile: 64 / 256 / 1,150
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
-# · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates).
+# · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates) · hprofab (hprof with
+# BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -46,6 +47,11 @@ w7step() {  # name cap suite-args... -- serve-args...: one W7 run, traced, then 
     --steps "$OUT/$name/steps_w7_priority.jsonl" --top 5 >"$OUT/${name}_stages.txt" 2>&1
   python3 -m benchmarks.gpu.itl_trace "$OUT/$name/suite_$name.json" "$OUT/$name/steps_w7_priority.jsonl" \
     >"$OUT/${name}_itl.txt" 2>&1
+}
+hprof() {  # name lines: step_host_profile (a W5-like mixed step's host time: launch vs device, cProfile's top)
+  read -r -a ha <<<"${HPROF:-}"
+  timeout 150 python3 -m benchmarks.gpu.step_host_profile --model /tmp/llama8b --out "$OUT/$1.json" \
+    -- "${ha[@]}" "${fast[@]}" >"$OUT/$1.log" 2>&1; echo "$1 (rc $?)"; tail -"$2" "$OUT/$1.log"
 }
 for step in ${STEPS:-fp8}; do
   cap=$CAP; [[ $step == *@* ]] && cap=${step#*@}
@@ -91,9 +97,10 @@ for step in ${STEPS:-fp8}; do
     gserved) timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/gserved.json" --spread 0.67 \
             --shapes "${GRID:-64x2560,96x2560,128x2560,256x1536,512x768,1024x384,1024x1536}" --only "_served_(rope_)?us" \
             >"$OUT/gserved.log" 2>&1; echo "gserved (rc $?)"; tail -9 "$OUT/gserved.log" ;;
-    hprof) read -r -a ha <<<"${HPROF:-}"  # (a W5-like mixed step's host time: launch vs device, cProfile's top)
-           timeout 150 python3 -m benchmarks.gpu.step_host_profile --model /tmp/llama8b --out "$OUT/hprof.json" \
-             -- "${ha[@]}" "${fast[@]}" >"$OUT/hprof.log" 2>&1; echo "hprof (rc $?)"; tail -45 "$OUT/hprof.log" ;;
+    hprof) hprof hprof 45 ;;
+    hprofab)  # (hprof before the eighteenth session's changes: both off; then the one-plan mixed step alone off)
+          BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0 hprof hprof_before 7
+          BANYAN_MIXED_ONE_PLAN=0 hprof hprof_split 7 ;;
     wbench) timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/wbench.json" \
               >"$OUT/wbench.log" 2>&1; echo "wbench (rc $?)"; tail -12 "$OUT/wbench.log" ;;  # (64 × 1k decode step)
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \

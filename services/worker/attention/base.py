@@ -103,13 +103,15 @@ class AttentionBackend(ABC):
         """Build per-step metadata (index buffers, kernel plans) before the layers run."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None,
+                written: bool = False) -> torch.Tensor:
         """q (T, Hq, D), k/v (T, Hkv, D) of the new tokens → output (T, Hq, D).
 
         Stores k/v at ``batch.out_slots`` of layer ``layer``, then attends each new token to its
         request's positions 0..its own (causal), prefix included. With ``rope`` (a ``RopeStep``)
         q and k are not rotated yet: the pool's write rotates them (``KVPool.store_rope``: one
-        kernel for both where it can).
+        kernel for both where it can). ``written``: q and k are rotated and k/v stored already
+        (the piecewise graphs do both): attention only.
         """
 
     def init_graph(self, batch_sizes: list[int], max_context: int) -> None:

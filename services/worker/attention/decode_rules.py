@@ -70,3 +70,16 @@ def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[i
     return every if decode_kernel == "triton" else none
 
 
+
+
+MIXED_ONE_PLAN_ROWS = 32  # decode rows up to which a mixed step's decodes join its prompt chunks' paged prefill plan
+
+
+def mixed_one_plan(decode_rows: int) -> bool:
+    """Whether a step mixing ``decode_rows`` decodes with prompt chunks plans them all as one paged prefill (one
+    kernel a layer) rather than two plans (the decodes through the decode kernel, the chunks through the prefill:
+    two launches a layer, each ~tens of µs of Python on the host). A piecewise mixed step is bound by that host
+    time (W5 on the H200: ~18 ms of launches against ~8 ms of kernels, docs/perf.md), while the prefill kernel
+    reads a few one-token rows about as fast as the decode kernel; at hundreds of rows it is slower (64 × 1k:
+    15.6 ms a step vs 7.9). ``BANYAN_MIXED_ONE_PLAN=N``: up to N rows (0: never)."""
+    return decode_rows <= int(os.environ.get("BANYAN_MIXED_ONE_PLAN", MIXED_ONE_PLAN_ROWS))

@@ -38,6 +38,7 @@ import torch
 
 from services.worker.attention import triton_decode
 from services.worker.attention.base import AttentionBackend, AttentionBatch
+from services.worker.attention.decode_rules import mixed_one_plan
 from services.worker.attention.fi_plan import fa2_decode_plan, kv_indices
 from services.worker.attention.fi_plan import indptr as _indptr
 from services.worker.hostio import to_device
@@ -164,10 +165,13 @@ class FlashInferAttention(AttentionBackend):
             own = self._plan_own(batch, prefix, extend, None, lse=False)
             self._run = lambda q, k, v, k_cache, v_cache: own(q, (k_cache, v_cache))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None) -> torch.Tensor:
-        if rope is not None and self._rope_in_decode and (new := self._rope_new(layer, q, k, v, rope)) is not None:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None,
+                written: bool = False) -> torch.Tensor:
+        if written:
+            pass
+        elif rope is not None and self._rope_in_decode and (new := self._rope_new(layer, q, k, v, rope)) is not None:
             return self._run(q, k, v, self.pool.k[layer], self.pool.v[layer], new=new)  # (rotates, writes, attends)
-        if rope is None:
+        elif rope is None:
             self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
         else:  # (one launch for the rope and the write where the fused kernel is enabled)
             q, k = self.pool.store_rope(layer, self._out_slots, q, k, v, rope)
@@ -194,16 +198,17 @@ class FlashInferAttention(AttentionBackend):
                   lse: bool) -> Callable:
         """Each request's new tokens against its KV from position ``skip`` (0: all of it), causal →
         ``run(q, (k_cache, v_cache))`` (with ``lse``: also the log-sum-exp). All decodes: the decode
-        plan. Decodes mixed with prefill chunks: split in two — the decode rows through the decode
+        plan. Decodes mixed with prefill chunks: up to a few decodes (``decode_rules.mixed_one_plan``), one paged
+        prefill plan for all (one launch a layer); more, split in two — the decode rows through the decode
         plan (tensor-core FA2), the chunks through the paged prefill plan (FA3 on Hopper) — as the
-        prefill kernel takes one-token rows at a fraction of the decode kernel's speed (FA3 decode
+        prefill kernel takes many one-token rows at a fraction of the decode kernel's speed (FA3 decode
         at batch 64 × 1k: 15.6 ms a step against 7.9)."""
         dev = self.pool.device
         if skip is None:
             skip = np.zeros_like(prefix)
         own = prefix + extend - skip
         decode = extend == 1
-        if decode.all() or not decode.any():
+        if decode.all() or not decode.any() or mixed_one_plan(int(decode.sum())):
             return self._plan_part(batch, batch.rows, own, extend, skip, decode.all(), lse)
         rows_d, rows_p = np.flatnonzero(decode), np.flatnonzero(~decode)
         starts = np.cumsum(extend) - extend

@@ -57,8 +57,11 @@ class TorchAttention(AttentionBackend):
                 self._groups.append(_Group(tokens=c.q_index_dev[bounds[g]:bounds[g + 1]],
                                            slots=batch.req_to_token[row, :n].long()))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None) -> torch.Tensor:
-        if rope is None:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None,
+                written: bool = False) -> torch.Tensor:
+        if written:
+            pass
+        elif rope is None:
             self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
         else:
             q, k = self.pool.store_rope(layer, self._out_slots, q, k, v, rope)
