@@ -24,7 +24,8 @@
 # mixed step's kernels: 6k prompt tokens beside 525 decodes of ~1.5k) · hprof (step_host_profile: 64 / 256 / 1,150
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
 # · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates) · hprofab (hprof with
-# BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes).
+# BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
+# · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -101,6 +102,8 @@ for step in ${STEPS:-fp8}; do
     hprofab)  # (hprof before the eighteenth session's changes: both off; then the one-plan mixed step alone off)
           BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0 hprof hprof_before 7
           BANYAN_MIXED_ONE_PLAN=0 hprof hprof_split 7 ;;
+    hproffi) BANYAN_MIXED_TRITON=0 hprof hprof_fidec 7 ;;  # (mixed steps' decode part through FlashInfer's decode)
+    hprof1) BANYAN_MIXED_ONE_PLAN=64 hprof hprof_one 7 ;;  # (a mixed step's decodes in its paged prefill plan)
     wbench) timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/wbench.json" \
               >"$OUT/wbench.log" 2>&1; echo "wbench (rc $?)"; tail -12 "$OUT/wbench.log" ;;  # (64 × 1k decode step)
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \

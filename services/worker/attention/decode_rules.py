@@ -72,14 +72,21 @@ def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[i
 
 
 
-MIXED_ONE_PLAN_ROWS = 32  # decode rows up to which a mixed step's decodes join its prompt chunks' paged prefill plan
+
+MIXED_ONE_PLAN_ROWS = 0  # decode rows up to which a mixed step's decodes join its prompt chunks' paged prefill plan
 
 
-def mixed_one_plan(decode_rows: int) -> bool:
-    """Whether a step mixing ``decode_rows`` decodes with prompt chunks plans them all as one paged prefill (one
-    kernel a layer) rather than two plans (the decodes through the decode kernel, the chunks through the prefill:
-    two launches a layer, each ~tens of µs of Python on the host). A piecewise mixed step is bound by that host
-    time (W5 on the H200: ~18 ms of launches against ~8 ms of kernels, docs/perf.md), while the prefill kernel
-    reads a few one-token rows about as fast as the decode kernel; at hundreds of rows it is slower (64 × 1k:
-    15.6 ms a step vs 7.9). ``BANYAN_MIXED_ONE_PLAN=N``: up to N rows (0: never)."""
-    return decode_rows <= int(os.environ.get("BANYAN_MIXED_ONE_PLAN", MIXED_ONE_PLAN_ROWS))
+def mixed_one_plan_rows() -> int:
+    """Decode rows up to which a step mixing decodes with prompt chunks plans them all as one paged prefill (one
+    launch a layer) rather than two plans (the decodes through the decode kernel, the chunks through the prefill).
+    Off by default: on the H200 (16 decodes of 1,200 beside 64 / 256 prompt tokens, piecewise, docs/perf.md
+    2026-12-04 eighteenth session) the one plan queued in 6.9 / 7.4 ms against 8.9 / 8.9 but ran 10.8 / 14.4 ms
+    on the device against 8.8 / 11.8 (FA3's 128-row tiles for one-token rows). ``BANYAN_MIXED_ONE_PLAN=N``."""
+    return int(os.environ.get("BANYAN_MIXED_ONE_PLAN", MIXED_ONE_PLAN_ROWS))
+
+
+def mixed_decode_triton(decode_kernel: str, quantized: bool) -> bool:
+    """Whether a mixed step's decode part takes the Triton decode where a decode-only step of as many rows
+    would (``row_bounds``). ``BANYAN_MIXED_TRITON=0`` (an A/B knob, "auto" on a bf16/fp16 pool only): FlashInfer's
+    decode there instead (its launch is less Python than Triton's; an eager step pays that on the host)."""
+    return decode_kernel != "auto" or quantized or os.environ.get("BANYAN_MIXED_TRITON", "1") != "0"

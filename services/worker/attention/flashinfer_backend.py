@@ -38,7 +38,7 @@ import torch
 
 from services.worker.attention import triton_decode
 from services.worker.attention.base import AttentionBackend, AttentionBatch
-from services.worker.attention.decode_rules import mixed_one_plan
+from services.worker.attention.decode_rules import mixed_decode_triton, mixed_one_plan_rows
 from services.worker.attention.fi_plan import fa2_decode_plan, kv_indices
 from services.worker.attention.fi_plan import indptr as _indptr
 from services.worker.hostio import to_device
@@ -75,6 +75,8 @@ class FlashInferAttention(AttentionBackend):
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
         self._triton_bounds = triton_decode.row_bounds(decode_kernel, pool.device.type, pool.quantized)
+        self._mixed_triton = mixed_decode_triton(decode_kernel, pool.quantized)  # (decode_rules: A/B knobs)
+        self._one_plan_rows = mixed_one_plan_rows()
         self._f16 = pool.quantized  # (Triton, FP8 pool: products in fp16 — e4m3 widens to it in one instruction)
         self._sm_scale = self.head_dim ** -0.5
         takes_any = self._triton_bounds[0] or self._triton_bounds[1] <= triton_decode.MAX_PAIRS
@@ -198,8 +200,8 @@ class FlashInferAttention(AttentionBackend):
                   lse: bool) -> Callable:
         """Each request's new tokens against its KV from position ``skip`` (0: all of it), causal →
         ``run(q, (k_cache, v_cache))`` (with ``lse``: also the log-sum-exp). All decodes: the decode
-        plan. Decodes mixed with prefill chunks: up to a few decodes (``decode_rules.mixed_one_plan``), one paged
-        prefill plan for all (one launch a layer); more, split in two — the decode rows through the decode
+        plan. Decodes mixed with prefill chunks: split in two (one paged prefill plan for all rows up to
+        ``decode_rules.mixed_one_plan_rows`` decodes, off by default) — the decode rows through the decode
         plan (tensor-core FA2), the chunks through the paged prefill plan (FA3 on Hopper) — as the
         prefill kernel takes many one-token rows at a fraction of the decode kernel's speed (FA3 decode
         at batch 64 × 1k: 15.6 ms a step against 7.9)."""
@@ -208,7 +210,7 @@ class FlashInferAttention(AttentionBackend):
             skip = np.zeros_like(prefix)
         own = prefix + extend - skip
         decode = extend == 1
-        if decode.all() or not decode.any() or mixed_one_plan(int(decode.sum())):
+        if decode.all() or not decode.any() or decode.sum() <= self._one_plan_rows:
             return self._plan_part(batch, batch.rows, own, extend, skip, decode.all(), lse)
         rows_d, rows_p = np.flatnonzero(decode), np.flatnonzero(~decode)
         starts = np.cumsum(extend) - extend
@@ -216,7 +218,7 @@ class FlashInferAttention(AttentionBackend):
         tok_p = np.repeat(starts[rows_p], n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
         tok_d, tok_p = to_device(starts[rows_d], torch.int64, dev), to_device(tok_p, torch.int64, dev)
         run_d = self._plan_part(batch, batch.rows[to_device(rows_d, torch.int64, dev)], own[rows_d],
-                                extend[rows_d], skip[rows_d], True, lse)
+                                extend[rows_d], skip[rows_d], True, lse, mixed=True)
         run_p = self._plan_part(batch, batch.rows[to_device(rows_p, torch.int64, dev)], own[rows_p], n,
                                 skip[rows_p], False, lse)
 
@@ -247,11 +249,13 @@ class FlashInferAttention(AttentionBackend):
         return in_place if rows_d[-1] == nd - 1 else gathered
 
     def _plan_part(self, batch: AttentionBatch, rows: torch.Tensor, own: np.ndarray, extend: np.ndarray,
-                   skip: np.ndarray, decode: bool, lse: bool) -> Callable:
-        """One plan (decode, or causal paged prefill) over the requests at table rows ``rows``."""
+                   skip: np.ndarray, decode: bool, lse: bool, mixed: bool = False) -> Callable:
+        """One plan (decode, or causal paged prefill) over the requests at table rows ``rows`` (``mixed``: a
+        mixed step's decode part)."""
         dev, n = self.pool.device, len(own)
         starts = to_device(skip, torch.int64, dev) if skip.any() else None
-        if decode and self.triton_rows(n):  # (the last position each reads: skip + own - 1)
+        if decode and self.triton_rows(n) and (self._mixed_triton or not mixed):  # (the last position each reads:
+            # skip + own - 1)
             run = self._triton_run(batch.req_to_token, rows, to_device(skip + own - 1, torch.int64, dev), starts, lse)
             return lambda q, kv, out=None, lse_out=None: run(q, None, None, kv[0], kv[1], out=out, lse_out=lse_out)
         indices = kv_indices(batch.req_to_token, rows, to_device(own, torch.int64, dev), int(own.sum()),
