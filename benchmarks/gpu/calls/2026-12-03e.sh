@@ -17,7 +17,7 @@
 # contexts, $SPREAD shapes, by split count and min_part) · pprof (a 16k-token prefill's kernels; the GEMMs alone)
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
-# FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12) · grid (the decode by batch × context:
+# FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12; w5t@N: N ms, into $OUT/w5t_N) · grid (the decode by batch × context:
 # the split count and the block/warps of FP8 pools, Triton vs FlashInfer for bf16) · gserved (the same shapes: the
 # served launch configurations only, both pools, against FlashInfer's) · w3tr (bf16w3 with the Triton decode from 256
 # rows, BANYAN_TRITON_FROM=256; run as w3fi with 65537 on 2026-12-04 when that was the default) · mprof (a W2-like
@@ -103,6 +103,7 @@ for step in ${STEPS:-fp8}; do
           BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0 hprof hprof_before 7
           BANYAN_MIXED_ONE_PLAN=0 hprof hprof_split 7 ;;
     hproffi) BANYAN_MIXED_TRITON=0 hprof hprof_fidec 7 ;;  # (mixed steps' decode part through FlashInfer's decode)
+    hproftr) BANYAN_MIXED_TRITON=1 hprof hprof_tridec 7 ;;  # (... through Triton's: the default before 8d01e40)
     hprof1) BANYAN_MIXED_ONE_PLAN=64 hprof hprof_one 7 ;;  # (a mixed step's decodes in its paged prefill plan)
     wbench) timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/wbench.json" \
               >"$OUT/wbench.log" 2>&1; echo "wbench (rc $?)"; tail -12 "$OUT/wbench.log" ;;  # (64 × 1k decode step)
@@ -125,7 +126,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           export BANYAN_FP8_WIDEN; echo "pick: BANYAN_FP8_WIDEN=$BANYAN_FP8_WIDEN" ;;
     w1q8) suite w1q8 200 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     w5) suite w5 "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}" ;;
-    w5t) suite w5t "${W5_LIMIT:-200}" --workloads W5 --scale "${W5_SCALE:-1}" -- --step-time-target-ms "${STEP_MS:-12}" \
+    w5t) ms=${STEP_MS:-12}; name=w5t; [[ $step == *@* ]] && ms=$cap && name=w5t_$cap  # (w5t@N: a target of N ms)
+         suite "$name" "${W5_LIMIT:-200}" --workloads W5 --scale "${W5_SCALE:-1}" -- --step-time-target-ms "$ms" \
            "${fast[@]}" ;;
     fp8) suite fp8 200 --workloads W2,W3 --w3-baselines= --w3-extra= -- --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     w3tr) export BANYAN_TRITON_FROM=256; suite w3tr 150 --workloads W3 --w3-baselines= --w3-extra= -- "${fast[@]}"

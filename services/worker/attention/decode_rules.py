@@ -87,6 +87,9 @@ def mixed_one_plan_rows() -> int:
 
 def mixed_decode_triton(decode_kernel: str, quantized: bool) -> bool:
     """Whether a mixed step's decode part takes the Triton decode where a decode-only step of as many rows
-    would (``row_bounds``). ``BANYAN_MIXED_TRITON=0`` (an A/B knob, "auto" on a bf16/fp16 pool only): FlashInfer's
-    decode there instead (its launch is less Python than Triton's; an eager step pays that on the host)."""
-    return decode_kernel != "auto" or quantized or os.environ.get("BANYAN_MIXED_TRITON", "1") != "0"
+    would (``row_bounds``): with "auto", only on an FP8 pool (FlashInfer's FP8-KV decode is slow). On a bf16/fp16
+    pool FlashInfer's decode: its launch is less Python than Triton's, and an eager step pays that on the host —
+    on the H200 16 decodes of 1,200 beside 64 / 256 prompt tokens queued in 9.3 / 6.1 ms against 12.6 / 11.8
+    through Triton, for the same device time (9.4 / 11.6 ms vs 12.5 / 12.0; docs/perf.md 2026-12-04 eighteenth).
+    ``BANYAN_MIXED_TRITON=1``: Triton's there too (an A/B knob)."""
+    return decode_kernel != "auto" or quantized or os.environ.get("BANYAN_MIXED_TRITON", "0") == "1"
