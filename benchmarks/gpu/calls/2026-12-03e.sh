@@ -25,7 +25,7 @@
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
 # · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates) · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
-# · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
+# · pwtest (the piecewise GPU parity tests) · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -111,6 +111,8 @@ for step in ${STEPS:-fp8}; do
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
     ftest) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "fp8_pool or cascade_matches" \
              -p no:cacheprovider >"$OUT/ftest.log" 2>&1; echo "ftest (rc $?)"; tail -3 "$OUT/ftest.log" ;;
+    pwtest) timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k piecewise -p no:cacheprovider \
+              >"$OUT/pwtest.log" 2>&1; echo "pwtest (rc $?)"; tail -3 "$OUT/pwtest.log" ;;
     ptest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_rope_store_gpu.py tests/gpu/test_gpu_parity.py -k \
              "rope_store or attention_matches_torch or worker_matches_torch or cascade_matches or fp8_pool or piecewise" \
              -p no:cacheprovider >"$OUT/ptest.log" 2>&1; echo "ptest (rc $?)"; tail -3 "$OUT/ptest.log" ;;
