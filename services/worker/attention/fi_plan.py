@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from services.worker.hostio import to_device
+
 
 def kv_indices(
     req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, total: int,
@@ -43,3 +45,30 @@ def fa2_decode_plan(wrapper, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, s
         qo_indptr, kv_indptr, torch.from_numpy(seq_lens.astype(np.int32)), n, n, hq, hkv, 1, graph, d, d, False,
         -1, -1, False, 0, 0,  # (the rest as ``wrapper.plan`` passes it for a plain decode)
     )
+
+
+class EagerDecodePlans:
+    """An eager tensor-core (FA2) decode planned without ``wrapper.plan``'s per-call Python: the planner's one
+    call (``fa2_decode_plan``), then the buffers ``wrapper.run`` reads set on the wrapper as ``plan`` sets them
+    (the pinned FlashInfer's fields; the backend falls back to ``plan`` if this raises)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._grow(256)
+
+    def _grow(self, n: int) -> None:
+        self._rows_host = torch.arange(n + 1, dtype=torch.int32)  # qo_indptr of one token a row
+        self._rows_dev = self._rows_host.to(self.device)
+        self._ones_dev = torch.ones(n, dtype=torch.int32, device=self.device)  # last_page_len
+
+    def plan(self, wrapper, seq_lens: np.ndarray, kv_indptr: torch.Tensor, indices: torch.Tensor,
+             heads: tuple[int, int, int]) -> None:
+        n = len(seq_lens)
+        if n + 1 > self._rows_host.numel():
+            self._grow(2 * n)
+        info = fa2_decode_plan(wrapper, self._rows_host[: n + 1], kv_indptr, seq_lens, heads, graph=False)
+        wrapper._paged_kv_indptr_buf = to_device(kv_indptr.numpy(), torch.int32, self.device)
+        wrapper._paged_kv_indices_buf = indices
+        wrapper._paged_kv_last_page_len_buf = self._ones_dev[:n]  # (its size is the batch size to ``run``)
+        wrapper._qo_indptr_buf = self._rows_dev[: n + 1]
+        wrapper._batch_size, wrapper._max_kv_len, wrapper._plan_info = n, int(seq_lens.max()), info

@@ -39,7 +39,7 @@ import torch
 from services.worker.attention import triton_decode
 from services.worker.attention.base import AttentionBackend, AttentionBatch
 from services.worker.attention.decode_rules import mixed_decode_triton, mixed_one_plan_rows
-from services.worker.attention.fi_plan import fa2_decode_plan, kv_indices
+from services.worker.attention.fi_plan import EagerDecodePlans, fa2_decode_plan, kv_indices
 from services.worker.attention.fi_plan import indptr as _indptr
 from services.worker.hostio import to_device
 from services.worker.kv_pool import KVPool
@@ -104,9 +104,7 @@ class FlashInferAttention(AttentionBackend):
         self._fast_replan = self.tensor_cores and self.decode_backend in ("auto", "fa2")
         self._fast_eager = self._fast_replan  # eager decode plans without the wrapper's per-call Python
         self._planned_once: set[int] = set()  # wrappers (id) through one full ``plan`` already
-        self._rows_host = torch.arange(257, dtype=torch.int32)  # qo_indptr of one token a row (grown)
-        self._rows_dev = self._rows_host.to(pool.device)
-        self._ones_dev = torch.ones(256, dtype=torch.int32, device=pool.device)
+        self._fa2_eager = EagerDecodePlans(pool.device)
         self._ones = torch.ones(256, dtype=torch.int32)  # host: last_page_len (every page holds 1 token)
         self._heads = (num_q_heads, self.num_kv_heads, self.head_dim)
         self._dtypes = dict(q_data_type=pool.compute_dtype, kv_data_type=pool.dtype)
@@ -371,25 +369,12 @@ class FlashInferAttention(AttentionBackend):
         n, indptr = len(seq_lens), _indptr(seq_lens)
         if self._fast_eager and id(wrapper) in self._planned_once and getattr(wrapper, "_backend", "") == "fa2":
             try:
-                return self._plan_fa2_decode(wrapper, seq_lens, indptr, indices)
+                return self._fa2_eager.plan(wrapper, seq_lens, indptr, indices, self._heads)
             except Exception as e:  # a FlashInfer other than the pinned one: its own plan() from now on
                 self._fast_eager = False
                 log.warning("flashinfer_fast_plan_off", reason=f"{type(e).__name__}: {e}")
         wrapper.plan(indptr, indices, self._last_page_len(n), *self._heads, 1, **self._dtypes)
         self._planned_once.add(id(wrapper))
-
-    def _plan_fa2_decode(self, wrapper, seq_lens: np.ndarray, indptr: torch.Tensor, indices: torch.Tensor) -> None:
-        n, dev = len(seq_lens), self.pool.device
-        if n + 1 > self._rows_host.numel():
-            self._rows_host = torch.arange(2 * n + 1, dtype=torch.int32)
-            self._rows_dev = self._rows_host.to(dev)
-            self._ones_dev = torch.ones(2 * n, dtype=torch.int32, device=dev)
-        info = fa2_decode_plan(wrapper, self._rows_host[: n + 1], indptr, seq_lens, self._heads, graph=False)
-        wrapper._paged_kv_indptr_buf = to_device(indptr.numpy(), torch.int32, dev)
-        wrapper._paged_kv_indices_buf = indices
-        wrapper._paged_kv_last_page_len_buf = self._ones_dev[:n]  # (its size is the batch size to ``run``)
-        wrapper._qo_indptr_buf = self._rows_dev[: n + 1]
-        wrapper._batch_size, wrapper._max_kv_len, wrapper._plan_info = n, int(seq_lens.max()), info
 
     def _triton_run(self, table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
                     starts: torch.Tensor | None = None, lse: bool = False, flat: bool = False) -> Run:
