@@ -6,7 +6,8 @@ Drives ``ModelRunner`` directly (no server) as the worker does: each step one pr
 (a fresh request each time) beside ``--decode-rows`` decoding requests (~``--decode-context`` tokens each), and a
 decode-only step for reference. Per chunk size: the host time of ``launch`` (queueing the step: what the worker's
 ``banyan:worker_step_host_seconds`` measures), the wall time to its results, the device time (``busy_s``) and the
-step kind; then the launches again under ``cProfile``: the functions with the most own time a step.
+step kind (medians of ``--steps`` rounds taking the cases in turn); then the launches again under ``cProfile``: the
+functions with the most own time a step.
 
     python -m benchmarks.gpu.step_host_profile --model /tmp/llama8b --out $OUT/host.json
     python -m benchmarks.gpu.step_host_profile --chunks 64,1150 --decode-rows 16 -- --decode-attention flashinfer
@@ -104,13 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     for r in decoders:  # (their prompts, one step each)
         driver.run([(r, torch.randint(0, runner.spec.vocab_size, (args.decode_context,), generator=steps.g).tolist(),
                      True)])
-    rows = []
-    for chunk in [0] + [c for c in chunks if c]:
+    cases = [0] + [c for c in chunks if c]
+    for chunk in cases:
         for _ in range(3):  # (warm: plans, graphs of this size, caches)
             steps.one(chunk)
-        times = [steps.one(chunk) for _ in range(args.steps)]
-        med = {k: round(statistics.median(t[k] for t in times), 3) for k in ("host_ms", "wall_ms", "device_ms")}
-        rows.append({"chunk": chunk, "kind": times[-1]["kind"], **med,
+    times: dict[int, list[dict]] = {c: [] for c in cases}
+    for _ in range(args.steps):  # (the cases in turn: no case gets the machine's state of one stretch of time)
+        for chunk in cases:
+            times[chunk].append(steps.one(chunk))
+    rows = []
+    for chunk in cases:
+        med = {k: round(statistics.median(t[k] for t in times[chunk]), 3) for k in ("host_ms", "wall_ms", "device_ms")}
+        rows.append({"chunk": chunk, "kind": times[chunk][-1]["kind"], **med,
+                     "host_ms_max": round(max(t["host_ms"] for t in times[chunk]), 3),
                      "top": steps.profiled(chunk, args.steps, args.top)})
     out = {"model": args.model, "worker_args": args.worker_args, "device": args.device,
            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "torch": torch.__version__,
@@ -124,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         for f in row["top"][:12]:
             print(f"  {f['own_ms_per_step']:7.3f} ({f['cum_ms_per_step']:7.3f}) × {f['calls_per_step']:6.1f}  "
                   f"{f['function'][:90]}")
-    print(f"\n| prompt tokens | kind | host ms to queue | wall ms | device ms |\n| ---: | --- | ---: | ---: | ---: |")
+    print("\n| prompt tokens | kind | host ms to queue (max) | wall ms | device ms |\n| ---: | --- | ---: | ---: | ---: |")
     for row in rows:
-        print(f"| {row['chunk']} | {row['kind']} | {row['host_ms']:.2f} | {row['wall_ms']:.2f} | "
-              f"{row['device_ms']:.2f} |")
+        print(f"| {row['chunk']} | {row['kind']} | {row['host_ms']:.2f} ({row['host_ms_max']:.2f}) | "
+              f"{row['wall_ms']:.2f} | {row['device_ms']:.2f} |")
     print(f"\nJSON: {args.out}")
     return 0
 

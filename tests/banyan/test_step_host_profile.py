@@ -19,5 +19,5 @@ def test_the_host_profile_runs_on_the_cpu(demo_dir, tmp_path) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert [(r["chunk"], r["kind"]) for r in rows] == [(0, "decode_eager"), (24, "mixed")]  # (no graphs on the CPU)
     for r in rows:
-        assert 0 < r["host_ms"] <= r["wall_ms"] and r["device_ms"] > 0
+        assert 0 < r["host_ms"] <= min(r["wall_ms"], r["host_ms_max"]) and r["device_ms"] > 0
         assert any("forward" in f["function"] for f in r["top"])  # (the model's forward, queued in launch)
