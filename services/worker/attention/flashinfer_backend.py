@@ -252,8 +252,8 @@ class FlashInferAttention(AttentionBackend):
         mixed step's decode part)."""
         dev, n = self.pool.device, len(own)
         starts = to_device(skip, torch.int64, dev) if skip.any() else None
-        if decode and self.triton_rows(n) and (self._mixed_triton or not mixed):  # (the last position each reads:
-            # skip + own - 1)
+        if decode and self.triton_rows(n) and (self._mixed_triton or not mixed):
+            # (the last position each reads: skip + own - 1)
             run = self._triton_run(batch.req_to_token, rows, to_device(skip + own - 1, torch.int64, dev), starts, lse)
             return lambda q, kv, out=None, lse_out=None: run(q, None, None, kv[0], kv[1], out=out, lse_out=lse_out)
         indices = kv_indices(batch.req_to_token, rows, to_device(own, torch.int64, dev), int(own.sum()),
