@@ -114,6 +114,17 @@ class AttentionBackend(ABC):
         (the piecewise graphs do both): attention only.
         """
 
+    def _write(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope,
+               written: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s K/V write into ``self.pool`` at ``self._out_slots`` (rotating q and k first with
+        ``rope``; nothing when ``written``) → the (rotated) q and k."""
+        if written:
+            return q, k
+        if rope is None:
+            self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
+            return q, k
+        return self.pool.store_rope(layer, self._out_slots, q, k, v, rope)  # (one launch where the fused kernel is on)
+
     def init_graph(self, batch_sizes: list[int], max_context: int) -> None:
         """Allocate the fixed index buffers the graphs of these decode batch sizes read."""
         raise NotImplementedError(f"{type(self).__name__} cannot run under CUDA graphs")

@@ -167,14 +167,10 @@ class FlashInferAttention(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None,
                 written: bool = False) -> torch.Tensor:
-        if written:
-            pass
-        elif rope is not None and self._rope_in_decode and (new := self._rope_new(layer, q, k, v, rope)) is not None:
+        if not written and rope is not None and self._rope_in_decode \
+                and (new := self._rope_new(layer, q, k, v, rope)) is not None:
             return self._run(q, k, v, self.pool.k[layer], self.pool.v[layer], new=new)  # (rotates, writes, attends)
-        elif rope is None:
-            self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
-        else:  # (one launch for the rope and the write where the fused kernel is enabled)
-            q, k = self.pool.store_rope(layer, self._out_slots, q, k, v, rope)
+        q, k = self._write(layer, q, k, v, rope, written)
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]  # (S, Hkv, D)
         if self._scales is None or not self._reads_pool:
             return self._run(q, k, v, k_cache, v_cache)  # (T, Hq, D)

@@ -59,12 +59,7 @@ class TorchAttention(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None,
                 written: bool = False) -> torch.Tensor:
-        if written:
-            pass
-        elif rope is None:
-            self.pool.store(layer, self._out_slots, k, v)  # (quantized when the pool is FP8)
-        else:
-            q, k = self.pool.store_rope(layer, self._out_slots, q, k, v, rope)
+        q, k = self._write(layer, q, k, v, rope, written)
         read = self.pool.read  # (layer, slots) -> K, V (L, Hkv, D), dequantized when FP8
         if not self._groups:
             out = torch.empty_like(q)  # (T, Hq, D)
