@@ -1,0 +1,119 @@
+"""What the kernels between a decode step's linears cost in the CUDA graph (issue 20: FP8 W1 ≤ 2.6 ms): the
+batch-1 (or ``--batch``) decode graph captured again with parts of the layer turned into no-ops, its replay
+timed back to back with CUDA events. The outputs of an ablated graph are meaningless; only its time is read.
+The difference to ``base`` bounds what fusing that part away could save:
+
+- ``nonorm``: every add-RMSNorm returns its input (no norm kernel: the residual stream is not updated);
+- ``noattn``: the attention returns q (no rope, no K/V write, no attention kernel);
+- ``nonorm+noattn``: both — the linears (and the embedding, the lm_head) in a chain.
+
+    python -m benchmarks.gpu.decode_ablate --model /tmp/llama8b --out $OUT/ablate.json -- --quantization fp8 \
+        --fp8-vocab true
+
+Prints a table last; writes JSON (µs per replay of each variant, their differences to ``base``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.driver import Driver  # noqa: E402
+from benchmarks.gpu.decode_profile import worker_extra  # noqa: E402
+from services.worker.cuda_graph import NUM_INPUTS, PREFIX_LENS, DecodeGraphs  # noqa: E402
+from services.worker.models import ops  # noqa: E402
+from services.worker.runner import ModelRunner  # noqa: E402
+from shared.config import WorkerConfig  # noqa: E402
+
+VARIANTS = ("base", "nonorm", "noattn", "nonorm+noattn")
+
+
+def _skip_norm(x, residual, weight, eps):
+    return x, (x if residual is None else residual)
+
+
+def replay_us(runner: ModelRunner, variant: str, bs: int, reps: int) -> float:
+    """Capture the decode graph of ``bs`` rows with ``variant``'s parts turned off, fill it with the runner's last
+    decode step's inputs → median µs of a replay (of 5 rounds of ``reps`` back-to-back replays)."""
+    saved_norm, saved_fwd, saved_try = ops._small_norm, runner.attn.forward, None
+    from services.worker import kernels
+
+    try:
+        if "nonorm" in variant:
+            ops.set_small_norm(_skip_norm)
+            saved_try = kernels.try_norm_linear
+            kernels.try_norm_linear = lambda *a, **k: None  # (the norm fused into q/k/v: off as well)
+        if "noattn" in variant:
+            runner.attn.forward = lambda q, k, v, layer, rope=None, written=False: q
+        inputs = runner.graphs.inputs[:, :bs].clone()
+        g = DecodeGraphs(runner.model, runner.attn, bs, runner.context_length, runner.device, runner.spec.vocab_size)
+        g.inputs[:, :bs].copy_(inputs)
+        g.replay(g.batch(runner.req_to_token, bs, inputs[PREFIX_LENS].tolist()))  # (plans the attention too)
+        graph = g._graphs[bs]
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / reps)
+        del g, graph
+        return sorted(times)[2]
+    finally:
+        ops.set_small_norm(saved_norm)
+        runner.attn.forward = saved_fwd
+        if saved_try is not None:
+            kernels.try_norm_linear = saved_try
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="/tmp/llama8b")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=256, help="the request's tokens before the timed step")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", type=Path, default=Path("/tmp/decode_ablate.json"))
+    ap.add_argument("worker_args", nargs="*", help="WorkerConfig fields as --name value (after --)")
+    args = ap.parse_args()
+    runner = ModelRunner(WorkerConfig(model=args.model, device="cuda", context_length=4096, max_total_tokens=300_000,
+                                      **worker_extra(args.worker_args)), args.model)
+    if runner.graphs is None:
+        print("no decode graphs: nothing to ablate")
+        return 1
+    driver = Driver(runner, max_rows=args.batch + 1)
+    rids = [f"r{i}" for i in range(args.batch)]
+    gen = torch.Generator().manual_seed(0)
+    driver.run([(r, torch.randint(0, runner.spec.vocab_size, (args.context,), generator=gen).tolist(), True)
+                for r in rids])
+    for _ in range(3):  # (the last one leaves its inputs in the runner's graph buffers)
+        driver.run([(r, [7], True) for r in rids])
+    assert runner.graphs.inputs.shape[0] == NUM_INPUTS
+    out = {"model": args.model, "worker_args": args.worker_args, "batch": args.batch, "context": args.context,
+           "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "us": {}}
+    with torch.inference_mode():
+        for v in args.variants.split(","):
+            out["us"][v] = round(replay_us(runner, v, args.batch, args.reps), 1)
+            print(f"{v}: {out['us'][v]} µs", flush=True)
+    base = out["us"].get("base")
+    out["saved_us"] = {v: round(base - us, 1) for v, us in out["us"].items() if base is not None}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(f"\n| variant (batch {args.batch}, context {args.context}) | µs a replay | less than base |\n"
+          "| --- | ---: | ---: |")
+    for v, us in out["us"].items():
+        print(f"| {v} | {us} | {out['saved_us'].get(v, '')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
