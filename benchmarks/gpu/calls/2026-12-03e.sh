@@ -162,7 +162,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     ablate|ablateb)  # (decode_ablate: the batch-1 graph with the norms / the attention as no-ops; ablateb: bf16)
           read -r -a pa <<<"${PROF:---quantization fp8 --fp8-vocab true}"; [ "$step" = ablateb ] && pa=()
           timeout 200 python3 -m benchmarks.gpu.decode_ablate --model /tmp/llama8b --batch "${PROF_BATCH:-1}" \
-            --out "$OUT/$step.json" -- "${pa[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; tail -7 "$OUT/$step.log" ;;
+            --context "${ABL_CTX:-256}" --variants "${ABL:-base,nonorm,noattn,nonorm+noattn}" \
+            --out "$OUT/$step.json" -- "${pa[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; grep '^|' "$OUT/$step.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -48,6 +48,15 @@ def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = Non
     return splits, FP8_WIDE_BLOCK, 4
 
 
+MIN_PART = 0  # tokens a split reads at least (0: the context spread over all the splits)
+
+
+def min_part_tokens() -> int:
+    """Tokens each split of a launch reads at least (rounded up to the block): a short context then fills fewer
+    programs, and one in a single part is stored without a merge. ``BANYAN_DECODE_MIN_PART=N``."""
+    return int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
+
+
 AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
 AUTO_TRITON_FROM = 1 << 17  # ... and from which it takes it again: never by default (``BANYAN_TRITON_FROM``)
 

@@ -26,7 +26,7 @@ import torch
 
 from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
     AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
-    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, launch_config, num_splits, row_bounds)
+    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, launch_config, min_part_tokens, num_splits, row_bounds)
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -190,6 +190,7 @@ if triton is not None:
         per = tl.cdiv(tl.cdiv(n - first, SPLITS), BLOCK) * BLOCK
         if MIN_PER:  # (parts of at least MIN_PER tokens: a short context leaves its later programs empty)
             per = tl.maximum(per, MIN_PER)
+        parts = tl.cdiv(n - first, per)  # the parts with tokens (the later programs of a short context have none)
         lo = first + s * per
         hi = tl.minimum(lo + per, n)
         offs_g = tl.arange(0, BLOCK_H)
@@ -265,31 +266,39 @@ if triton is not None:
             if WRITE_LSE:
                 tl.store(Lse + b * stride_lse_b + heads, lse, mask=gmask)
             return
-        o_at = Opart + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_at + s * stride_os, out, mask=hd_mask)
-        l_at = Lpart + b * stride_lb + heads * stride_lh
-        tl.store(l_at + s, lse, mask=gmask)
-        # the pair's last program merges its parts (every thread's part stored before the count says so)
-        tl.debug_barrier()
-        count = Count + b * tl.num_programs(1) + h
-        if tl.atomic_add(count, 1, sem="acq_rel") == SPLITS - 1:
-            offs_s = tl.arange(0, BLOCK_S)
-            parts = tl.load(l_at[:, None] + offs_s[None, :], mask=gmask[:, None] & (offs_s[None, :] < SPLITS),
-                            other=float("-inf"), cache_modifier=".cg")  # (BLOCK_H, BLOCK_S)
-            top = tl.max(parts, 1)
-            top = tl.where(top > float("-inf"), top, 0.0)
-            w = tl.where(parts > float("-inf"), tl.exp2(parts - top[:, None]), 0.0)
-            total = tl.sum(w, 1)
-            merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-            for j in tl.static_range(SPLITS):  # (in order: the same sum every run)
-                wj = tl.sum(tl.where(offs_s[None, :] == j, w, 0.0), 1)
-                merged += tl.load(o_at + j * stride_os, mask=hd_mask, other=0.0, cache_modifier=".cg") * wj[:, None]
-            merged = merged / tl.where(total > 0, total, 1.0)[:, None] * v_scale
-            tl.store(Out + b * stride_out_t + heads[:, None] * stride_out_h + offs_d[None, :],
-                     merged.to(Out.dtype.element_ty), mask=hd_mask)
-            if WRITE_LSE:  # base 2, as FlashInfer's states (merged with them in cascade steps)
-                tl.store(Lse + b * stride_lse_b + heads, top + tl.log2(total), mask=gmask)
-            tl.atomic_xchg(count, 0)
+        if parts <= 1:  # (a context in one part: program 0 stores the result, as with one split; the rest none)
+            if s == 0:
+                tl.store(Out + b * stride_out_t + heads[:, None] * stride_out_h + offs_d[None, :],
+                         (out * v_scale).to(Out.dtype.element_ty), mask=hd_mask)
+                if WRITE_LSE:
+                    tl.store(Lse + b * stride_lse_b + heads, lse, mask=gmask)
+        elif s < parts:
+            o_at = Opart + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_at + s * stride_os, out, mask=hd_mask)
+            l_at = Lpart + b * stride_lb + heads * stride_lh
+            tl.store(l_at + s, lse, mask=gmask)
+            # the pair's last program with tokens merges their parts (every thread's part stored before the count)
+            tl.debug_barrier()
+            count = Count + b * tl.num_programs(1) + h
+            if tl.atomic_add(count, 1, sem="acq_rel") == parts - 1:
+                offs_s = tl.arange(0, BLOCK_S)
+                parts_lse = tl.load(l_at[:, None] + offs_s[None, :], mask=gmask[:, None] & (offs_s[None, :] < parts),
+                                    other=float("-inf"), cache_modifier=".cg")  # (BLOCK_H, BLOCK_S)
+                top = tl.max(parts_lse, 1)
+                top = tl.where(top > float("-inf"), top, 0.0)
+                w = tl.where(parts_lse > float("-inf"), tl.exp2(parts_lse - top[:, None]), 0.0)
+                total = tl.sum(w, 1)
+                merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+                for j in tl.static_range(SPLITS):  # (in order: the same sum every run; parts past the last unread)
+                    wj = tl.sum(tl.where(offs_s[None, :] == j, w, 0.0), 1)
+                    merged += tl.load(o_at + j * stride_os, mask=hd_mask & (offs_g[:, None] * 0 + j < parts), other=0.0,
+                                      cache_modifier=".cg") * wj[:, None]
+                merged = merged / tl.where(total > 0, total, 1.0)[:, None] * v_scale
+                tl.store(Out + b * stride_out_t + heads[:, None] * stride_out_h + offs_d[None, :],
+                         merged.to(Out.dtype.element_ty), mask=hd_mask)
+                if WRITE_LSE:  # base 2, as FlashInfer's states (merged with them in cascade steps)
+                    tl.store(Lse + b * stride_lse_b + heads, top + tl.log2(total), mask=gmask)
+                tl.atomic_xchg(count, 0)
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
@@ -297,7 +306,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int | None = None,
            num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
-           min_part: int = 0, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
+           min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -316,12 +325,14 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     ``out`` / ``lse_out``: where to write them ((B, Hq, D) in q's dtype, (B, Hq) float32; views of larger
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
     tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
-    short ones leave theirs empty (not yet measured: ``fp8_decode_bench --spread``)."""
+    short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores nothing, and a
+    context in one part is stored by its program directly (no merge)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
     e4m3 = f16 and k_cache.dtype == torch.float8_e4m3fn
     splits, auto_block, auto_warps = launch_config(bsz, hkv, e4m3, splits)
+    min_part = min_part_tokens() if min_part is None else min_part
     block, num_warps = block or auto_block, num_warps or auto_warps
     o_part = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
