@@ -37,12 +37,21 @@ FP8_TWO_SPLIT_PAIRS = 1024
 FP8_NARROW_PAIRS = 4096
 
 
+def block_tokens() -> int:
+    """Context tokens a program reads an iteration where the launch is not an FP8 pool's at <= 2 splits (those take
+    ``FP8_WIDE_BLOCK`` or ``BLOCK_N`` by their rules): ``BLOCK_N``, or ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128)."""
+    block = int(os.environ.get("BANYAN_DECODE_BLOCK", BLOCK_N))
+    if block not in (16, 32, 64, 128):
+        raise ValueError(f"BANYAN_DECODE_BLOCK={block} (16 | 32 | 64 | 128)")
+    return block
+
+
 def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> tuple[int, int, int]:
     """(splits, block, warps) of a launch of ``batch`` requests (``fp8``: an FP8 pool read in fp16) — functions
     of the batch size (fixed at a graph's capture); ``splits`` overrides the count."""
     splits = splits or num_splits(batch, kv_heads, fp8)
     if not fp8 or splits > 2:
-        return splits, BLOCK_N, 4
+        return splits, block_tokens(), int(os.environ.get("BANYAN_DECODE_WARPS", 4))
     if splits == 1 and batch * kv_heads >= FP8_NARROW_PAIRS:
         return splits, BLOCK_N, 2
     return splits, FP8_WIDE_BLOCK, 4
