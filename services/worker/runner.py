@@ -23,7 +23,7 @@ from shared.logging import get_logger, stage
 from shared.messages.common import SamplingParams, from_i32
 from shared.messages.to_worker import ForwardBatch
 from shared.tracing import Span, Tracer
-from services.worker.attention import make_backend, resolve_backend, triton_decode
+from services.worker.attention import decode_rope, make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
 from services.worker.piecewise import PiecewiseGraphs
@@ -122,7 +122,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
             kernels["rope_store"] = enable_rope_store(self.device)
-            kernels["rope_decode"] = triton_decode.enable_rope(self.device, self.dtype)
+            kernels["rope_decode"] = decode_rope.enable_rope(self.device, self.dtype)
             kernels["norm"] = enable_cuda_norm(self.device)
             kernels["norm_linear"] = enable_norm_linear(self.device, self.model, self.dtype)
         self.context_length = cfg.context_length or self.spec.context_length

@@ -179,7 +179,8 @@ import torch
 from services.worker.attention import triton_decode as td
 from services.worker.kernels.rope_store import reference
 
-assert td.check_rope(torch.device("cpu"), torch.float32)
+from services.worker.attention.decode_rope import check_rope
+assert check_rope(torch.device("cpu"), torch.float32)
 g = torch.Generator().manual_seed(1)
 b, hq, hkv, d, width = 4, 8, 2, 64, 150
 table = torch.randperm(b * width, generator=g).view(b, width).to(torch.int32)
