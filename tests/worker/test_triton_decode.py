@@ -269,6 +269,25 @@ for name in ("decode", "mixed"):
     fi = FlashInferAttention(pool, hq, decode_kernel="flashinfer")
     fi.prepare(plain)
     assert not fi._rope_in_decode
+# a decode graph's launch: the batch's table rows (out of order here) gathered into the graph's fixed table
+import dataclasses
+pool, plain, _, (q, k, v) = build("decode", hq, hkv, d, torch.float32, "cpu")
+n, width = plain.num_reqs, plain.req_to_token.shape[1]
+perm = torch.randperm(n + 2, generator=torch.Generator().manual_seed(3))[:n]
+table = torch.zeros(n + 3, width + 16, dtype=torch.int32)
+table[perm, :width] = plain.req_to_token[:n]
+rope = TORCH_OPS.rope(cos_sin, plain.positions, torch.float32)
+fi = FlashInferAttention(pool, hq, decode_kernel="triton")
+fi.init_graph([n], width)
+fi.prepare_graph(dataclasses.replace(plain, req_to_token=table, rows=perm), n)
+assert fi._rope_in_decode
+got = fi.forward(q.clone(), k.clone(), v, 0, rope=rope)
+ref_pool = build("decode", hq, hkv, d, torch.float32, "cpu")[0]
+ref = TorchAttention(ref_pool)
+ref.prepare(plain)
+want = ref.forward(q.clone(), k.clone(), v, 0, rope=rope)
+assert torch.allclose(got, want, atol=2e-4, rtol=2e-4), (got - want).abs().max()
+assert torch.allclose(pool.k[0], ref_pool.k[0], atol=1e-5) and torch.equal(pool.v[0], ref_pool.v[0])
 print("backend rope ok")
 """
 

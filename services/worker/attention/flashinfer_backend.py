@@ -293,7 +293,10 @@ class FlashInferAttention(AttentionBackend):
         self._range = torch.arange(max_bs + 1, dtype=torch.int32)  # host: qo_indptr of one token per request
         self._g_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
         self._g_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
-        self._g_indices = torch.zeros(max_bs * max_context, dtype=torch.int32, device=dev)
+        # the page table's slots (FlashInfer's graphs: flat; Triton's: the batch's table rows, ``_g_width`` apart)
+        self._g_width = -(-max_context // 16) * 16
+        self._g_indices = torch.zeros(max_bs * self._g_width, dtype=torch.int32, device=dev)
+        self._g_rows = torch.arange(max_bs, dtype=torch.int64, device=dev)
         for bs in (b for b in batch_sizes if not self.triton_rows(b)):
             self._graph_decode[bs] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
@@ -306,13 +309,11 @@ class FlashInferAttention(AttentionBackend):
         assert batch.num_reqs == bs, "the runner pads graph batches to the captured size"
         self._out_slots, self._reads_pool = batch.out_slots, True
         self._rope_in_decode = self.triton_rows(bs) and triton_decode.rope_enabled()
-        if self.triton_rows(bs):  # the slots into the fixed buffers (the graph reads them, never the table)
-            seq_lens = np.asarray(batch.prefix_lens_cpu, dtype=np.int64) + 1
-            indptr = _indptr(seq_lens)
-            total = int(indptr[-1])
-            kv_indices(batch.req_to_token, batch.rows, batch.prefix_lens + 1, total, out=self._g_indices[:total])
-            self._g_indptr[: bs + 1].copy_(indptr.pin_memory(), non_blocking=True)
-            self._run = self._triton_run(self._g_indices, self._g_indptr[:bs], batch.prefix_lens, flat=True)
+        if self.triton_rows(bs):  # the batch's table rows into the fixed buffer (the graph never reads the table)
+            table = self._g_indices[: bs * self._g_width].view(bs, self._g_width)
+            n = max(batch.prefix_lens_cpu) + 1
+            table[:, :n] = batch.req_to_token[batch.rows, :n]  # (one gather, one copy: no page list to build)
+            self._run = self._triton_run(table, self._g_rows[:bs], batch.prefix_lens)
             return
         wrapper = self._graph_decode[bs]
         if self._fast_replan and bs in self._graph_plan_info:
@@ -373,16 +374,15 @@ class FlashInferAttention(AttentionBackend):
         self._planned_once.add(id(wrapper))
 
     def _triton_run(self, table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
-                    starts: torch.Tensor | None = None, lse: bool = False, flat: bool = False) -> Run:
-        """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row; ``flat``:
-        ``table`` a flat slot list, ``rows`` offsets into it), the layer's scales applied by the kernel."""
+                    starts: torch.Tensor | None = None, lse: bool = False) -> Run:
+        """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row ``rows`` of ``table``),
+        the layer's scales applied by the kernel."""
 
         def run(q, k, v, k_cache, v_cache, new=None, out=None, lse_out=None):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
-                                        kw.get("v_scale", 1.0), return_lse=lse, starts=starts,
-                                        table_stride=1 if flat else None, f16=self._f16, new=new, out=out,
-                                        lse_out=lse_out)
+                                        kw.get("v_scale", 1.0), return_lse=lse, starts=starts, f16=self._f16,
+                                        new=new, out=out, lse_out=lse_out)
 
         return run
 
