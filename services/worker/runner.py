@@ -88,6 +88,7 @@ class Launched:
     end: Any = None
     awaits_mask: bool = False
     kind: str = ""  # decode_graph / decode_eager / mixed / prefill, [decode_, mixed_, prefill_]piecewise
+    rows_d: torch.Tensor | None = None  # the batch's rows on the device (in batch order)
 
     def __post_init__(self) -> None:
         b = self.batch
@@ -249,7 +250,7 @@ class ModelRunner:
         sample = from_i32(b.emits).astype(bool)
         start = self.timer.start()
         logits = self._logits(b, all_logits=False, copy=False)
-        launched = Launched(b, sample, start, logits, self._scores, kind=self._kind)
+        launched = Launched(b, sample, start, logits, self._scores, kind=self._kind, rows_d=self._rows_d)
         if not launched.awaits_mask:
             self.sample(launched, b.bitmask)
         return launched
@@ -268,7 +269,9 @@ class ModelRunner:
                 if ids is None:
                     ids = torch.empty(int(sample.sum()), dtype=torch.int64, device=self.device)
                 dist.broadcast(ids, src=0, group=self.tp.group)
-            self.last_token[to_device(from_i32(b.rows)[sample], torch.int64, self.device)] = ids
+            at = launched.rows_d if sample.all() and launched.rows_d is not None else to_device(
+                from_i32(b.rows)[sample], torch.int64, self.device)  # (the step's own rows: no copy)
+            self.last_token[at] = ids
         launched.logits = None
         launched.awaits_mask = False
         if self.tp.rank == 0:
@@ -311,19 +314,23 @@ class ModelRunner:
         bs = self.graphs.size_for(n) if self.graphs is not None and t == n and not eager else None
         pieces = bs is None and self.pieces is not None and self.pieces.size_for(t) is not None
         self._kind = step_kind(extend, graph=bs is not None, pieces=pieces)
-        if bs is not None:  # pure decode: pad to the graph's size with the padding row
+        pending = bool((ids < 0).any())  # overlap: inputs the previous step sampled, still on the device
+        real = n
+        if bs is not None:  # pure decode: pad to the graph's size with the padding row (its last token: 0)
             pad = bs - n
-            ids, slots, positions, rows, prefix = (np.pad(a, (0, pad)) for a in (ids, slots, positions, rows, prefix))
+            ids = np.pad(ids, (0, pad), constant_values=-1 if pending else 0)
+            slots, positions, rows, prefix = (np.pad(a, (0, pad)) for a in (slots, positions, rows, prefix))
             rows[n:] = self.pad_row
             n = t = bs
         host = np.concatenate([ids, slots, positions, rows, prefix, extend, np.repeat(rows[: len(extend)], extend)])
         dev = to_device(host, torch.int64, self.device)
-        pending = bool((ids < 0).any())  # overlap: inputs the previous step sampled, still on the device
+        every = pending and bool((ids < 0).all())
         if bs is not None:
             inputs = self.graphs.inputs[:, :bs]
             inputs.copy_(dev[: NUM_INPUTS * bs].view(NUM_INPUTS, bs))
+            self._rows_d = inputs[ROWS][:real]
             if pending:
-                self._resolve(inputs[IDS], inputs[ROWS])
+                self._resolve(inputs[IDS], inputs[ROWS], every)
             x = self.graphs.batch(self.req_to_token, bs, prefix.tolist())
             self.req_to_token[x.rows, x.positions] = x.out_slots.to(torch.int32)
             logits = self.graphs.replay(x, lambda: self._tier_fence(b))[: len(sample)]  # the graph's output buffer
@@ -333,8 +340,9 @@ class ModelRunner:
         ids_d, slots_d, pos_d = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t]
         rows_d, prefix_d = dev[3 * t : 3 * t + n], dev[3 * t + n : 3 * t + 2 * n]
         extend_d, tok_rows_d = dev[3 * t + 2 * n : 3 * t + 3 * n], dev[3 * t + 3 * n :]
+        self._rows_d = rows_d
         if pending:
-            self._resolve(ids_d, tok_rows_d)
+            self._resolve(ids_d, tok_rows_d, every)
         self.req_to_token[tok_rows_d, pos_d] = slots_d.to(torch.int32)
         cascade = None
         if b.cascade_group:
@@ -361,9 +369,13 @@ class ModelRunner:
             hidden = hidden[to_device(last, torch.int64, self.device)]
         return self.model.compute_logits(hidden)  # (N, V)
 
-    def _resolve(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Replace the -1 input ids (in place) by their row's last sampled token."""
-        ids.copy_(torch.where(ids < 0, self.last_token[rows], ids))
+    def _resolve(self, ids: torch.Tensor, rows: torch.Tensor, every: bool) -> None:
+        """Replace the -1 input ids (in place) by their row's last sampled token (``every``: all of them are -1:
+        one gather)."""
+        if every:
+            torch.index_select(self.last_token, 0, rows, out=ids)
+        else:
+            ids.copy_(torch.where(ids < 0, self.last_token[rows], ids))
 
     def end_spans(self) -> None:
         """End the spans of requests still holding rows (stopping: a row is released with the next
