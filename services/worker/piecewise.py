@@ -48,7 +48,8 @@ class PiecewiseGraphs:
         """``capture=False`` (tests, on the CPU): the pieces run eagerly in place of their graphs. ``pool``: the
         pieces rotate q/k and write each layer's K/V there (``forward`` then takes the step's slots)."""
         inner = model.model
-        self.embed, self.layers, self.rotary = inner.embed_tokens, list(inner.layers), inner.rotary_emb
+        self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, list(inner.layers), inner.norm, \
+            inner.rotary_emb
         self.sizes = token_sizes(max_tokens)
         attn0 = self.layers[0].self_attn
         (hq, d), (hkv, _) = attn0.q_shape, attn0.kv_shape
@@ -125,12 +126,12 @@ class PiecewiseGraphs:
         def between(i: int) -> Callable[[], None]:
             def piece() -> None:
                 x, residual = self.layers[i - 1].after_attention(self.attn_out[:t], state["residual"])
-                stash(i, *self.layers[i].before_attention(x, residual, normed=True))  # (normed by layer i - 1)
+                stash(i, *self.layers[i].before_attention(x, residual))
             return piece
 
         def last() -> None:
-            x, _ = self.layers[-1].after_attention(self.attn_out[:t], state.pop("residual"))  # (the final norm's)
-            self.hidden[:t].copy_(x)
+            x, residual = self.layers[-1].after_attention(self.attn_out[:t], state.pop("residual"))
+            self.hidden[:t].copy_(self.norm(x, residual)[0])
 
         return [first, *(between(i) for i in range(1, len(self.layers))), last]
 

@@ -74,14 +74,6 @@ class LlamaMLP(nn.Module):
             return self.down_proj(act)
         return self.down_proj.forward_silu_mul(self.gate_up_proj(x), self.act)
 
-    def then_norm(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``norm(self(x), residual)``: where the gate/up kernel made the activation, the norm done by the down
-        projection's kernel (``RMSNorm.after``)."""
-        act = self.gate_up_proj.forward_silu_mul(x)
-        if act is not None:
-            return norm.after(self.down_proj, act, residual)
-        return norm(self.down_proj.forward_silu_mul(self.gate_up_proj(x), self.act), residual)
-
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer: int, tp: TPGroup) -> None:
@@ -90,43 +82,28 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg, tp)
-        self._next: tuple[RMSNorm, ...] = ()  # the norm after this layer (the next one's input norm, or the final)
-
-    def norm_next(self, norm: RMSNorm) -> None:
-        """Make this layer end with ``norm`` (the next layer's input norm, or the model's final one): its output is
-        then that norm's (output, residual) — at decode sizes one kernel with the down projection. (Not a
-        submodule: the norm's weight keeps its one name.)"""
-        self._next = (norm,)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, attn: AttentionBackend,
-        normed: bool = False
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, attn: AttentionBackend
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: the previous layer's output (``normed``: already through this layer's input norm), residual: the
-        stream before it (None at layer 0), both (T, H) -> this layer's (output, residual); the stream is residual
-        + output; with ``norm_next``, the output is that norm's."""
-        q, k, v, residual = self.before_attention(x, residual, normed)
+        """x: the previous layer's output, residual: the stream before it (None at layer 0), both
+        (T, H) -> this layer's (output, residual); the stream is residual + output."""
+        q, k, v, residual = self.before_attention(x, residual)
         out = attn.forward(q, k, v, self.self_attn.layer, rope)  # (T, Hq, D); rotates q, k
         return self.after_attention(out.flatten(1), residual)
 
     # The layer's two halves around its attention (piecewise CUDA graphs, ``piecewise.py``, capture
     # the work between two attentions, which run eagerly).
-    def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None, normed: bool = False
+    def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """→ (q, k, v, residual): the input norm (unless ``normed``: the layer before did it) and the q/k/v
-        projection (one kernel at decode sizes where it measured so: ``RMSNorm.then``)."""
-        if normed:
-            qkv = self.self_attn.qkv_proj(x)
-        else:
-            qkv, residual = self.input_layernorm.then(self.self_attn.qkv_proj, x, residual)
+        """→ (q, k, v, residual): the input norm and the q/k/v projection (one kernel at decode sizes where
+        it measured so: ``RMSNorm.then``)."""
+        qkv, residual = self.input_layernorm.then(self.self_attn.qkv_proj, x, residual)
         return (*self.self_attn.split(qkv), residual)
 
     def after_attention(self, out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The attention's output (T, Hq * D) → this layer's (output, residual): with ``norm_next``, the output
-        normed by it (at decode sizes the o and down projections' kernels doing the norms after them)."""
+        """The attention's output (T, Hq * D) → this layer's (output, residual)."""
         x, residual = self.post_attention_layernorm.after(self.self_attn.o_proj, out, residual)
-        if self._next:
-            return self.mlp.then_norm(x, self._next[0], residual)
         return self.mlp(x), residual
 
 
@@ -137,18 +114,16 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        for layer, norm in zip(self.layers, [*(la.input_layernorm for la in self.layers[1:]), self.norm], strict=True):
-            layer.norm_next(norm)  # (each layer ends with the norm after it: the last with the final one)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None  # (T, H)
         rope = self.rotary_emb(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, rope, attn, normed=i > 0)  # (each layer ends with the next one's norm)
+        for layer in self.layers:
+            x, residual = layer(x, residual, rope, attn)
             if between_layers is not None:
                 between_layers()
-        return x  # (the final norm's output: the last layer's)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
