@@ -57,8 +57,6 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
         os.environ.update(env)
         triton_pdl._supported.cache_clear()  # (BANYAN_TRITON_PDL, BANYAN_GEMV_EARLY: read once a process)
         cuda_gemv.early_start.cache_clear()
-        if "BANYAN_LINEAR_NORM" in env:  # (read by a start-up check)
-            kernels.enable_linear_norm(runner.device)
         if "nonorm" in variant.split("+"):
             ops.set_small_norm(_skip_norm)
             saved_try = kernels.try_norm_linear
@@ -88,8 +86,6 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
                 os.environ[k] = v
         triton_pdl._supported.cache_clear()
         cuda_gemv.early_start.cache_clear()
-        if "BANYAN_LINEAR_NORM" in env:
-            kernels.enable_linear_norm(runner.device)
         ops.set_small_norm(saved_norm)
         runner.attn.forward = saved_fwd
         if saved_try is not None:

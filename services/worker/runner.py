@@ -33,7 +33,7 @@ from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
-from services.worker.kernels import chain_l2, enable_norms, enable_rope_store, tune_small_m
+from services.worker.kernels import chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_small_m
 from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
@@ -124,7 +124,8 @@ class ModelRunner:
             kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
             kernels["rope_store"] = enable_rope_store(self.device)
             kernels["rope_decode"] = decode_rope.enable_rope(self.device, self.dtype)
-            kernels.update(enable_norms(self.device, self.model, self.dtype))
+            kernels["norm"] = enable_cuda_norm(self.device)
+            kernels["norm_linear"] = enable_norm_linear(self.device, self.model, self.dtype)
         self.context_length = cfg.context_length or self.spec.context_length
         kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads, cfg.mem_fraction_static)

@@ -70,61 +70,6 @@ def try_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     return _norm_linear(x, residual, norm_weight, eps, w, scale)
 
 
-# The add-RMSNorm after a linear fused into the linear's CUDA decode kernel (``enable_linear_norm``): (x, w, scale,
-# cfg, residual or None, norm weight, eps) → (normed, linear output + residual); None when off.
-_linear_norm: Callable | None = None
-
-
-def try_linear_norm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, residual: torch.Tensor | None,
-                    norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(rmsnorm(x @ w.T (× scale) + residual) · norm_weight, x @ w.T + residual) in one kernel where the linear runs
-    on the pipelined CUDA decode kernel at x's size and ``enable_linear_norm`` turned the fusion on; None: the
-    caller's linear, then its norm."""
-    if _linear_norm is None or x.dim() != 2 or x.shape[0] > NORM_LINEAR_MAX_M or w.shape[0] % 8:
-        return None
-    cfg = small_m_config(x, w)
-    if not getattr(cfg, "pipe", False):  # (the pipelined CUDA kernel chosen for this shape at this size)
-        return None
-    return _linear_norm(x, w, scale, cfg, residual, norm_weight, eps)
-
-
-def enable_linear_norm(device: torch.device) -> str:
-    """The add-RMSNorm after a linear done by the linear's last block (``cuda_gemv.linear_then_norm``) where it
-    agrees with the linear then the norm on ``device`` → what is used (logged). ``BANYAN_LINEAR_NORM=1`` (off by
-    default: not yet measured end to end)."""
-    global _linear_norm
-    _linear_norm = None
-    if os.environ.get("BANYAN_LINEAR_NORM", "0") != "1":
-        return "off"
-    try:
-        from services.worker.kernels import cuda_gemv
-        from services.worker.models import ops
-
-        cuda_gemv.init_counts(device)
-        g = torch.Generator(device="cpu").manual_seed(2)
-        for m, k, n, fp8, warps in ((1, 4096, 4096, True, 16), (3, 512, 136, False, 8), (8, 256, 64, True, 4)):
-            x, r = torch.randn(m, k, generator=g).bfloat16().to(device), torch.randn(m, n, generator=g).bfloat16()
-            r = r.to(device)
-            nw = (1 + torch.randn(n, generator=g) / 4).bfloat16().to(device)
-            w = (torch.randn(n, k, generator=g) / k**0.5).bfloat16().to(device)
-            s = None
-            if fp8:
-                s = w.float().abs().amax(1) / 448
-                w = (w.float() / s[:, None]).to(cuda_gemv.FP8)
-            cfg = cuda_gemv.CudaConfig(warps, 2, 0, True, True)
-            y = cuda_gemv.linear(x, w, s, cfg)
-            for res in (r, None):
-                want, want_r = ops._torch_fused_add_rmsnorm(y, res, nw, 1e-6) if res is not None else (
-                    ops._torch_rmsnorm(y, nw, 1e-6), y)
-                got, got_r = cuda_gemv.linear_then_norm(x, w, s, cfg, res, nw, 1e-6)
-                if not (torch.equal(got_r, want_r) and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)):
-                    return "off (disagreed with the linear, then the norm)"
-    except Exception as e:  # no nvcc, a driver problem: the linear, then the norm, are correct
-        return f"off ({type(e).__name__}: {e})"[:300]
-    _linear_norm = cuda_gemv.linear_then_norm
-    return f"on up to {NORM_LINEAR_MAX_M} rows, after linears on the pipelined CUDA kernel"
-
-
 def small_m_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, cfg,
                    silu_mul: bool = False, act_out: bool = False) -> torch.Tensor:
     from services.worker.kernels.small_m import linear
@@ -270,13 +215,6 @@ def enable_norm_linear(device: torch.device, model: torch.nn.Module | None = Non
     except Exception as e:  # (a timing failure: apart, as before)
         norm_fused.clear()
         return f"off (timing failed: {type(e).__name__}: {e})"[:300]
-
-
-def enable_norms(device: torch.device, model: torch.nn.Module, dtype: torch.dtype) -> dict:
-    """The norm kernels of this process (``enable_cuda_norm``, ``enable_norm_linear``, ``enable_linear_norm``) →
-    what each uses (logged)."""
-    return {"norm": enable_cuda_norm(device), "norm_linear": enable_norm_linear(device, model, dtype),
-            "linear_norm": enable_linear_norm(device)}
 
 
 def chain_l2(model: torch.nn.Module, device: torch.device) -> str:

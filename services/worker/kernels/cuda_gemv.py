@@ -127,11 +127,6 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 7 + [
             ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
             ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
-        post = lib.banyan_gemv_then_norm
-        post.restype = ctypes.c_int
-        post.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 4 + [
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-            ctypes.c_long, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
         norm = lib.banyan_add_rmsnorm
         norm.restype = ctypes.c_int
         norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 2 + [ctypes.c_long] * 4 + [
@@ -201,46 +196,6 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y
-
-
-_counts: dict[torch.device, Tensor] = {}  # the last-block counts of ``linear_then_norm``, one per weight
-_count_of: dict[int, int] = {}
-
-
-def init_counts(device: torch.device, n: int = 4096) -> None:
-    """The zeroed counts ``linear_then_norm`` launches use (made once a device, eagerly: before any graph capture)."""
-    if device not in _counts:
-        _counts[device] = torch.zeros(n, dtype=torch.int32, device=device)
-
-
-def linear_then_norm(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, residual: Tensor | None,
-                     norm_weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(rmsnorm(x @ w^T + residual) · norm_weight, x @ w^T + residual) in one launch of the pipelined kernel with
-    ``cfg``'s warps: the grid's last block norms the linear's output (``norm_after`` in gemv.cu) — what ``linear``
-    then ``add_rmsnorm`` make, as the reference rounds them. ``init_counts`` first; M ≤ 8, N a multiple of 8."""
-    bf16 = x.dtype == torch.bfloat16
-    lib = library(bf16)
-    if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
-        x = x.contiguous()
-    m, k, n = x.shape[0], w.shape[1], w.shape[0]
-    if residual is not None and (residual.shape != (m, n) or residual.dtype != x.dtype or residual.stride(1) != 1
-                                 or residual.stride(0) % 8 or residual.data_ptr() % 16):
-        residual = residual.reshape(m, n).to(x.dtype).contiguous()
-    counts = _counts[x.device]
-    at = _count_of.setdefault(w.data_ptr(), len(_count_of))
-    if at >= counts.numel():
-        raise RuntimeError("cuda linear_then_norm: out of counts")
-    y, out, res_out = (torch.empty((m, n), dtype=x.dtype, device=x.device) for _ in range(3))
-    scale = scale.float().contiguous() if scale is not None else None
-    rc = lib.banyan_gemv_then_norm(
-        x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(), m, n, k,
-        x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, int(cfg.pdl) * (1 + early_start()),
-        residual.data_ptr() if residual is not None else None, residual.stride(0) if residual is not None else 0,
-        norm_weight.contiguous().data_ptr(), out.data_ptr(), out.stride(0), res_out.data_ptr(), res_out.stride(0),
-        eps, counts[at:].data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
-    if rc != 0:
-        raise RuntimeError(f"cuda linear_then_norm: launch failed ({rc}) for {cfg}")
-    return out, res_out
 
 
 NORM_LINEAR_MAX_VALUES = 16384  # M x K of x the fused norm takes (its normed rows sit in 32 KB of shared memory)

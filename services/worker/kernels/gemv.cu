@@ -204,6 +204,56 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
   store_sums<BF16, NT, KW>(acc, scale, y, M, N, ldy, post, act != 0);
 }
 
+// NORM's first part, by the whole block: s = T(x + res) (block 0 also stores it to res_out), each row's sum of
+// squares, then the normed rows T(nw * T(s / rms)) in shared memory ``xn`` (M x K), as the add-RMSNorm kernel
+// rounds them. Every block adds the same values in the same order. Each thread norms the vectors it added.
+template <bool BF16, int KW>
+__device__ __forceinline__ void norm_rows(const uint16_t* xs, long ldx, const NormIn& nm, int M, int K, uint16_t* xn) {
+  __shared__ float red[KW][8];
+  __shared__ float inv_row[8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool store = nm.res != nullptr && blockIdx.x == 0;
+  for (int m = 0; m < M; ++m) {
+    float ss = 0.f;
+    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
+      uint4 sv = load_x(xs + m * ldx + k);
+      if (nm.res != nullptr) {
+        const uint4 rv = load_x(nm.res + m * nm.ldr + k);
+        const uint16_t* re = reinterpret_cast<const uint16_t*>(&rv);
+        uint16_t* se = reinterpret_cast<uint16_t*>(&sv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(se[j]) + to_f<BF16>(re[j]));
+        if (store) *reinterpret_cast<uint4*>(nm.res_out + m * nm.ldro + k) = sv;
+      }
+      const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += to_f<BF16>(se[j]) * to_f<BF16>(se[j]);
+      *reinterpret_cast<uint4*>(xn + m * K + k) = sv;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[warp][m] = ss;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float total = 0.f;
+    for (int q = 0; q < KW; ++q) total += red[q][threadIdx.x];
+    inv_row[threadIdx.x] = rsqrtf(total / K + nm.eps);
+  }
+  __syncthreads();
+  for (int m = 0; m < M; ++m) {
+    const float inv = inv_row[m];
+    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
+      const uint4 wv = load_x(nm.nw + k);
+      const uint16_t* we = reinterpret_cast<const uint16_t*>(&wv);
+      uint16_t* se = xn + m * K + k;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(we[j]) * to_f<BF16>(from_f<BF16>(to_f<BF16>(se[j]) * inv)));
+    }
+  }
+  __syncthreads();
+}
+
 // (the normed rows of NORM in shared memory: M x K values at most)
 constexpr int NORM_MAX_VALUES = 16384;
 
@@ -215,7 +265,7 @@ constexpr int NORM_MAX_VALUES = 16384;
 // the kernel before it (a weight is no kernel's output: with PDL those loads overlap that kernel's end), then
 // each next chunk loaded before the products of the one in hand — two chunks a warp in flight. NORM: x is normed
 // first into shared memory by the whole block (norm_rows), as the add-RMSNorm kernel would have.
-template <bool FP8, bool BF16, int KW, int U, bool SILU, bool NORM, bool POST = false>
+template <bool FP8, bool BF16, int KW, int U, bool SILU, bool NORM>
 __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                             const float* __restrict__ scale, void* __restrict__ y,
                                                             int M, int N, int K, long ldx, long ldy, float post,
@@ -254,7 +304,6 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
   }
   if (!go_early) let_next_kernel_start();
   store_sums<BF16, 1, KW>(acc, scale, y, M, N, ldy, post, act != 0);
-  if (POST) norm_after<BF16, KW>(y, ldy, nm, M, N);
 }
 
 template <typename... Params, typename... Args>
@@ -311,40 +360,6 @@ int launch_kw_u(int kw, int unroll, int ahead, int pdl_mode, bool pipe, dim3 gri
 
 }  // namespace
 
-// The linear, then the add-RMSNorm of its output (``res``: the residual or null; ``nw``; into ``out``, and y + res
-// into ``res_out``) by its last block (norm_after): the pipelined kernel with ``kw`` warps (4, 8 or 16), M <= 8,
-// N a multiple of 8 and 16-byte aligned rows; ``counter`` an int zero before, left zero. -> 0, -1, or a CUDA error.
-extern "C" int banyan_gemv_then_norm(const void* x, const void* w, const float* scale, void* y, int M, int N, int K,
-                                     long ldx, long ldy, int w_fp8, int act_bf16, int kw, int pdl, const void* res,
-                                     long ldr, const void* nw, void* out, long ldo, void* res_out, long ldro,
-                                     float eps, int* counter, void* stream) {
-  constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
-  if (M < 1 || M > 8 || N < 8 || N % 8 != 0 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16 ||
-      counter == nullptr || nw == nullptr || out == nullptr || res_out == nullptr)
-    return -1;
-  const dim3 grid((N + 15) / 16);
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const uint8_t* wp = static_cast<const uint8_t*>(w);
-  const NormIn nm = {static_cast<const uint16_t*>(res), ldr, static_cast<const uint16_t*>(nw),
-                     static_cast<uint16_t*>(res_out), ldro, eps, static_cast<uint16_t*>(out), ldo, counter};
-  const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
-  const bool p = pdl != 0;
-  const int go = pdl == 2;
-  int rc = -1;
-#define BANYAN_POST(FP8_, KW_)                                                                                    \
-  if (kw == KW_)                                                                                                  \
-    rc = launch(gemv_pipe_kernel<FP8_, BF16, KW_, 2, false, false, true>, grid, 32 * KW_, st, p, x, wp, scale, y, \
-                M, N, K, ldx, ldy, post, 0, nm, go);
-  if (w_fp8) {
-    BANYAN_POST(true, 4) BANYAN_POST(true, 8) BANYAN_POST(true, 16)
-  } else {
-    BANYAN_POST(false, 4) BANYAN_POST(false, 8) BANYAN_POST(false, 16)
-  }
-#undef BANYAN_POST
-  if (rc != 0) return rc;
-  return static_cast<int>(cudaGetLastError());
-}
-
 // ``pdl``: 0 a plain launch, 1 overlapping the kernel before it (PDL), 2 that and, in the pipelined kernel, the kernel
 // after it let start as soon as this one's wait has returned (else once its loads are done).
 // -> 0, or -1 for a configuration not built here (M > 8, the other activation type: one library per type, built
@@ -369,7 +384,7 @@ extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, voi
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   const NormIn nm = {static_cast<const uint16_t*>(res), ldr, static_cast<const uint16_t*>(nw),
-                     static_cast<uint16_t*>(res_out), ldro, eps, nullptr, 0, nullptr};
+                     static_cast<uint16_t*>(res_out), ldro, eps};
   // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
   const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
   const int p = pdl == 2 && pipe ? 2 : pdl != 0, q = pipe != 0;  // (pdl 2: the pipelined kernel's early start)

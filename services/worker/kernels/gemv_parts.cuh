@@ -1,7 +1,6 @@
 // The device-side parts of gemv.cu's kernels (and norm.cu's 16-bit conversions): the integer widening of e4m3
 // bytes, the streaming and x loads, the tensor-core product, SiLU, the rounding the PyTorch reference does, and a
-// warp's products over a chunk of steps (``products``), and the add-RMSNorm before (``norm_rows``) or after
-// (``norm_after``) a linear.
+// warp's products over a chunk of steps (``products``).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -105,8 +104,6 @@ __device__ __forceinline__ uint16_t from_f(float v) {  // round to nearest even,
 
 // The add-RMSNorm in front of the linear (gemv_pipe_kernel with NORM): x is the layer's output, ``res`` the
 // residual stream (or null: x is normed alone), ``nw`` the norm's weight; block 0 writes x + res to ``res_out``.
-// After the linear (gemv_pipe_kernel with POST): the add-RMSNorm of its output y by the grid's last block, into
-// ``out`` (``ldo``), counted on ``counter`` (zero before the launch, left zero).
 struct NormIn {
   const uint16_t* res;
   long ldr;
@@ -114,9 +111,6 @@ struct NormIn {
   uint16_t* res_out;
   long ldro;
   float eps;
-  uint16_t* out;
-  long ldo;
-  int* counter;
 };
 
 // U steps of weight loads (16 bytes a lane from each of its two rows) from step s0.
@@ -215,118 +209,6 @@ __device__ __forceinline__ void products(float (&acc)[NT][4], const uint4 (&va)[
       }
     }
   }
-}
-
-// NORM's first part, by the whole block: s = T(x + res) (block 0 also stores it to res_out), each row's sum of
-// squares, then the normed rows T(nw * T(s / rms)) in shared memory ``xn`` (M x K), as the add-RMSNorm kernel
-// rounds them. Every block adds the same values in the same order. Each thread norms the vectors it added.
-template <bool BF16, int KW>
-__device__ __forceinline__ void norm_rows(const uint16_t* xs, long ldx, const NormIn& nm, int M, int K, uint16_t* xn) {
-  __shared__ float red[KW][8];
-  __shared__ float inv_row[8];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool store = nm.res != nullptr && blockIdx.x == 0;
-  for (int m = 0; m < M; ++m) {
-    float ss = 0.f;
-    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
-      uint4 sv = load_x(xs + m * ldx + k);
-      if (nm.res != nullptr) {
-        const uint4 rv = load_x(nm.res + m * nm.ldr + k);
-        const uint16_t* re = reinterpret_cast<const uint16_t*>(&rv);
-        uint16_t* se = reinterpret_cast<uint16_t*>(&sv);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(se[j]) + to_f<BF16>(re[j]));
-        if (store) *reinterpret_cast<uint4*>(nm.res_out + m * nm.ldro + k) = sv;
-      }
-      const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss += to_f<BF16>(se[j]) * to_f<BF16>(se[j]);
-      *reinterpret_cast<uint4*>(xn + m * K + k) = sv;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp][m] = ss;
-  }
-  __syncthreads();
-  if (threadIdx.x < M) {
-    float total = 0.f;
-    for (int q = 0; q < KW; ++q) total += red[q][threadIdx.x];
-    inv_row[threadIdx.x] = rsqrtf(total / K + nm.eps);
-  }
-  __syncthreads();
-  for (int m = 0; m < M; ++m) {
-    const float inv = inv_row[m];
-    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
-      const uint4 wv = load_x(nm.nw + k);
-      const uint16_t* we = reinterpret_cast<const uint16_t*>(&wv);
-      uint16_t* se = xn + m * K + k;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(we[j]) * to_f<BF16>(from_f<BF16>(to_f<BF16>(se[j]) * inv)));
-    }
-  }
-  __syncthreads();
-}
-
-// POST: the grid's last block (a count of the blocks done: every block's stores made visible first) adds the
-// residual to the linear's output y (M x N, read through L2) and norms it — as the add-RMSNorm kernel rounds it:
-// s = T(y + res) to res_out, then T(nw * T(s / rms)) to out — and leaves the count zero. One kernel boundary a
-// norm fewer than a norm kernel after the linear.
-template <bool BF16, int KW>
-__device__ __forceinline__ void norm_after(const void* y, long ldy, const NormIn& nm, int M, int N) {
-  __shared__ int last;
-  __shared__ float red[KW][8];
-  __shared__ float inv_row[8];
-  __syncthreads();  // (warp 0's stores of the block issued)
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(nm.counter, 1) == (int)gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint16_t* ys = static_cast<const uint16_t*>(y);
-  for (int m = 0; m < M; ++m) {
-    float ss = 0.f;
-    for (int k = threadIdx.x * 8; k < N; k += 32 * KW * 8) {
-      uint4 sv = __ldcg(reinterpret_cast<const uint4*>(ys + m * ldy + k));
-      uint16_t* se = reinterpret_cast<uint16_t*>(&sv);
-      if (nm.res != nullptr) {
-        const uint4 rv = __ldcg(reinterpret_cast<const uint4*>(nm.res + m * nm.ldr + k));
-        const uint16_t* re = reinterpret_cast<const uint16_t*>(&rv);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(se[j]) + to_f<BF16>(re[j]));
-      }
-      *reinterpret_cast<uint4*>(nm.res_out + m * nm.ldro + k) = sv;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss += to_f<BF16>(se[j]) * to_f<BF16>(se[j]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp][m] = ss;
-  }
-  __syncthreads();
-  if (threadIdx.x < M) {
-    float total = 0.f;
-    for (int q = 0; q < KW; ++q) total += red[q][threadIdx.x];
-    inv_row[threadIdx.x] = rsqrtf(total / N + nm.eps);
-  }
-  __syncthreads();  // (also: this block's res_out stores seen by its threads)
-  for (int m = 0; m < M; ++m) {
-    const float inv = inv_row[m];
-    for (int k = threadIdx.x * 8; k < N; k += 32 * KW * 8) {
-      const uint4 sv = __ldcg(reinterpret_cast<const uint4*>(nm.res_out + m * nm.ldro + k));
-      const uint4 wv = load_x(nm.nw + k);
-      const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
-      const uint16_t* we = reinterpret_cast<const uint16_t*>(&wv);
-      uint4 ov;
-      uint16_t* oe = reinterpret_cast<uint16_t*>(&ov);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) oe[j] = from_f<BF16>(to_f<BF16>(we[j]) * to_f<BF16>(from_f<BF16>(to_f<BF16>(se[j]) * inv)));
-      *reinterpret_cast<uint4*>(nm.out + m * nm.ldo + k) = ov;
-    }
-  }
-  if (threadIdx.x == 0) *nm.counter = 0;
 }
 
 }  // namespace banyan

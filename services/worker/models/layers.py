@@ -299,18 +299,6 @@ class RMSNorm(nn.Module):
         return linear(h), residual
 
 
-    def after(self, linear: "RowParallelLinear", x: torch.Tensor, residual: torch.Tensor | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(linear(x) + residual), linear(x) + residual): at decode sizes on one rank, one kernel where the
-        linear runs on the pipelined CUDA decode kernel (``kernels.try_linear_norm``), else the linear, then the
-        norm."""
-        if linear.bias is None and linear.tp.size == 1 and (done := kernels.try_linear_norm(
-                x, *linear.quantized(), residual, self.weight, self.eps)) is not None:
-            return done
-        y = linear(x)
-        return (self(y), y) if residual is None else self(y, residual)
-
-
 class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()

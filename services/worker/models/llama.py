@@ -103,7 +103,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def after_attention(self, out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention's output (T, Hq * D) → this layer's (output, residual)."""
-        x, residual = self.post_attention_layernorm.after(self.self_attn.o_proj, out, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(out), residual)
         return self.mlp(x), residual
 
 
