@@ -25,7 +25,7 @@
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
 # · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates) · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
-# · etest (the early-loads GPU parity tests) · ablate, ablateb (decode_ablate: FP8 W1's / bf16's batch-1 graph with parts as no-ops) · pwtest (the piecewise GPU parity tests) · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
+# · ablate, ablateb (decode_ablate: FP8 W1's / bf16's batch-1 graph with parts as no-ops) · pwtest (the piecewise GPU parity tests) · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -164,8 +164,6 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           timeout 200 python3 -m benchmarks.gpu.decode_ablate --model /tmp/llama8b --batch "${PROF_BATCH:-1}" \
             --context "${ABL_CTX:-256}" --variants "${ABL:-base,nonorm,noattn,nonorm+noattn}" \
             --out "$OUT/$step.json" -- "${pa[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; grep '^|' "$OUT/$step.log" ;;
-    etest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "early_loads or rope_inside" \
-             -p no:cacheprovider >"$OUT/etest.log" 2>&1; echo "etest (rc $?)"; tail -3 "$OUT/etest.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
