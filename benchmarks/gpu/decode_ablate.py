@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.driver import Driver  # noqa: E402
 from benchmarks.gpu.decode_profile import worker_extra  # noqa: E402
 from services.worker.cuda_graph import IDS, NUM_INPUTS, OUT_SLOTS, POSITIONS, PREFIX_LENS, ROWS, DecodeGraphs  # noqa: E402
-from services.worker.kernels import cuda_gemv, triton_pdl  # noqa: E402
+from services.worker.kernels import triton_pdl  # noqa: E402
 from services.worker.models import ops  # noqa: E402
 from services.worker.runner import ModelRunner  # noqa: E402
 from shared.config import WorkerConfig  # noqa: E402
@@ -55,8 +55,7 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
     saved_env = {k: os.environ.get(k) for k in env}
     try:
         os.environ.update(env)
-        triton_pdl._supported.cache_clear()  # (BANYAN_TRITON_PDL, BANYAN_GEMV_EARLY: read once a process)
-        cuda_gemv.early_start.cache_clear()
+        triton_pdl._supported.cache_clear()  # (BANYAN_TRITON_PDL is read once a process)
         if "nonorm" in variant.split("+"):
             ops.set_small_norm(_skip_norm)
             saved_try = kernels.try_norm_linear
@@ -85,7 +84,6 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
             else:
                 os.environ[k] = v
         triton_pdl._supported.cache_clear()
-        cuda_gemv.early_start.cache_clear()
         ops.set_small_norm(saved_norm)
         runner.attn.forward = saved_fwd
         if saved_try is not None:

@@ -71,11 +71,6 @@ SERVED = {  # the decode's launches: W1 (bf16, many splits), large FP8 batches (
     # (BANYAN_TRITON_FROM)
     "fp8_narrow_own_level": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=64, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                                  HAS_START=True, WRITE_LSE=True, stages=3, warps=2),
-    # the first block read before the wait, the new token's K/V from registers (BANYAN_DECODE_EARLY)
-    "bf16_splits16_early": dict(pool="*bf16", SPLITS=16, BLOCK=64, F16=False, WIDEN=0, ROPE=True, QUANT=False,
-                                EARLY=True, stages=2),
-    "fp8_one_split_rope_early": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=128, F16=True, WIDEN=2, ROPE=True, QUANT=True,
-                                     EARLY=True, stages=3),
     "bf16_one_split_own_level": dict(pool="*bf16", SPLITS=1, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False,
                                      HAS_START=True, WRITE_LSE=True, stages=2),
 }
@@ -91,7 +86,7 @@ def test_the_decode_attention_compiles(name) -> None:
     pool, stages, warps = cfg.pop("pool"), cfg.pop("stages"), cfg.pop("warps", 4)
     splits = cfg["SPLITS"]
     constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
-                      WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0, EARLY=False)
+                      WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0)
     constexprs.update(cfg)
     kernel = compile_sm90(td._partial_kernel, constexprs, pool, num_warps=warps, num_stages=stages)
     assert "cubin" in kernel.asm

@@ -66,13 +66,6 @@ def min_part_tokens() -> int:
     return int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
 
 
-def early_loads() -> bool:
-    """Whether a decode that rotates and writes the new token itself (rope in the decode) loads its first block of
-    old tokens before it waits for the kernel before it (with PDL: while that one ends) and takes the new token's
-    K/V from registers. ``BANYAN_DECODE_EARLY=1`` (off by default: not yet measured)."""
-    return os.environ.get("BANYAN_DECODE_EARLY", "0") == "1"
-
-
 AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
 AUTO_TRITON_FROM = 1 << 17  # ... and from which it takes it again: never by default (``BANYAN_TRITON_FROM``)
 

@@ -26,8 +26,7 @@ import torch
 
 from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
     AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
-    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, early_loads, launch_config, min_part_tokens, num_splits,
-    row_bounds)
+    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, launch_config, min_part_tokens, num_splits, row_bounds)
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -123,11 +122,10 @@ if triton is not None:
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-                        QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr,
-                        EARLY: tl.constexpr):
-        if PDL and not EARLY:  # (launched overlapping the kernel before: nothing read until it has ended)
+                        QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr):
+        if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()  # (the next may start)
+            tl.extra.cuda.gdc_launch_dependents()
         b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         row = tl.load(Rows + b).to(tl.int64)
         n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
@@ -143,18 +141,6 @@ if triton is not None:
         offs_n = tl.arange(0, BLOCK)
         gmask, dmask = offs_g < G, offs_d < D
         heads = h * G + offs_g
-        if EARLY:  # (ROPE: this launch writes the new token's K/V itself and reads it from registers, not the pool)
-            # the part's first block of the old tokens, read before the wait (PDL): no kernel of the step writes
-            # the table, the step's inputs or those K/V rows, so they load while the kernel before ends
-            idx0 = lo + offs_n
-            m0 = (idx0 < hi) & (idx0 < n - 1)
-            slot0 = tl.load(Table + row * stride_tab + idx0, mask=m0, other=0).to(tl.int64)
-            off0 = slot0[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-            k0 = tl.load(K + off0, mask=m0[:, None] & dmask[None, :], other=0.0)
-            v0 = tl.load(V + off0, mask=m0[:, None] & dmask[None, :], other=0.0)
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-                tl.extra.cuda.gdc_launch_dependents()
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
         if ROPE:  # q and the new token's k not yet rotated: rotate-half at its position, as ``rope_store``
@@ -181,58 +167,36 @@ if triton is not None:
                 v_q = tl.minimum(tl.maximum(v_new.to(tl.float32) * tl.load(VInv + h), -FMAX), FMAX)
             else:
                 k_q, v_q = k_new, v_new
-            k_st, v_st = k_q.to(K.dtype.element_ty), v_q.to(V.dtype.element_ty)
-            tl.store(K + dst, k_st, mask=writer)
-            tl.store(V + dst, v_st, mask=writer)
-            if not EARLY:
-                tl.debug_barrier()
+            tl.store(K + dst, k_q.to(K.dtype.element_ty), mask=writer)
+            tl.store(V + dst, v_q.to(V.dtype.element_ty), mask=writer)
+            tl.debug_barrier()
         if F16:  # (the products in fp16: e4m3 widens to it in one instruction a pair)
             q = q.to(tl.float16)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        if EARLY:  # (the new token's K/V as the pool holds them, in the products' type)
-            if WIDEN:
-                k_row, v_row = _widen_e4m3(k_st, WIDEN), _widen_e4m3(v_st, WIDEN)
-            else:
-                k_row, v_row = k_st.to(q.dtype), v_st.to(q.dtype)
         for start in range(lo, hi, BLOCK):
             idx = start + offs_n
             nmask = idx < hi
-            if EARLY:  # (the first block loaded before the wait; the new token from registers)
-                later = offs_n * 0 + start > lo  # (per lane: the interpreter masks with vectors only)
-                lmask = nmask & (idx < n - 1) & later
-                slot = tl.load(Table + row * stride_tab + idx, mask=lmask, other=0).to(tl.int64)
-                kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-                kv_mask = lmask[:, None] & dmask[None, :]
-                k = tl.where(later[:, None], tl.load(K + kv_off, mask=kv_mask, other=0.0), k0)
-            else:
-                slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
-                kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-                kv_mask = nmask[:, None] & dmask[None, :]
-                k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+            slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
+            kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
+            kv_mask = nmask[:, None] & dmask[None, :]
+            k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
             if WIDEN:
                 k = _widen_e4m3(k, WIDEN)
             else:
                 k = k.to(q.dtype)
-            if EARLY:
-                k = tl.where((idx == n - 1)[:, None], k_row[None, :], k)
             qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_H, BLOCK) float32, log2 units
             qk = tl.where(nmask[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            if EARLY:
-                v = tl.where(later[:, None], tl.load(V + kv_off, mask=kv_mask, other=0.0), v0)
-            else:
-                v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
             if WIDEN:
                 v = _widen_e4m3(v, WIDEN)
             else:
                 v = v.to(q.dtype)
-            if EARLY:
-                v = tl.where((idx == n - 1)[:, None], v_row[None, :], v)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
         full = l_i > 0
@@ -285,8 +249,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int | None = None,
            num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
-           min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
-           early: bool | None = None):
+           min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -306,9 +269,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
     tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
     short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores nothing, and a
-    context in one part is stored by its program directly (no merge). ``early`` (with ``new``; None: ``decode_rules.early_loads``): each
-    program loads its part's first block of old tokens before it waits for the kernel before (PDL) and takes the
-    new token's K/V from its registers, not from the pool it just wrote."""
+    context in one part is stored by its program directly (no merge)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -344,7 +305,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
-        EARLY=new is not None and (early_loads() if early is None else early),
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -12,7 +12,6 @@ kernels and the library paths stand, as before.
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import logging
 import os
@@ -154,15 +153,6 @@ def supports(x: Tensor, w: Tensor) -> bool:
     return k % step == 0 and w.stride(0) == k and w.data_ptr() % 16 == 0
 
 
-@functools.cache
-def early_start() -> bool:
-    """Whether the pipelined kernel lets the kernel after it start as soon as its own wait for the one before has
-    returned (``BANYAN_GEMV_EARLY=1``; read once a process), not once its weight loads are done: the next kernel's
-    blocks then load what no kernel writes (a decode attention's table and old K/V, the next linear's first weight
-    chunk) while this one streams, where the SMs have room for them. Off by default: not yet measured."""
-    return os.environ.get("BANYAN_GEMV_EARLY", "0") == "1"
-
-
 def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul: bool = False,
            act_out: bool = False) -> Tensor:
     """x (M, K) @ w (N, K)^T (× ``scale`` per output row) → (M, N) in x's dtype, on the current
@@ -190,8 +180,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
-                         cfg.ahead, int(cfg.pdl) * (1 + early_start()), int(silu_mul), pf, pf_bytes, int(cfg.pipe), None,
-                         0, None, None,
+                         cfg.ahead, int(cfg.pdl), int(silu_mul), pf, pf_bytes, int(cfg.pipe), None, 0, None, None,
                          0, 0.0, int(act_out), torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")

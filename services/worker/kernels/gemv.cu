@@ -269,7 +269,7 @@ template <bool FP8, bool BF16, int KW, int U, bool SILU, bool NORM>
 __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                             const float* __restrict__ scale, void* __restrict__ y,
                                                             int M, int N, int K, long ldx, long ldy, float post,
-                                                            int act, NormIn nm, int go_early) {
+                                                            int act, NormIn nm) {
   constexpr int E = FP8 ? 16 : 8;
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   const WarpPart p = warp_part<FP8, KW>(w, N, K, act != 0);
@@ -280,7 +280,6 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
   int s0 = p.s_lo;
   if (s0 + U <= p.s_hi) load_w<FP8, U>(va, vb, p.wa, p.wb, s0);
   wait_for_previous_kernel();
-  if (go_early) let_next_kernel_start();  // (the next kernel's blocks may load what no kernel writes meanwhile)
   __shared__ __align__(16) uint16_t xn[NORM ? NORM_MAX_VALUES : 8];
   const uint16_t* xr[1] = {xs + (long)g * ldx + t * E};
   if (NORM) {
@@ -302,7 +301,7 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
     load_w<FP8, 1>(a1, b1, p.wa, p.wb, s0);
     products<FP8, BF16, 1, 1, SILU, NORM>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K);
   }
-  if (!go_early) let_next_kernel_start();
+  let_next_kernel_start();
   store_sums<BF16, 1, KW>(acc, scale, y, M, N, ldy, post, act != 0);
 }
 
@@ -325,24 +324,22 @@ int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, b
 // for 2 steps a chunk only (two chunks in flight: with 4, the register cap spills), with 4, 8 or 16 warps; the
 // norm with 8 only (16: spills; 4: six blocks' normed rows would not fit an SM's shared memory).
 template <bool FP8, bool BF16, bool SILU>
-int launch_kw_u(int kw, int unroll, int ahead, int pdl_mode, bool pipe, dim3 grid, cudaStream_t st, const void* x,
+int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, cudaStream_t st, const void* x,
                 const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post, int act,
                 const uint8_t* pf, long pf_bytes, const NormIn& nm) {
-  const bool pdl = pdl_mode != 0;
-  const int go = pdl_mode == 2;  // (the pipelined kernel lets the next start once its own wait has returned)
   if (pipe) {
     const bool norm = nm.nw != nullptr;
     if (kw == 8 && unroll == 2 && !(SILU && norm))
       return norm ? launch(gemv_pipe_kernel<FP8, BF16, 8, 2, false, true>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, act, nm, go)
+                           ldx, ldy, post, act, nm)
                   : launch(gemv_pipe_kernel<FP8, BF16, 8, 2, SILU, false>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, act, nm, go);
+                           ldx, ldy, post, act, nm);
     if (kw == 4 && unroll == 2 && !norm)
       return launch(gemv_pipe_kernel<FP8, BF16, 4, 2, SILU, false>, grid, 128, st, pdl, x, w, s, y, M, N, K, ldx,
-                    ldy, post, act, nm, go);
+                    ldy, post, act, nm);
     if (kw == 16 && unroll == 2 && !norm)
       return launch(gemv_pipe_kernel<FP8, BF16, 16, 2, SILU, false>, grid, 512, st, pdl, x, w, s, y, M, N, K, ldx,
-                    ldy, post, act, nm, go);
+                    ldy, post, act, nm);
     return -1;
   }
 #define BANYAN_GEMV(KW_, U_)                                                                                    \
@@ -360,8 +357,6 @@ int launch_kw_u(int kw, int unroll, int ahead, int pdl_mode, bool pipe, dim3 gri
 
 }  // namespace
 
-// ``pdl``: 0 a plain launch, 1 overlapping the kernel before it (PDL), 2 that and, in the pipelined kernel, the kernel
-// after it let start as soon as this one's wait has returned (else once its loads are done).
 // -> 0, or -1 for a configuration not built here (M > 8, the other activation type: one library per type, built
 // with BANYAN_GEMV_BF16 = 1 or 0, so that a start-up compiles only what its model runs; the norm without the
 // pipelined kernel or with SILU), or a CUDA error code. ``nw`` non-null: the add-RMSNorm in front (``res``,
@@ -387,7 +382,7 @@ extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, voi
                      static_cast<uint16_t*>(res_out), ldro, eps};
   // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
   const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
-  const int p = pdl == 2 && pipe ? 2 : pdl != 0, q = pipe != 0;  // (pdl 2: the pipelined kernel's early start)
+  const bool p = pdl != 0, q = pipe != 0;
   int rc;
 #define BANYAN_LAUNCH(FP8_, SILU_) \
   launch_kw_u<FP8_, BF16, SILU_>(kw, unroll, ahead, p, q, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, act, \
