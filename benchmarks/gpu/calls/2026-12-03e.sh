@@ -25,7 +25,7 @@
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
 # · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates) · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
-# · ablate, ablateb (decode_ablate: FP8 W1's / bf16's batch-1 graph with parts as no-ops) · pwtest (the piecewise GPU parity tests) · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
+# · w1fe (w1f with $W1ENV exported) · ablate, ablateb (decode_ablate: FP8 W1's / bf16's batch-1 graph with parts as no-ops) · pwtest (the piecewise GPU parity tests) · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -70,6 +70,9 @@ for step in ${STEPS:-fp8}; do
            >"$OUT/hic.log" 2>&1; echo "hic tests (rc $?)"; tail -2 "$OUT/hic.log" ;;
     w1b) suite w1b 150 --workloads W1 -- "${fast[@]}" ;;
     w1f) read -r -a w1f <<<"${W1F:-}"; suite w1f 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}" ;;
+    w1fe) read -r -a w1f <<<"${W1F:-}"  # (w1f with the environment $W1ENV: NAME=VALUE ...)
+          (if [ -n "${W1ENV:-}" ]; then export ${W1ENV}; fi
+           suite w1fe 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}") ;;
     w1f0|w1fa)  # (the add-RMSNorm apart from the linears / fused into every one on the CUDA kernel, untimed)
           export BANYAN_FUSED_NORM; [ "$step" = w1f0 ] && BANYAN_FUSED_NORM=0 || BANYAN_FUSED_NORM=all
           read -r -a w1f <<<"${W1F:-}"; suite "$step" 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}"
