@@ -11,7 +11,8 @@ One launch: a grid of (request, KV head, split) programs, each over one contiguo
 request's context → a partial output and log-sum-exp per query head; the program that finishes a
 (request, KV head) last (a count per pair, reset by it) merges its parts by their log-sum-exp, times
 the pool's ``v_scale`` (a second kernel did that before: 1.7 µs a layer at batch 1 on the H200,
-docs/perf.md). Nothing is
+docs/perf.md). Programs past a short context's last part store nothing; a context in one part is
+stored by its program as it is. Nothing is
 planned on the host: the programs read each request's table row and prefix length from the device
 (the graph buffers or the eager batch), and the split count depends only on the batch size, so a
 CUDA graph captured at a batch size replays for any context lengths.
