@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.driver import Driver  # noqa: E402
 from benchmarks.gpu.decode_profile import worker_extra  # noqa: E402
-from services.worker.cuda_graph import IDS, NUM_INPUTS, OUT_SLOTS, POSITIONS, PREFIX_LENS, ROWS, DecodeGraphs  # noqa: E402
+from services.worker.attention import decode_rules  # noqa: E402
+from services.worker.cuda_graph import (  # noqa: E402
+    IDS, NUM_INPUTS, OUT_SLOTS, POSITIONS, PREFIX_LENS, ROWS, DecodeGraphs)
 from services.worker.kernels import triton_pdl  # noqa: E402
 from services.worker.models import ops  # noqa: E402
 from services.worker.runner import ModelRunner  # noqa: E402
@@ -55,7 +57,8 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
     saved_env = {k: os.environ.get(k) for k in env}
     try:
         os.environ.update(env)
-        triton_pdl._supported.cache_clear()  # (BANYAN_TRITON_PDL is read once a process)
+        triton_pdl._supported.cache_clear()  # (BANYAN_TRITON_PDL and the decode's knobs: read once a process)
+        decode_rules.knobs.cache_clear()
         if "nonorm" in variant.split("+"):
             ops.set_small_norm(_skip_norm)
             saved_try = kernels.try_norm_linear
@@ -84,6 +87,7 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
             else:
                 os.environ[k] = v
         triton_pdl._supported.cache_clear()
+        decode_rules.knobs.cache_clear()
         ops.set_small_norm(saved_norm)
         runner.attn.forward = saved_fwd
         if saved_try is not None:
@@ -133,7 +137,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     for ctx, res in out["contexts"].items():
-        print(f"\n| variant (batch {args.batch}, context {ctx}) | µs a replay | less than base |\n| --- | ---: | ---: |")
+        print(f"\n| variant (batch {args.batch}, context {ctx}) | µs a replay | less than base |")
+        print("| --- | ---: | ---: |")
         for v, us in res["us"].items():
             print(f"| {v} | {us} | {res['saved_us'].get(v, '')} |")
     return 0

@@ -5,6 +5,7 @@ docs/perf.md)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -13,6 +14,7 @@ FP8_WIDE_BLOCK = 128  # context tokens an iteration for an FP8 pool at <= 2 spli
 MAX_PAIRS = 1 << 16  # (request, KV head) pairs a launch may have: the counts' size
 MAX_SPLITS = 16
 TARGET_PROGRAMS = 4 * 132  # ~4 programs per SM of an H100/H200 across (request, KV head, split)
+MIN_PART = 0  # tokens a split reads at least (0: the context spread over all the splits)
 
 
 SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
@@ -37,13 +39,17 @@ FP8_TWO_SPLIT_PAIRS = 1024
 FP8_NARROW_PAIRS = 4096
 
 
-def block_tokens() -> int:
-    """Context tokens a program reads an iteration where the launch is not an FP8 pool's at <= 2 splits (those take
-    ``FP8_WIDE_BLOCK`` or ``BLOCK_N`` by their rules): ``BLOCK_N``, or ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128)."""
+@functools.cache
+def knobs() -> tuple[int, int, int]:
+    """(block, warps, min part) of the launches that are not an FP8 pool's at <= 2 splits — ``BLOCK_N``, 4 and
+    ``MIN_PART`` unless ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128), ``BANYAN_DECODE_WARPS`` or
+    ``BANYAN_DECODE_MIN_PART`` (measurement knobs) say otherwise. Read once a process (each decode launch asks):
+    ``knobs.cache_clear()`` after changing them."""
     block = int(os.environ.get("BANYAN_DECODE_BLOCK", BLOCK_N))
     if block not in (16, 32, 64, 128):
         raise ValueError(f"BANYAN_DECODE_BLOCK={block} (16 | 32 | 64 | 128)")
-    return block
+    warps, part = int(os.environ.get("BANYAN_DECODE_WARPS", 4)), int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
+    return block, warps, part
 
 
 def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> tuple[int, int, int]:
@@ -51,19 +57,17 @@ def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = Non
     of the batch size (fixed at a graph's capture); ``splits`` overrides the count."""
     splits = splits or num_splits(batch, kv_heads, fp8)
     if not fp8 or splits > 2:
-        return splits, block_tokens(), int(os.environ.get("BANYAN_DECODE_WARPS", 4))
+        return splits, *knobs()[:2]
     if splits == 1 and batch * kv_heads >= FP8_NARROW_PAIRS:
         return splits, BLOCK_N, 2
     return splits, FP8_WIDE_BLOCK, 4
 
 
-MIN_PART = 0  # tokens a split reads at least (0: the context spread over all the splits)
-
-
 def min_part_tokens() -> int:
     """Tokens each split of a launch reads at least (rounded up to the block): a short context then fills fewer
-    programs, and one in a single part is stored without a merge. ``BANYAN_DECODE_MIN_PART=N``."""
-    return int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
+    programs, and one in a single part is stored without a merge (``knobs``: 0 unless ``BANYAN_DECODE_MIN_PART``;
+    more, shorter parts measured faster on the H200, docs/perf.md 2026-12-04 nineteenth session)."""
+    return knobs()[2]
 
 
 AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
@@ -86,9 +90,6 @@ def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[i
         from_ = int(os.environ.get("BANYAN_TRITON_FROM", AUTO_TRITON_FROM))  # (an A/B knob: 65537 turns it off)
         return none if device_type != "cuda" else every if quantized else (AUTO_TRITON_ROWS, from_)
     return every if decode_kernel == "triton" else none
-
-
-
 
 
 MIXED_ONE_PLAN_ROWS = 0  # decode rows up to which a mixed step's decodes join its prompt chunks' paged prefill plan
