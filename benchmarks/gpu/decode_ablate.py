@@ -7,7 +7,8 @@ The difference to ``base`` bounds what fusing that part away could save:
 - ``noattn``: the attention returns q (no rope, no K/V write, no attention kernel);
 - ``nonorm+noattn``: both — the linears (and the embedding, the lm_head) in a chain;
 - ``NAME=VALUE`` (joined to the others by ``+``): that environment variable set while the graph is captured
-  (a kernel's launch knob, e.g. ``BANYAN_DECODE_MIN_PART=128``): a real variant, its outputs valid.
+  (a kernel's launch knob, e.g. ``BANYAN_DECODE_MIN_PART=128``, ``BANYAN_L2_ATTN_MIB=16``,
+  ``BANYAN_GEMV_L2_CHAIN=8``): a real variant, its outputs valid.
 
     python -m benchmarks.gpu.decode_ablate --model /tmp/llama8b --out $OUT/ablate.json -- --quantization fp8 \
         --fp8-vocab true
@@ -59,6 +60,7 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
         os.environ.update(env)
         triton_pdl._supported.cache_clear()  # (BANYAN_TRITON_PDL and the decode's knobs: read once a process)
         decode_rules.knobs.cache_clear()
+        kernels.chain_l2(runner.model, runner.device, runner.attn)  # (the L2 knobs: read when set up)
         if "nonorm" in variant.split("+"):
             ops.set_small_norm(_skip_norm)
             saved_try = kernels.try_norm_linear
@@ -88,6 +90,7 @@ def replay_us(runner: ModelRunner, variant: str, inputs: torch.Tensor, reps: int
                 os.environ[k] = v
         triton_pdl._supported.cache_clear()
         decode_rules.knobs.cache_clear()
+        kernels.chain_l2(runner.model, runner.device, runner.attn)
         ops.set_small_norm(saved_norm)
         runner.attn.forward = saved_fwd
         if saved_try is not None:

@@ -150,7 +150,7 @@ class ModelRunner:
         self.pad_row = 0  # the table's last row: all zeros (slot 0), never a request's
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda":  # (before the graphs: they fix the kernels' arguments)
-            kernels["l2_chain"] = chain_l2(self.model, self.device)
+            kernels["l2_chain"] = chain_l2(self.model, self.device, self.attn)
         if self.device.type == "cuda" and self.attn.supports_cuda_graph and not cfg.disable_cuda_graph:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,

@@ -276,6 +276,23 @@ def test_cuda_graph_replay_matches_eager(models, decode) -> None:
     assert max(errs) < 5e-3
 
 
+def test_decode_graphs_prefetching_the_o_projection_give_the_same_logits(models, monkeypatch) -> None:
+    """``BANYAN_L2_ATTN_MIB`` (``kernels.attention_l2``): the decode graphs' Triton attention prefetching each layer's o
+    projection into L2 is a hint — the logits are the bits of the same graphs without it (1 row; 3 + 1 padding)."""
+    vocab, outs = 32000, []
+    for mib in ("0", "1"):
+        monkeypatch.setenv("BANYAN_L2_ATTN_MIB", mib)
+        r = runner(models["small"], attention_backend="flashinfer", decode_attention="triton")
+        assert bool(r.attn.l2_after) == (mib != "0") and r.graphs is not None
+        driver, seqs = Driver(r), [tokens(90 + 11 * i, vocab, i) for i in range(3)]
+        driver.run([(f"r{i}", s, False) for i, s in enumerate(seqs)])
+        outs.append([r.forward(driver.batch([(f"r{i}", [t], True) for i, t in enumerate(tokens(k, vocab, 50 + s))]))
+                     for s, k in enumerate((1, 3, 1, 3))])
+        assert r._kind == "decode_graph"
+        del r
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+
+
 def test_forced_tokens_as_rows_replay_the_graph(models) -> None:
     """Jump-forward tokens sent as one-token rows of one request (``split_output_chunks``) replay the
     decode graph and give the logits of the same tokens computed as one eager chunk."""

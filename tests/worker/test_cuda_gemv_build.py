@@ -182,3 +182,39 @@ def test_the_l2_chain_follows_the_models_order_over_the_cuda_kernels_linears(mon
                                             layer.mlp.down_proj.weight)] + [model.lm_head.weight]
     order, cap = made[-1]
     assert cap == 30 << 20 and [id(w) for w in order] == [id(w) for w in want]
+
+
+def test_the_attention_prefetches_its_layers_o_projection_when_asked(monkeypatch) -> None:
+    """``kernels.attention_l2`` (opt-in, ``BANYAN_L2_ATTN_MIB``): each layer's o projection weight, as its bytes
+    (the same memory), capped at the asked MiB and cut to 16 bytes, keyed by the layer index the attention is
+    called with, for graphs up to ``BANYAN_L2_ATTN_ROWS`` rows; off (and an earlier map dropped) otherwise, and
+    nothing for a backend without a Triton decode."""
+    import types
+
+    from services.worker import kernels
+    from services.worker.models.config import DecoderConfig
+    from services.worker.models.llama import LlamaForCausalLM
+    from services.worker.models.ops import TORCH_OPS, use_ops
+    from services.worker.models.rotary import RopeConfig
+    from services.worker.tp import TPGroup
+
+    cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
+                        vocab_size=256, max_positions=64, rms_norm_eps=1e-6, rope=RopeConfig(),
+                        tie_word_embeddings=False)
+    with use_ops(TORCH_OPS):
+        model = LlamaForCausalLM(cfg, TPGroup()).to(torch.bfloat16)
+    attn = types.SimpleNamespace(l2_after={0: "stale"}, l2_rows=4)
+    monkeypatch.delenv("BANYAN_L2_ATTN_MIB", raising=False)
+    assert kernels.attention_l2(model, attn) == "off" and attn.l2_after == {} and attn.l2_rows == 0
+    assert kernels.attention_l2(model, object()).startswith("off")
+    monkeypatch.setenv("BANYAN_L2_ATTN_MIB", "1")
+    monkeypatch.setenv("BANYAN_L2_ATTN_ROWS", "2")
+    assert kernels.attention_l2(model, attn) == "3 o projections, 1 MiB each, graphs up to 2 rows"
+    assert attn.l2_rows == 2 and sorted(attn.l2_after) == [0, 1, 2]
+    for i, layer in enumerate(model.model.layers):
+        flat, n = attn.l2_after[i]
+        w = layer.self_attn.o_proj.weight
+        assert flat.dtype == torch.uint8 and flat.data_ptr() == w.data_ptr() and flat.numel() == w.numel() * 2
+        assert n == 64 * 64 * 2  # (the whole weight: under 1 MiB)
+    monkeypatch.setenv("BANYAN_L2_ATTN_MIB", "0")
+    assert "after the attention: off" in kernels.chain_l2(model, torch.device("cpu"), attn) and attn.l2_after == {}

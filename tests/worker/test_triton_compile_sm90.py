@@ -3,9 +3,16 @@ front end, its optimizer, LLVM and ptxas run on the host, so a kernel that would
 GPU (a construct the interpreter accepts but the compiler does not, a register or shared-memory
 overflow, inline PTX ptxas rejects) fails here, in CI, before a device call is spent on it. The
 configurations are the served ones (``triton_decode.decode``'s choices, ``rope_store``'s two
-launches). Skipped visibly where Triton or its CUDA back end is not installed."""
+launches). And what two of the decode's properties compile to: with ``prefetch`` (``PF``) bulk L2 prefetches, one
+a warp (a bulk operation's operands are uniform, so the lanes other than a warp's first pass no size), after the K/V
+loop and before the parts' stores, and none without it; the merge of a request's parts loads every part at once,
+no barrier between the loads (a loop of a load and a cross-thread reduction a part made the kernel's end a chain of
+L2 round trips). The interpreter tests check the results, but never trace ``PF``: inline assembly is not
+interpreted. Skipped visibly where Triton or its CUDA back end is not installed."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -21,7 +28,9 @@ POINTERS = {  # argument name → Triton pointer type (the pool's dtype substitu
 FLOATS = {"qk_scale", "v_scale"}
 
 
-def compile_sm90(fn, constexprs: dict, pool: str, num_warps: int = 4, num_stages: int = 2):
+def compile_sm90(fn, constexprs: dict, pool: str, num_warps: int = 4, num_stages: int = 2, aligned: bool = False):
+    """``aligned``: every pointer and integer argument taken as a multiple of 16, as a launch specializes the
+    served ones (strides of 128-wide heads, 16-byte aligned tensors): the vector loads they compile to."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -33,7 +42,9 @@ def compile_sm90(fn, constexprs: dict, pool: str, num_warps: int = 4, num_stages
             sig[name] = pool if POINTERS[name] == "pool" else POINTERS[name]
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
-    src = ASTSource(fn, sig, constexprs=constexprs)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if aligned and t not in ("constexpr", "fp32")}
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
                                                                          "num_stages": num_stages})
 
@@ -59,9 +70,12 @@ def test_rope_store_kernels_compile(quant) -> None:
     assert "cubin" in compile_sm90(rs._rope_store_kernel, prompts, pool).asm
 
 
-SERVED = {  # the decode's launches: W1 (bf16, many splits), large FP8 batches (one split, rope inside), a
+SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, rope inside, prefetching the o
+    # projection: BANYAN_L2_ATTN_MIB), large FP8 batches (one split, rope inside), a
     # cascade step's own level on an FP8 pool (starts, LSE), integer widening both ways
     "bf16_splits8": dict(pool="*bf16", SPLITS=8, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False, stages=2),
+    "bf16_splits16_rope_prefetch": dict(pool="*bf16", SPLITS=16, BLOCK=64, F16=False, WIDEN=0, ROPE=True, QUANT=False,
+                                        PF=True, stages=2),
     "fp8_one_split_rope": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=128, F16=True, WIDEN=2, ROPE=True, QUANT=True,
                                stages=3),
     "fp8_own_level": dict(pool="*fp8e4nv", SPLITS=2, BLOCK=128, F16=True, WIDEN=2, ROPE=False, QUANT=False,
@@ -76,17 +90,44 @@ SERVED = {  # the decode's launches: W1 (bf16, many splits), large FP8 batches (
 }
 
 
+def compile_decode(name: str, aligned: bool = False, **over):
+    from services.worker.attention import triton_decode as td
+
+    cfg = dict(SERVED[name], **over)
+    pool, stages, warps = cfg.pop("pool"), cfg.pop("stages"), cfg.pop("warps", 4)
+    splits = cfg["SPLITS"]
+    constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
+                      WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0, PF=False, PF_WARPS=warps, BLOCK_G=4,
+                      MERGE_S=min(triton.next_power_of_2(splits), 16))  # (as ``decode`` sets them for G = 4, D = 128)
+    constexprs.update(cfg)
+    return compile_sm90(td._partial_kernel, constexprs, pool, num_warps=warps, num_stages=stages, aligned=aligned)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(SERVED))
 def test_the_decode_attention_compiles(name) -> None:
     backend_or_skip()
-    from services.worker.attention import triton_decode as td
+    assert "cubin" in compile_decode(name).asm
 
-    cfg = dict(SERVED[name])
-    pool, stages, warps = cfg.pop("pool"), cfg.pop("stages"), cfg.pop("warps", 4)
-    splits = cfg["SPLITS"]
-    constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
-                      WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0)
-    constexprs.update(cfg)
-    kernel = compile_sm90(td._partial_kernel, constexprs, pool, num_warps=warps, num_stages=stages)
-    assert "cubin" in kernel.asm
+
+@pytest.mark.timeout(300)
+def test_the_prefetching_decode_issues_bulk_l2_prefetches_after_its_kv_loop_and_before_its_stores() -> None:
+    backend_or_skip()
+    lines = compile_decode("bf16_splits16_rope_prefetch", aligned=True).asm["ptx"].splitlines()
+    at = [i for i, line in enumerate(lines) if "cp.async.bulk.prefetch.L2.global" in line]
+    assert len(at) == 1  # (one instruction: each thread's element, predicated on its size)
+    assert re.search(r"setp\.gt\.s32\s+p,", lines[at[0] - 1]), "the prefetch is not predicated on its size"
+    mma = [i for i, line in enumerate(lines) if "mma.sync" in line]
+    stores = [i for i, line in enumerate(lines) if re.search(r"\bst\.global", line) and i > mma[-1]]
+    assert mma and mma[-1] < at[0] < stores[0]  # (after the products, before the part's stores)
+    assert "prefetch" not in compile_decode("bf16_splits16_rope_prefetch", aligned=True, PF=False).asm["ptx"]
+
+
+@pytest.mark.timeout(300)
+def test_the_merge_loads_all_parts_with_no_barrier_between_them() -> None:
+    backend_or_skip()
+    lines = compile_decode("bf16_splits16_rope_prefetch", aligned=True, PF=False).asm["ptx"].splitlines()
+    start = next(i for i, line in enumerate(lines) if "atom.global.gpu.acq_rel.add" in line)  # (the pair's count)
+    loads = [i for i, line in enumerate(lines) if i > start and "ld.global.cg.v4" in line]
+    assert len(loads) == 16  # (one 16-byte load a thread for each of the 16 parts: (16 parts, 4 heads, 128) values)
+    assert not any("bar.sync" in line for line in lines[loads[0]:loads[-1]])

@@ -3,7 +3,7 @@ the CPU against the PyTorch reference math: table rows out of order, contexts of
 blocks, every split count (empty splits included), per-layer K/V scales, a strided q, a graph's flat
 slot list, a cascade step's own level (positions from ``starts``) and its log-sum-exp (base 2, as
 FlashInfer's), products in fp16, the split counts in use and the warm-up's launches of them; the parts merged
-by each pair's last program, its count left zero. float32 caches here (the interpreter's fp8 emulation does not round
+by each pair's last program (all at once, or a few at a time for a large GQA group), its count left zero. float32 caches here (the interpreter's fp8 emulation does not round
 as the GPU does); the FP8 pool on the GPU: benchmarks/gpu/fp8_decode_bench.py (against FlashInfer on
 the same cache). Skipped visibly where Triton is not installed."""
 
@@ -99,6 +99,19 @@ for splits in (1, 4):
     cvt = td.decode(qs, k8, v8, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, f16=True, widen="cvt")
     assert torch.allclose(got, cvt, atol=1e-6, rtol=1e-6), (got - cvt).abs().max()  # (the same products, 2^8 apart)
     assert (got - want).abs().max() <= 2e-3 * want.abs().max(), (got - want).abs().max()  # (fp16 probabilities)
+# a large GQA group (16 query heads a KV head, D 128): the last program merges the parts 4 at a time (a load of
+# 4 parts x 16 heads x 128 values at most), 16 splits in 4 chunks, 8 in 2
+hq2, d2 = 32, 128
+kc2, vc2 = torch.randn(S, hkv, d2, generator=g), torch.randn(S, hkv, d2, generator=g)
+q2 = torch.randn(5, hq2, d2, generator=g)
+want2 = []
+for b in range(len(rows)):
+    sl = table[rows[b], :int(prefix[b]) + 1].long()
+    s2 = torch.einsum("hd,nhd->hn", q2[b], kc2[sl].repeat_interleave(hq2 // hkv, 1)) / math.sqrt(d2)
+    want2.append(torch.einsum("hn,nhd->hd", s2.softmax(-1), vc2[sl].repeat_interleave(hq2 // hkv, 1)))
+for splits in (16, 8, 3):
+    o = td.decode(q2, kc2, vc2, table, rows, prefix, 1 / math.sqrt(d2), splits=splits)
+    assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (splits, (o - torch.stack(want2)).abs().max())
 assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)

@@ -114,6 +114,10 @@ class FlashInferAttention(AttentionBackend):
         self._rope_in_decode = False  # the plan's decode does the rope and the K/V write (``_rope_new``)
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
         self._run: Run = self._run_ragged
+        # layer -> (its o projection's weight as bytes, how many) that graphs of up to ``l2_rows`` rows' Triton
+        # decode prefetches into L2 (``kernels.attention_l2``: opt-in); ``_layer``: the one being run
+        self.l2_after: dict[int, tuple[torch.Tensor, int]] = {}
+        self.l2_rows, self._layer = 0, 0
         self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device
 
     def triton_rows(self, rows: int) -> bool:
@@ -167,6 +171,7 @@ class FlashInferAttention(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None,
                 written: bool = False) -> torch.Tensor:
+        self._layer = layer
         if not written and rope is not None and self._rope_in_decode \
                 and (new := self._rope_new(layer, q, k, v, rope)) is not None:
             return self._run(q, k, v, self.pool.k[layer], self.pool.v[layer], new=new)  # (rotates, writes, attends)
@@ -313,7 +318,7 @@ class FlashInferAttention(AttentionBackend):
             table = self._g_indices[: bs * self._g_width].view(bs, self._g_width)
             n = max(batch.prefix_lens_cpu) + 1
             table[:, :n] = batch.req_to_token[batch.rows, :n]  # (one gather, one copy: no page list to build)
-            self._run = self._triton_run(table, self._g_rows[:bs], batch.prefix_lens)
+            self._run = self._triton_run(table, self._g_rows[:bs], batch.prefix_lens, l2=bs <= self.l2_rows)
             return
         wrapper = self._graph_decode[bs]
         if self._fast_replan and bs in self._graph_plan_info:
@@ -374,15 +379,16 @@ class FlashInferAttention(AttentionBackend):
         self._planned_once.add(id(wrapper))
 
     def _triton_run(self, table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
-                    starts: torch.Tensor | None = None, lse: bool = False) -> Run:
+                    starts: torch.Tensor | None = None, lse: bool = False, l2: bool = False) -> Run:
         """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row ``rows`` of ``table``),
-        the layer's scales applied by the kernel."""
+        the layer's scales applied by the kernel; ``l2``: prefetching the layer's ``l2_after`` weight."""
 
         def run(q, k, v, k_cache, v_cache, new=None, out=None, lse_out=None):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
                                         kw.get("v_scale", 1.0), return_lse=lse, starts=starts, f16=self._f16,
-                                        new=new, out=out, lse_out=lse_out)
+                                        new=new, out=out, lse_out=lse_out,
+                                        prefetch=self.l2_after.get(self._layer) if l2 else None)
 
         return run
 

@@ -115,15 +115,34 @@ if triton is not None:
         return wide.to(tl.int16).to(tl.float16, bitcast=True)
 
     @triton.jit
+    def _prefetch_share(Pf, total, b, batch, i, n, WARPS: tl.constexpr):
+        """Request ``b``'s share (of ``batch``) of the ``total`` bytes at ``Pf``, split over its ``n`` programs
+        with tokens: program ``i``'s part into L2, one bulk prefetch a warp (Hopper's: no register, no wait; a
+        bulk operation is issued once per distinct operand in a warp, so the other lanes pass a size of 0)."""
+        per_req = tl.cdiv(tl.cdiv(total, batch), 16) * 16
+        lo = b.to(tl.int64) * per_req
+        hi = tl.minimum(lo + per_req, total)
+        share = tl.cdiv(tl.cdiv(per_req, n), 16 * WARPS) * 16 * WARPS
+        chunk = share // WARPS
+        lane = tl.arange(0, 32 * WARPS)
+        at = lo + i.to(tl.int64) * share + (lane // 32).to(tl.int64) * chunk
+        size = tl.where(lane % 32 == 0, tl.minimum(tl.maximum(hi - at, 0), chunk), 0).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{\n.reg .pred p;\nsetp.gt.s32 p, $2, 0;\n@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}",
+            "=r,l,r", [Pf + at, size], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _partial_kernel(Q, K, V, Table, Rows, Prefix, Start, Opart, Lpart, Out, Lse, Count,
                         Knew, Vnew, CosSin, Pos, Slots, KInv, VInv, stride_nt, stride_nh, stride_vt, stride_vh,
                         stride_cs, stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                        stride_out_t, stride_out_h, stride_lse_b, qk_scale, v_scale,
+                        stride_out_t, stride_out_h, stride_lse_b, qk_scale, v_scale, Pf, pf_bytes,
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-                        QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr):
+                        QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr,
+                        PF: tl.constexpr, PF_WARPS: tl.constexpr, BLOCK_G: tl.constexpr,
+                        MERGE_S: tl.constexpr):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -200,6 +219,10 @@ if triton is not None:
                 v = v.to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
+        if PF:  # (the next linear's weight into L2 while the parts are stored and merged: HBM is idle then)
+            if s < parts:
+                _prefetch_share(Pf, pf_bytes, b, tl.num_programs(0), h * parts + s, tl.num_programs(1) * parts,
+                                PF_WARPS)
         full = l_i > 0
         out = acc / tl.where(full, l_i, 1.0)[:, None]
         lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))  # log2 units
@@ -225,23 +248,38 @@ if triton is not None:
             tl.debug_barrier()
             count = Count + b * tl.num_programs(1) + h
             if tl.atomic_add(count, 1, sem="acq_rel") == parts - 1:
+                # the parts merged MERGE_S at a time: (MERGE_S parts, BLOCK_G heads, BLOCK_D) in one load each, all in
+                # flight at once, the parts the slowest dimension (each thread sums its own; the warps take the
+                # heads). A loop of a load and a reduction a part, barriers between, made the end a chain of L2 trips.
+                offs_m = tl.arange(0, BLOCK_G)
+                mmask = offs_m < G
+                l_m = Lpart + b * stride_lb + (h * G + offs_m) * stride_lh
+                o_m = Opart + b * stride_ob + (h * G + offs_m) * stride_oh
                 offs_s = tl.arange(0, BLOCK_S)
-                parts_lse = tl.load(l_at[:, None] + offs_s[None, :], mask=gmask[:, None] & (offs_s[None, :] < parts),
-                                    other=float("-inf"), cache_modifier=".cg")  # (BLOCK_H, BLOCK_S)
-                top = tl.max(parts_lse, 1)
+                parts_lse = tl.load(l_m[None, :] + offs_s[:, None], mask=mmask[None, :] & (offs_s[:, None] < parts),
+                                    other=float("-inf"), cache_modifier=".cg")  # (BLOCK_S, BLOCK_G)
+                top = tl.max(parts_lse, 0)
                 top = tl.where(top > float("-inf"), top, 0.0)
-                w = tl.where(parts_lse > float("-inf"), tl.exp2(parts_lse - top[:, None]), 0.0)
-                total = tl.sum(w, 1)
-                merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-                for j in tl.static_range(SPLITS):  # (in order: the same sum every run; parts past the last unread)
-                    wj = tl.sum(tl.where(offs_s[None, :] == j, w, 0.0), 1)
-                    merged += tl.load(o_at + j * stride_os, mask=hd_mask & (offs_g[:, None] * 0 + j < parts), other=0.0,
-                                      cache_modifier=".cg") * wj[:, None]
+                w = tl.where(parts_lse > float("-inf"), tl.exp2(parts_lse - top[None, :]), 0.0)
+                total = tl.sum(w, 0)
+                merged = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+                for c in tl.static_range(0, BLOCK_S, MERGE_S):  # (parts past the last unread)
+                    offs_c = c + tl.arange(0, MERGE_S)
+                    cmask = mmask[None, :] & (offs_c[:, None] < parts)
+                    if MERGE_S == BLOCK_S:
+                        w_c = w
+                    else:  # (the chunk's weights, as w's rows c.. c + MERGE_S)
+                        lse_c = tl.load(l_m[None, :] + offs_c[:, None], mask=cmask, other=float("-inf"),
+                                        cache_modifier=".cg")
+                        w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - top[None, :]), 0.0)
+                    o_c = tl.load(o_m[None, :, None] + offs_c[:, None, None] * stride_os + offs_d[None, None, :],
+                                  mask=cmask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
+                    merged += tl.sum(o_c * w_c[:, :, None], 0)
                 merged = merged / tl.where(total > 0, total, 1.0)[:, None] * v_scale
-                tl.store(Out + b * stride_out_t + heads[:, None] * stride_out_h + offs_d[None, :],
-                         merged.to(Out.dtype.element_ty), mask=hd_mask)
+                tl.store(Out + b * stride_out_t + (h * G + offs_m)[:, None] * stride_out_h + offs_d[None, :],
+                         merged.to(Out.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
                 if WRITE_LSE:  # base 2, as FlashInfer's states (merged with them in cascade steps)
-                    tl.store(Lse + b * stride_lse_b + heads, top + tl.log2(total), mask=gmask)
+                    tl.store(Lse + b * stride_lse_b + h * G + offs_m, top + tl.log2(total), mask=mmask)
                 tl.atomic_xchg(count, 0)
 
 
@@ -250,7 +288,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            v_scale: float = 1.0, splits: int | None = None, return_lse: bool = False, block: int | None = None,
            num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
-           min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
+           min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
+           prefetch: tuple[torch.Tensor, int] | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -270,7 +309,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
     tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
     short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores nothing, and a
-    context in one part is stored by its program directly (no merge)."""
+    context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8 tensor, bytes): the
+    first ``bytes`` of it brought into L2 by the programs with tokens once their K/V is read (on CUDA; Triton's
+    interpreter has no inline assembly): the weight the next kernel streams (the o projection's), read from HBM
+    while this kernel's latency-bound end leaves it idle. A hint: the results are the same bits."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -293,6 +335,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     if num_stages is None:
         num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
+    # parts merged at a time: (parts, heads, D) loads of up to 8,192 values (64 registers a thread at 4 warps)
+    merge_s = max(1, min(triton.next_power_of_2(splits), 8192 // (triton.next_power_of_2(g) * block_d)))
+    pf = prefetch is not None and q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+    pf_at, pf_bytes = prefetch if pf else (l_part, 0)
+    assert not pf or (pf_at.dtype == torch.uint8 and pf_at.dim() == 1 and 0 < pf_bytes <= pf_at.numel()
+                      and pf_bytes % 16 == 0 and pf_at.data_ptr() % 16 == 0)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
         out, lse, _pair_counts(q.device, bsz * hkv),
@@ -302,10 +350,11 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         req_to_token.stride(0) if table_stride is None else table_stride,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit,  # (exp2: scores in log2 units)
+        sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit, pf_at, pf_bytes,  # (exp2: log2 units)
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
+        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g), MERGE_S=merge_s,
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )

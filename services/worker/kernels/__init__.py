@@ -217,20 +217,41 @@ def enable_norm_linear(device: torch.device, model: torch.nn.Module | None = Non
         return f"off (timing failed: {type(e).__name__}: {e})"[:300]
 
 
-def chain_l2(model: torch.nn.Module, device: torch.device) -> str:
+def attention_l2(model: torch.nn.Module, attn: object) -> str:
+    """Opt-in (``BANYAN_L2_ATTN_MIB=<MiB>``): in decode graphs of up to ``BANYAN_L2_ATTN_ROWS`` (8) rows, each
+    layer's Triton decode attention prefetches the first MiB of that layer's o projection weight into L2 once its
+    K/V is read — the attention's end (parts stored, counted, merged) is a latency chain that leaves HBM idle for
+    ~5 µs at batch 1, and the o projection is a weight-streaming kernel (FP8 16.8 MB in 7.0 µs on the H200: ~3 µs of
+    it ramp and drain). Unmeasured: off by default. Sets ``attn.l2_after`` / ``l2_rows`` (a backend without them:
+    nothing) before graphs are captured → what was set."""
+    if not hasattr(attn, "l2_after"):
+        return "off (no Triton decode)"
+    mib, rows = int(os.environ.get("BANYAN_L2_ATTN_MIB", "0") or 0), int(os.environ.get("BANYAN_L2_ATTN_ROWS", "8"))
+    after = {}
+    for mod in model.modules() if mib > 0 else ():
+        if hasattr(mod, "o_proj") and isinstance(getattr(mod, "layer", None), int):
+            flat = mod.o_proj.quantized()[0].reshape(-1).view(torch.uint8)  # (contiguous: no copy)
+            after[mod.layer] = (flat, min(mib << 20, flat.numel()) // 16 * 16)
+    attn.l2_after, attn.l2_rows = after, rows if after else 0
+    return f"{len(after)} o projections, {mib} MiB each, graphs up to {rows} rows" if after else "off"
+
+
+def chain_l2(model: torch.nn.Module, device: torch.device, attn: object = None) -> str:
     """Opt-in (``BANYAN_GEMV_L2_CHAIN=<MiB>``): the linear layers that run on the CUDA decode kernel at
     batch 1, in the model's order (its modules' order is the step's: each layer's q/k/v, o, gate/up, down,
     then the lm_head), each prefetch the next one's first MiB (up to half the L2 cache) into L2 once its own
     loads are issued, for the latency-bound kernels between two linears (norm, rope, attention) to overlap
     them → what was set (logged). Before CUDA graphs are captured: they fix the kernels' arguments. Off by
-    default: with 30 MiB links the FP8 batch-1 step measured 7 % slower (docs/perf.md, 2026-12-03 twelfth).
-    Any earlier chain (another model's weights, maybe freed) is dropped."""
+    default: with 30 MiB links the FP8 batch-1 step measured 7 % slower (docs/perf.md, 2026-12-03 twelfth, the plain
+    kernel then; the pipelined kernel, every batch-1 shape's choice since, prefetches its link too — unmeasured).
+    Any earlier chain (another model's weights, maybe freed) is dropped. With ``attn``: ``attention_l2`` too."""
     from services.worker.kernels import cuda_gemv
 
     cuda_gemv.chain([], 0)
     mib = int(os.environ.get("BANYAN_GEMV_L2_CHAIN", "0") or 0)
+    after_attn = f"; after the attention: {attention_l2(model, attn)}" if attn is not None else ""
     if mib <= 0:
-        return "off"
+        return "off" + after_attn
     order = []
     for mod in model.modules():
         if hasattr(mod, "quantized"):
@@ -242,4 +263,4 @@ def chain_l2(model: torch.nn.Module, device: torch.device) -> str:
             if isinstance(cfg, cuda_gemv.CudaConfig):
                 order.append(w)
     cap = min(mib << 20, torch.cuda.get_device_properties(device).L2_cache_size // 2)
-    return f"{cuda_gemv.chain(order, cap)} linears, {cap >> 20} MiB each"
+    return f"{cuda_gemv.chain(order, cap)} linears, {cap >> 20} MiB each" + after_attn

@@ -213,9 +213,10 @@ def norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: fl
     m, k, n = x.shape[0], w.shape[1], w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else x
+    pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
-                         0, int(cfg.pdl), 0, None, 0, 1,
+                         0, int(cfg.pdl), 0, pf, pf_bytes, 1,
                          residual.data_ptr() if residual is not None else None,
                          residual.stride(0) if residual is not None else 0, norm_weight.data_ptr(),
                          res_out.data_ptr() if residual is not None else None, res_out.stride(0), eps, 0,

@@ -34,7 +34,8 @@ using namespace banyan;
 // The block's share of the next linear's weight (``pf``, ``pf_bytes``: the layer after this one in the decode
 // step, set by cuda_gemv.chain) into L2, issued when the block's own loads are: those bytes come in while the
 // kernels between the two (norm, rope, attention: latency-bound, little traffic) run, so the next linear reads
-// them from L2, not from HBM. (Opt-in: 30 MiB links measured slower, docs/perf.md.)
+// them from L2, not from HBM. (Opt-in: 30 MiB links measured slower with the plain kernel, docs/perf.md; the
+// pipelined kernel issues them too, after its last loads.)
 __device__ __forceinline__ void prefetch_next_weight(const uint8_t* pf, long pf_bytes) {
   const long per = ((pf_bytes + gridDim.x - 1) / gridDim.x + 15) & ~15L;
   const long hi = min(pf_bytes, (long)(blockIdx.x + 1) * per);
@@ -269,7 +270,8 @@ template <bool FP8, bool BF16, int KW, int U, bool SILU, bool NORM>
 __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                             const float* __restrict__ scale, void* __restrict__ y,
                                                             int M, int N, int K, long ldx, long ldy, float post,
-                                                            int act, NormIn nm) {
+                                                            int act, NormIn nm, const uint8_t* __restrict__ pf,
+                                                            long pf_bytes) {
   constexpr int E = FP8 ? 16 : 8;
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   const WarpPart p = warp_part<FP8, KW>(w, N, K, act != 0);
@@ -302,6 +304,7 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
     products<FP8, BF16, 1, 1, SILU, NORM>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K);
   }
   let_next_kernel_start();
+  if (pf_bytes > 0) prefetch_next_weight(pf, pf_bytes);
   store_sums<BF16, 1, KW>(acc, scale, y, M, N, ldy, post, act != 0);
 }
 
@@ -331,15 +334,15 @@ int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, c
     const bool norm = nm.nw != nullptr;
     if (kw == 8 && unroll == 2 && !(SILU && norm))
       return norm ? launch(gemv_pipe_kernel<FP8, BF16, 8, 2, false, true>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, act, nm)
+                           ldx, ldy, post, act, nm, pf, pf_bytes)
                   : launch(gemv_pipe_kernel<FP8, BF16, 8, 2, SILU, false>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, act, nm);
+                           ldx, ldy, post, act, nm, pf, pf_bytes);
     if (kw == 4 && unroll == 2 && !norm)
       return launch(gemv_pipe_kernel<FP8, BF16, 4, 2, SILU, false>, grid, 128, st, pdl, x, w, s, y, M, N, K, ldx,
-                    ldy, post, act, nm);
+                    ldy, post, act, nm, pf, pf_bytes);
     if (kw == 16 && unroll == 2 && !norm)
       return launch(gemv_pipe_kernel<FP8, BF16, 16, 2, SILU, false>, grid, 512, st, pdl, x, w, s, y, M, N, K, ldx,
-                    ldy, post, act, nm);
+                    ldy, post, act, nm, pf, pf_bytes);
     return -1;
   }
 #define BANYAN_GEMV(KW_, U_)                                                                                    \
