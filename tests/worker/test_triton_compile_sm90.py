@@ -7,8 +7,9 @@ launches). And what two of the decode's properties compile to: with ``prefetch``
 a warp (a bulk operation's operands are uniform, so the lanes other than a warp's first pass no size), after the K/V
 loop and before the parts' stores, and none without it; the merge of a request's parts loads every part at once,
 no barrier between the loads (a loop of a load and a cross-thread reduction a part made the kernel's end a chain of
-L2 round trips). The interpreter tests check the results, but never trace ``PF``: inline assembly is not
-interpreted. Skipped visibly where Triton or its CUDA back end is not installed."""
+L2 round trips); with the rope inside, the first block's table slots are prefetched into L1 before the rope's
+barrier (after it, the loop's first load of them would be one more round trip before the K/V loads). The
+interpreter tests check the results, but never trace ``PF`` or ``WARM``: inline assembly is not interpreted. Skipped visibly where Triton or its CUDA back end is not installed."""
 
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def compile_decode(name: str, aligned: bool = False, **over):
     splits = cfg["SPLITS"]
     constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
                       WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0, PF=False, PF_WARPS=warps, BLOCK_G=4,
-                      MERGE_S=min(triton.next_power_of_2(splits), 16))  # (as ``decode`` sets them for G = 4, D = 128)
+                      MERGE_S=min(triton.next_power_of_2(splits), 16),  # (as ``decode`` sets them for G = 4, D = 128)
+                      WARM=cfg.get("ROPE", False))  # (on CUDA with the rope inside)
     constexprs.update(cfg)
     return compile_sm90(td._partial_kernel, constexprs, pool, num_warps=warps, num_stages=stages, aligned=aligned)
 
@@ -120,7 +122,7 @@ def test_the_prefetching_decode_issues_bulk_l2_prefetches_after_its_kv_loop_and_
     mma = [i for i, line in enumerate(lines) if "mma.sync" in line]
     stores = [i for i, line in enumerate(lines) if re.search(r"\bst\.global", line) and i > mma[-1]]
     assert mma and mma[-1] < at[0] < stores[0]  # (after the products, before the part's stores)
-    assert "prefetch" not in compile_decode("bf16_splits16_rope_prefetch", aligned=True, PF=False).asm["ptx"]
+    assert "prefetch.L2" not in compile_decode("bf16_splits16_rope_prefetch", aligned=True, PF=False).asm["ptx"]
 
 
 @pytest.mark.timeout(300)
@@ -131,3 +133,14 @@ def test_the_merge_loads_all_parts_with_no_barrier_between_them() -> None:
     loads = [i for i, line in enumerate(lines) if i > start and "ld.global.cg.v4" in line]
     assert len(loads) == 16  # (one 16-byte load a thread for each of the 16 parts: (16 parts, 4 heads, 128) values)
     assert not any("bar.sync" in line for line in lines[loads[0]:loads[-1]])
+
+
+@pytest.mark.timeout(300)
+def test_with_the_rope_inside_the_first_slots_are_prefetched_before_the_ropes_barrier() -> None:
+    backend_or_skip()
+    lines = compile_decode("bf16_splits16_rope_prefetch", aligned=True).asm["ptx"].splitlines()
+    l1 = [i for i, line in enumerate(lines) if "prefetch.global.L1" in line]
+    first_bar = next(i for i, line in enumerate(lines) if "bar.sync" in line)
+    assert l1 and max(l1) < first_bar
+    assert "prefetch.global.L1" not in compile_decode("bf16_splits16_rope_prefetch", aligned=True,
+                                                      WARM=False).asm["ptx"]

@@ -132,6 +132,13 @@ if triton is not None:
             "=r,l,r", [Pf + at, size], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
+    def _prefetch_l1(ptrs, mask):
+        """The lines at ``ptrs`` (where ``mask``) into L1 (and L2): a hint, no register waits on it."""
+        tl.inline_asm_elementwise(
+            "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p prefetch.global.L1 [$1];\nmov.u32 $0, 0;\n}",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _partial_kernel(Q, K, V, Table, Rows, Prefix, Start, Opart, Lpart, Out, Lse, Count,
                         Knew, Vnew, CosSin, Pos, Slots, KInv, VInv, stride_nt, stride_nh, stride_vt, stride_vh,
                         stride_cs, stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
@@ -142,7 +149,7 @@ if triton is not None:
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
                         QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr,
                         PF: tl.constexpr, PF_WARPS: tl.constexpr, BLOCK_G: tl.constexpr,
-                        MERGE_S: tl.constexpr):
+                        MERGE_S: tl.constexpr, WARM: tl.constexpr):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -163,6 +170,9 @@ if triton is not None:
         heads = h * G + offs_g
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
+        if WARM:  # (the first block's slots into L1 now, beside the rope's loads: the loop reads them after its
+            # barrier, which otherwise costs one more round trip before the K/V loads can be issued)
+            _prefetch_l1(Table + row * stride_tab + lo + offs_n, lo + offs_n < hi)
         if ROPE:  # q and the new token's k not yet rotated: rotate-half at its position, as ``rope_store``
             low = offs_d < D // 2
             other = tl.where(low, offs_d + D // 2, offs_d - D // 2)  # (D a power of two: BLOCK_D == D)
@@ -337,7 +347,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     # parts merged at a time: (parts, heads, D) loads of up to 8,192 values (64 registers a thread at 4 warps)
     merge_s = max(1, min(triton.next_power_of_2(splits), 8192 // (triton.next_power_of_2(g) * block_d)))
-    pf = prefetch is not None and q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+    asm = q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"  # (inline assembly: not in the interpreter)
+    pf = prefetch is not None and asm
     pf_at, pf_bytes = prefetch if pf else (l_part, 0)
     assert not pf or (pf_at.dtype == torch.uint8 and pf_at.dim() == 1 and 0 < pf_bytes <= pf_at.numel()
                       and pf_bytes % 16 == 0 and pf_at.data_ptr() % 16 == 0)
@@ -354,7 +365,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
-        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g), MERGE_S=merge_s,
+        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g), MERGE_S=merge_s, WARM=new is not None and asm,
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
