@@ -109,9 +109,16 @@ for b in range(len(rows)):
     sl = table[rows[b], :int(prefix[b]) + 1].long()
     s2 = torch.einsum("hd,nhd->hn", q2[b], kc2[sl].repeat_interleave(hq2 // hkv, 1)) / math.sqrt(d2)
     want2.append(torch.einsum("hn,nhd->hd", s2.softmax(-1), vc2[sl].repeat_interleave(hq2 // hkv, 1)))
-for splits in (16, 8, 3):
-    o = td.decode(q2, kc2, vc2, table, rows, prefix, 1 / math.sqrt(d2), splits=splits)
-    assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (splits, (o - torch.stack(want2)).abs().max())
+import os
+for merge in ("0", "2", "1"):  # (BANYAN_DECODE_MERGE: at most 2 parts a load, or 1)
+    os.environ["BANYAN_DECODE_MERGE"] = merge
+    td.knobs.cache_clear()
+    for splits in (16, 8, 3):
+        o = td.decode(q2, kc2, vc2, table, rows, prefix, 1 / math.sqrt(d2), splits=splits)
+        assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (merge, splits,
+                                                                             (o - torch.stack(want2)).abs().max())
+del os.environ["BANYAN_DECODE_MERGE"]
+td.knobs.cache_clear()
 assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
@@ -308,3 +315,25 @@ print("backend rope ok")
 def test_the_backend_hands_a_decode_step_rope_to_the_triton_kernel_in_the_interpreter() -> None:
     pytest.importorskip("triton", reason="Triton is not installed")
     run_in_triton_interpreter(BACKEND_SCRIPT, "backend rope ok", timeout=280)
+
+
+def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
+    from services.worker.attention import decode_rules as dr
+
+    for name in ("BANYAN_DECODE_BLOCK", "BANYAN_DECODE_WARPS", "BANYAN_DECODE_MIN_PART", "BANYAN_DECODE_WARM",
+                 "BANYAN_DECODE_MERGE"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        dr.knobs.cache_clear()
+        assert dr.knobs() == (dr.BLOCK_N, 4, dr.MIN_PART, True, 0)
+        monkeypatch.setenv("BANYAN_DECODE_WARM", "0")
+        monkeypatch.setenv("BANYAN_DECODE_MERGE", "4")
+        assert dr.knobs()[3:] == (True, 0)  # (read once a process: unchanged until cleared)
+        dr.knobs.cache_clear()
+        assert dr.knobs()[3:] == (False, 4)
+        monkeypatch.setenv("BANYAN_DECODE_MERGE", "3")
+        dr.knobs.cache_clear()
+        with pytest.raises(ValueError, match="BANYAN_DECODE_MERGE"):
+            dr.knobs()
+    finally:
+        dr.knobs.cache_clear()

@@ -27,7 +27,7 @@ import torch
 
 from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
     AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
-    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, launch_config, min_part_tokens, num_splits, row_bounds)
+    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, row_bounds)
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -347,6 +347,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     # parts merged at a time: (parts, heads, D) loads of up to 8,192 values (64 registers a thread at 4 warps)
     merge_s = max(1, min(triton.next_power_of_2(splits), 8192 // (triton.next_power_of_2(g) * block_d)))
+    *_, warm, merge_max = knobs()
+    merge_s = min(merge_s, merge_max or merge_s)
     asm = q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"  # (inline assembly: not in the interpreter)
     pf = prefetch is not None and asm
     pf_at, pf_bytes = prefetch if pf else (l_part, 0)
@@ -365,7 +367,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
-        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g), MERGE_S=merge_s, WARM=new is not None and asm,
+        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g), MERGE_S=merge_s,
+        WARM=warm and new is not None and asm,
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
