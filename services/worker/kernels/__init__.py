@@ -220,8 +220,8 @@ def enable_norm_linear(device: torch.device, model: torch.nn.Module | None = Non
 def attention_l2(model: torch.nn.Module, attn: object) -> str:
     """Opt-in (``BANYAN_L2_ATTN_MIB=<MiB>``): in decode graphs of up to ``BANYAN_L2_ATTN_ROWS`` (8) rows, each
     layer's Triton decode attention prefetches the first MiB of that layer's o projection weight into L2 once its
-    K/V is read — the attention's end (parts stored, counted, merged) is a latency chain that leaves HBM idle for
-    ~5 µs at batch 1, and the o projection is a weight-streaming kernel (FP8 16.8 MB in 7.0 µs on the H200: ~3 µs of
+    K/V is read — the attention's end (parts stored, counted, merged) is a chain of L2 round trips that leaves HBM
+    idle at batch 1, and the o projection is a weight-streaming kernel (FP8 16.8 MB in 7.0 µs on the H200: ~3 µs of
     it ramp and drain). Unmeasured: off by default. Sets ``attn.l2_after`` / ``l2_rows`` (a backend without them:
     nothing) before graphs are captured → what was set."""
     if not hasattr(attn, "l2_after"):
