@@ -157,44 +157,51 @@ if triton is not None:
         row = tl.load(Rows + b).to(tl.int64)
         n = tl.load(Prefix + b).to(tl.int32) + 1  # the context: the prefix and the token being decoded
         first = tl.load(Start + b).to(tl.int32) if HAS_START else 0  # (a cascade step's own level: from skip)
+        offs_g = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK)
+        gmask, dmask = offs_g < G, offs_d < D
+        heads = h * G + offs_g
+        # every load that needs no loaded value, before the first use of one: a warp issues in order, so a use of n
+        # ahead of them (the parts' bounds) held them back a whole round trip (the SASS: docs/perf.md, twentieth)
+        q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0)
+        if ROPE:  # (q's other half, the new token's k and v, its position and slot: the rope's inputs)
+            low = offs_d < D // 2
+            other = tl.where(low, offs_d + D // 2, offs_d - D // 2)  # (D a power of two: BLOCK_D == D)
+            pos = tl.load(Pos + b).to(tl.int64)
+            q_half = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + other[None, :], mask=gmask[:, None],
+                             other=0.0)
+            k_at, v_at = Knew + b * stride_nt + h * stride_nh, Vnew + b * stride_vt + h * stride_vh
+            k_raw, k_half, v_new = tl.load(k_at + offs_d), tl.load(k_at + other), tl.load(v_at + offs_d)
+            dst = tl.load(Slots + b).to(tl.int64) * stride_ks + h * stride_kh + offs_d
+            if QUANT:
+                k_inv, v_inv = tl.load(KInv + h), tl.load(VInv + h)
         per = tl.cdiv(tl.cdiv(n - first, SPLITS), BLOCK) * BLOCK
         if MIN_PER:  # (parts of at least MIN_PER tokens: a short context leaves its later programs empty)
             per = tl.maximum(per, MIN_PER)
         parts = tl.cdiv(n - first, per)  # the parts with tokens (the later programs of a short context have none)
         lo = first + s * per
         hi = tl.minimum(lo + per, n)
-        offs_g = tl.arange(0, BLOCK_H)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_n = tl.arange(0, BLOCK)
-        gmask, dmask = offs_g < G, offs_d < D
-        heads = h * G + offs_g
-        q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=gmask[:, None] & dmask[None, :], other=0.0)
         if WARM:  # (the first block's slots into L1 now, beside the rope's loads: the loop reads them after its
             # barrier, which otherwise costs one more round trip before the K/V loads can be issued)
             _prefetch_l1(Table + row * stride_tab + lo + offs_n, lo + offs_n < hi)
         if ROPE:  # q and the new token's k not yet rotated: rotate-half at its position, as ``rope_store``
-            low = offs_d < D // 2
-            other = tl.where(low, offs_d + D // 2, offs_d - D // 2)  # (D a power of two: BLOCK_D == D)
-            cs = CosSin + tl.load(Pos + b).to(tl.int64) * stride_cs + offs_d % (D // 2)
+            cs = CosSin + pos * stride_cs + offs_d % (D // 2)
             cos, sin = tl.load(cs), tl.load(cs + D // 2)
-            q_o = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + other[None, :], mask=gmask[:, None],
-                          other=0.0).to(tl.float32) * sin[None, :]
+            q_o = q_half.to(tl.float32) * sin[None, :]
             q_c = q.to(tl.float32) * cos[None, :]
             q = tl.where(low[None, :], q_c - q_o, q_c + q_o).to(Q.dtype.element_ty)
             # the program whose part holds the new token writes its K (rotated) and V to the pool, then reads
             # them back in its loop (a barrier: every thread's write seen by the block)
             at_new = tl.full([BLOCK_D], 0, tl.int32) + n - 1  # (the new token's position, per lane: a mask)
             writer = dmask & (at_new >= lo) & (at_new < hi)
-            k_at, v_at = Knew + b * stride_nt + h * stride_nh, Vnew + b * stride_vt + h * stride_vh
-            k_c = tl.load(k_at + offs_d).to(tl.float32) * cos
-            k_o = tl.load(k_at + other).to(tl.float32) * sin
+            k_c = k_raw.to(tl.float32) * cos
+            k_o = k_half.to(tl.float32) * sin
             k_new = tl.where(low, k_c - k_o, k_c + k_o).to(Q.dtype.element_ty)
-            v_new = tl.load(v_at + offs_d)
-            dst = tl.load(Slots + b).to(tl.int64) * stride_ks + h * stride_kh + offs_d
             if QUANT:
-                k_q = tl.minimum(tl.maximum(k_new.to(tl.float32) * tl.load(KInv + h), -FMAX), FMAX)
-                v_q = tl.minimum(tl.maximum(v_new.to(tl.float32) * tl.load(VInv + h), -FMAX), FMAX)
+                k_q = tl.minimum(tl.maximum(k_new.to(tl.float32) * k_inv, -FMAX), FMAX)
+                v_q = tl.minimum(tl.maximum(v_new.to(tl.float32) * v_inv, -FMAX), FMAX)
             else:
                 k_q, v_q = k_new, v_new
             tl.store(K + dst, k_q.to(K.dtype.element_ty), mask=writer)
