@@ -6,7 +6,7 @@ configurations are the served ones (``triton_decode.decode``'s choices, ``rope_s
 launches). And what two of the decode's properties compile to: with ``prefetch`` (``PF``) bulk L2 prefetches, one
 a warp (a bulk operation's operands are uniform, so the lanes other than a warp's first pass no size), after the K/V
 loop and before the parts' stores, and none without it; the merge of a request's parts loads every part at once,
-no barrier between the loads (a loop of a load and a cross-thread reduction a part made the kernel's end a chain of
+with their LSEs, no barrier between the loads (a loop of a load and a cross-thread reduction a part made the kernel's end a chain of
 L2 round trips); with the rope inside, the first block's table slots are prefetched into L1 before the rope's
 barrier (after it, the loop's first load of them would be one more round trip before the K/V loads). The
 interpreter tests check the results, but never trace ``PF`` or ``WARM``: inline assembly is not interpreted. Skipped visibly where Triton or its CUDA back end is not installed."""
@@ -130,9 +130,10 @@ def test_the_merge_loads_all_parts_with_no_barrier_between_them() -> None:
     backend_or_skip()
     lines = compile_decode("bf16_splits16_rope_prefetch", aligned=True, PF=False).asm["ptx"].splitlines()
     start = next(i for i, line in enumerate(lines) if "atom.global.gpu.acq_rel.add" in line)  # (the pair's count)
-    loads = [i for i, line in enumerate(lines) if i > start and "ld.global.cg.v4" in line]
-    assert len(loads) == 16  # (one 16-byte load a thread for each of the 16 parts: (16 parts, 4 heads, 128) values)
-    assert not any("bar.sync" in line for line in lines[loads[0]:loads[-1]])
+    parts = [i for i, line in enumerate(lines) if i > start and "ld.global.cg.v4" in line]
+    assert len(parts) == 16  # (one 16-byte load a thread for each of the 16 parts: (16 parts, 4 heads, 128) values)
+    loads = [i for i, line in enumerate(lines) if i > start and "ld.global.cg" in line]  # (+ the parts' LSEs)
+    assert len(loads) > len(parts) and not any("bar.sync" in line for line in lines[loads[0]:loads[-1]])
 
 
 @pytest.mark.timeout(300)

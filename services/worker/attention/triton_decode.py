@@ -273,6 +273,10 @@ if triton is not None:
                 l_m = Lpart + b * stride_lb + (h * G + offs_m) * stride_lh
                 o_m = Opart + b * stride_ob + (h * G + offs_m) * stride_oh
                 offs_s = tl.arange(0, BLOCK_S)
+                if MERGE_S == BLOCK_S:  # (the parts' values loaded with their LSEs: one round trip, not two)
+                    smask = mmask[None, :] & (offs_s[:, None] < parts)
+                    o_all = tl.load(o_m[None, :, None] + offs_s[:, None, None] * stride_os + offs_d[None, None, :],
+                                    mask=smask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
                 parts_lse = tl.load(l_m[None, :] + offs_s[:, None], mask=mmask[None, :] & (offs_s[:, None] < parts),
                                     other=float("-inf"), cache_modifier=".cg")  # (BLOCK_S, BLOCK_G)
                 top = tl.max(parts_lse, 0)
@@ -284,13 +288,13 @@ if triton is not None:
                     offs_c = c + tl.arange(0, MERGE_S)
                     cmask = mmask[None, :] & (offs_c[:, None] < parts)
                     if MERGE_S == BLOCK_S:
-                        w_c = w
-                    else:  # (the chunk's weights, as w's rows c.. c + MERGE_S)
+                        w_c, o_c = w, o_all
+                    else:  # (the chunk's weights, as w's rows c.. c + MERGE_S, and its parts' values)
+                        o_c = tl.load(o_m[None, :, None] + offs_c[:, None, None] * stride_os + offs_d[None, None, :],
+                                      mask=cmask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
                         lse_c = tl.load(l_m[None, :] + offs_c[:, None], mask=cmask, other=float("-inf"),
                                         cache_modifier=".cg")
                         w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - top[None, :]), 0.0)
-                    o_c = tl.load(o_m[None, :, None] + offs_c[:, None, None] * stride_os + offs_d[None, None, :],
-                                  mask=cmask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
                     merged += tl.sum(o_c * w_c[:, :, None], 0)
                 merged = merged / tl.where(total > 0, total, 1.0)[:, None] * v_scale
                 tl.store(Out + b * stride_out_t + (h * G + offs_m)[:, None] * stride_out_h + offs_d[None, :],
