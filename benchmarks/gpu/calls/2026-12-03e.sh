@@ -25,8 +25,8 @@
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
 # · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates) · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
-# · l2test (the 2026-12-04 twentieth session's GPU tests: the decode's L2 prefetch and one-load merge, Triton PDL, FP8 pool,
-# cascade and graph parity) · oprobe (overlap_probe: decode attention beside GEMMs on two streams) · w1fe (w1f with
+# · l2test (the 2026-12-04 twentieth session's GPU tests: the decode's L2 prefetch and one-load merge, Triton PDL, the
+# norm kernel, FP8 pool, cascade and graph parity) · oprobe (overlap_probe: decode attention beside GEMMs on two streams) · w1fe (w1f with
 # $W1ENV exported) · ablate, ablateb (decode_ablate: FP8 W1's / bf16's batch-1 graph with parts as no-ops) · pwtest (the piecewise GPU parity tests) · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
@@ -117,6 +117,7 @@ for step in ${STEPS:-fp8}; do
     oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --out "$OUT/oprobe.json" >"$OUT/oprobe.log" 2>&1
             echo "oprobe (rc $?)"; grep '^|' "$OUT/oprobe.log" ;;
     l2test) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_l2_prefetch_gpu.py tests/gpu/test_triton_pdl_gpu.py \
+              tests/gpu/test_cuda_norm_gpu.py \
               tests/gpu/test_gpu_parity.py -k "prefetch or pdl or fp8_pool or cascade_matches or graph_replay" \
               -p no:cacheprovider >"$OUT/l2test.log" 2>&1; echo "l2test (rc $?)"; tail -3 "$OUT/l2test.log" ;;
     ftest) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "fp8_pool or cascade_matches" \
