@@ -281,6 +281,8 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
   uint4 va[U], vb[U];
   int s0 = p.s_lo;
   if (s0 + U <= p.s_hi) load_w<FP8, U>(va, vb, p.wa, p.wb, s0);
+  if (NORM)  // (the norm's weight, which no kernel writes, into L1 before the wait: norm_rows reads it after its sums)
+    for (int k = threadIdx.x * 64; k < K; k += 32 * KW * 64) prefetch_l1(nm.nw + k);
   wait_for_previous_kernel();
   __shared__ __align__(16) uint16_t xn[NORM ? NORM_MAX_VALUES : 8];
   const uint16_t* xr[1] = {xs + (long)g * ldx + t * E};

@@ -1,5 +1,5 @@
 // What the decode-size kernels (gemv.cu, norm.cu) share: Hopper's programmatic dependent launch (PDL) and L2
-// prefetch, each a no-op before sm_90.
+// prefetch, each a no-op before sm_90, and an L1 prefetch.
 //
 // A kernel launched with programmatic stream serialization may start its blocks while the kernel before it still
 // runs: nothing that kernel writes may be read, and nothing written, before ``wait_for_previous_kernel`` (which
@@ -27,6 +27,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
+}
+
+// The 128-byte line at ``p`` into L1 (a hint: nothing waits on it).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
 }  // namespace banyan
