@@ -138,8 +138,9 @@ def main() -> None:
             torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
-    print("\n| GEMM M×K×N | decode rows × context | kernel | GEMM µs (TFLOP/s) | attn µs (TB/s) | serial | parallel "
-          "(high · equal priority) | saved | overlap |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| GEMM M×K×N | decode rows × context | kernel | GEMM µs (TFLOP/s) | attn µs (TB/s) | serial | "
+          "parallel (high · equal priority) | saved | overlap |\n"
+          "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in out["cases"]:
         print(f"| {'×'.join(map(str, r['gemm_shape']))} | {r['decode'][0]} × {r['decode'][1]} | {r['kernel']} | "
               f"{r['gemm']} ({r['gemm_tflops']}) | {r['attn']} ({r['attn_tb_s']}) | {r['serial']} | "

@@ -1,15 +1,16 @@
-"""Banyan's Triton kernels compiled for the H200 (sm_90) on this machine, no GPU needed: Triton's
-front end, its optimizer, LLVM and ptxas run on the host, so a kernel that would not compile on the
-GPU (a construct the interpreter accepts but the compiler does not, a register or shared-memory
-overflow, inline PTX ptxas rejects) fails here, in CI, before a device call is spent on it. The
-configurations are the served ones (``triton_decode.decode``'s choices, ``rope_store``'s two
-launches). And what two of the decode's properties compile to: with ``prefetch`` (``PF``) bulk L2 prefetches, one
-a warp (a bulk operation's operands are uniform, so the lanes other than a warp's first pass no size), after the K/V
-loop and before the parts' stores, and none without it; the merge of a request's parts loads every part at once,
-with their LSEs, no barrier between the loads (a loop of a load and a cross-thread reduction a part made the kernel's end a chain of
-L2 round trips); with the rope inside, the first block's table slots are prefetched into L1 before the rope's
-barrier (after it, the loop's first load of them would be one more round trip before the K/V loads). The
-interpreter tests check the results, but never trace ``PF`` or ``WARM``: inline assembly is not interpreted. Skipped visibly where Triton or its CUDA back end is not installed."""
+"""Banyan's Triton kernels compiled for the H200 (sm_90) on this machine, no GPU needed: Triton's front end, its
+optimizer, LLVM and ptxas run on the host, so a kernel that would not compile on the GPU (a construct the
+interpreter accepts but the compiler does not, a register or shared-memory overflow, inline PTX ptxas rejects)
+fails here, in CI, before a device call is spent on it. The configurations are the served ones
+(``triton_decode.decode``'s choices, ``rope_store``'s two launches). And what three of the decode's properties
+compile to: with ``prefetch`` (``PF``) bulk L2 prefetches, one a warp (a bulk operation's operands are uniform, so
+the lanes other than a warp's first pass no size), after the K/V loop and before the parts' stores, and none
+without it; the merge of a request's parts loads every part at once, with their LSEs, no barrier between the loads
+(a loop of a load and a cross-thread reduction a part made the kernel's end a chain of L2 round trips); with the
+rope inside, the first block's table slots are prefetched into L1 before the rope's barrier (after it, the loop's
+first load of them would be one more round trip before the K/V loads). The interpreter tests check the results, but
+never trace ``PF`` or ``WARM``: inline assembly is not interpreted. Skipped visibly where Triton or its CUDA back
+end is not installed."""
 
 from __future__ import annotations
 

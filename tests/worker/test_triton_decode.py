@@ -1,11 +1,12 @@
-"""The Triton split-KV decode attention (``attention/triton_decode.py``) in Triton's interpreter on
-the CPU against the PyTorch reference math: table rows out of order, contexts of 1 token to several
-blocks, every split count (empty splits included), per-layer K/V scales, a strided q, a graph's flat
-slot list, a cascade step's own level (positions from ``starts``) and its log-sum-exp (base 2, as
-FlashInfer's), products in fp16, the split counts in use and the warm-up's launches of them; the parts merged
-by each pair's last program (all at once, or a few at a time for a large GQA group), its count left zero. float32 caches here (the interpreter's fp8 emulation does not round
-as the GPU does); the FP8 pool on the GPU: benchmarks/gpu/fp8_decode_bench.py (against FlashInfer on
-the same cache). Skipped visibly where Triton is not installed."""
+"""The Triton split-KV decode attention (``attention/triton_decode.py``) in Triton's interpreter on the CPU
+against the PyTorch reference math: table rows out of order, contexts of 1 token to several blocks, every
+split count (empty splits included), per-layer K/V scales, a strided q, a graph's flat slot list, a cascade
+step's own level (positions from ``starts``) and its log-sum-exp (base 2, as FlashInfer's), products in fp16,
+the split counts in use and the warm-up's launches of them; the parts merged by each pair's last program (all
+at once, or a few at a time for a large GQA group), its count left zero. float32 caches here (the
+interpreter's fp8 emulation does not round as the GPU does); the FP8 pool on the GPU:
+benchmarks/gpu/fp8_decode_bench.py (against FlashInfer on the same cache). Skipped visibly where Triton is not
+installed."""
 
 from __future__ import annotations
 

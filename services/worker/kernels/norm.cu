@@ -6,8 +6,9 @@
 // Why: in the batch-1 decode step FlashInfer's fused add-RMSNorm took 3.8 us a call in the CUDA graph (64 calls,
 // 8 % of the FP8 step: docs/perf.md, 2026-12-03 twelfth session): a latency-bound single block that loops. Here
 // each thread holds V 16-byte vectors of the row in registers (one read of x, residual and weight — the weight read
-// before the wait for the kernel before), one block reduction, one write. Launched with PDL, it lets the linear after it start at once (its blocks prefetch their
-// weights while this runs) and waits for the kernel before it only when it reads.
+// before the wait for the kernel before), one block reduction, one write. Launched with PDL, it lets the linear
+// after it start at once (its blocks prefetch their weights while this runs) and waits for the kernel before it
+// only when it reads.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -28,12 +29,15 @@ __global__ void add_rmsnorm_kernel(const uint16_t* __restrict__ x, const uint16_
                                    uint16_t* __restrict__ res_out, int K, long ldx, long ldr, long ldo, long ldro,
                                    float eps) {
   // the norm's weight first: no kernel writes it, so its loads go out before the wait for the kernel before (with
-  // PDL, while that one drains), not one round trip after the reduction
-  uint4 wv[V];
+  // PDL, while that one drains), not one round trip after the reduction (up to K = 16,384: V = 4's rows would spill)
+  constexpr bool EARLY = V <= 2;
+  uint4 wv[EARLY ? V : 1];
+  if constexpr (EARLY) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int k = (i * blockDim.x + threadIdx.x) * 8;
-    if (k < K) wv[i] = *reinterpret_cast<const uint4*>(w + k);
+    for (int i = 0; i < V; ++i) {
+      const int k = (i * blockDim.x + threadIdx.x) * 8;
+      if (k < K) wv[i] = *reinterpret_cast<const uint4*>(w + k);
+    }
   }
   banyan::let_next_kernel_start();  // (the linear after it may start: it reads nothing of ours before its wait)
   banyan::wait_for_previous_kernel();
@@ -77,7 +81,8 @@ __global__ void add_rmsnorm_kernel(const uint16_t* __restrict__ x, const uint16_
   for (int i = 0; i < V; ++i) {
     const int k = (i * blockDim.x + threadIdx.x) * 8;
     if (k >= K) break;
-    const uint16_t* we = reinterpret_cast<const uint16_t*>(&wv[i]);
+    const uint4 wk = EARLY ? wv[EARLY ? i : 0] : *reinterpret_cast<const uint4*>(w + k);
+    const uint16_t* we = reinterpret_cast<const uint16_t*>(&wk);
     uint4 ov;
     uint16_t* oe = reinterpret_cast<uint16_t*>(&ov);
 #pragma unroll
