@@ -67,7 +67,10 @@ def test_freeze_heap_takes_the_start_up_heap_out_of_the_walk():
         assert frozen >= len(keep)
         reg = CollectorRegistry()
         GcPauses(reg)
-        assert samples(reg)[("banyan:gc_frozen_objects", "", "")] == frozen
+        reported = samples(reg)[("banyan:gc_frozen_objects", "", "")]
+        # (a live gauge: frozen objects that die — other threads of the test process release some — leave the
+        # count between the two reads; CI saw 644,082 reported against 644,084 read before)
+        assert gc.get_freeze_count() <= reported <= frozen and reported >= len(keep)
         # a full collection now walks what was made since, not the frozen heap
         assert len(gc.get_objects(generation=2)) < frozen
     finally:
