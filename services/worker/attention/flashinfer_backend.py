@@ -114,8 +114,7 @@ class FlashInferAttention(AttentionBackend):
         self._rope_in_decode = False  # the plan's decode does the rope and the K/V write (``_rope_new``)
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
         self._run: Run = self._run_ragged
-        # layer -> (its o projection's weight as bytes, how many) that graphs of up to ``l2_rows`` rows' Triton
-        # decode prefetches into L2 (``kernels.attention_l2``: opt-in); ``_layer``: the one being run
+        # layer -> (o projection bytes, how many) graphs up to ``l2_rows`` prefetch (``kernels.attention_l2``)
         self.l2_after: dict[int, tuple[torch.Tensor, int]] = {}
         self.l2_rows, self._layer = 0, 0
         self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device

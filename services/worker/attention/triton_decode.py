@@ -21,6 +21,7 @@ Works for any pool dtype (bf16 pools too; the tests run float32 in Triton's inte
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -95,7 +96,7 @@ def widen_mode(device: torch.device, mode: str | None = None) -> str:
     mode = mode or os.environ.get("BANYAN_FP8_WIDEN", WIDEN_DEFAULT)
     if mode not in WIDEN_MODES:
         raise ValueError(f"BANYAN_FP8_WIDEN={mode!r} (cvt | int | asm)")
-    if mode == "asm" and (device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+    if mode == "asm" and (device.type != "cuda" or _interpreting()):
         return "int"
     return mode
 
@@ -116,9 +117,8 @@ if triton is not None:
 
     @triton.jit
     def _prefetch_share(Pf, total, b, batch, i, n, WARPS: tl.constexpr):
-        """Request ``b``'s share (of ``batch``) of the ``total`` bytes at ``Pf``, split over its ``n`` programs
-        with tokens: program ``i``'s part into L2, one bulk prefetch a warp (Hopper's: no register, no wait; a
-        bulk operation is issued once per distinct operand in a warp, so the other lanes pass a size of 0)."""
+        """Program ``i`` (of request ``b``'s ``n`` with tokens)'s part of the ``total`` bytes at ``Pf`` into L2: one
+        bulk prefetch a warp (issued once per distinct operand in a warp: the other lanes pass a size of 0)."""
         per_req = tl.cdiv(tl.cdiv(total, batch), 16) * 16
         lo = b.to(tl.int64) * per_req
         hi = tl.minimum(lo + per_req, total)
@@ -162,8 +162,7 @@ if triton is not None:
         offs_n = tl.arange(0, BLOCK)
         gmask, dmask = offs_g < G, offs_d < D
         heads = h * G + offs_g
-        # every load that needs no loaded value, before the first use of one: a warp issues in order, so a use of n
-        # ahead of them (the parts' bounds) held them back a whole round trip (the SASS: docs/perf.md, twentieth)
+        # loads that need no loaded value before the first use of one (a warp issues in order: docs/perf.md)
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
         if ROPE:  # (q's other half, the new token's k and v, its position and slot: the rope's inputs)
@@ -183,8 +182,7 @@ if triton is not None:
         parts = tl.cdiv(n - first, per)  # the parts with tokens (the later programs of a short context have none)
         lo = first + s * per
         hi = tl.minimum(lo + per, n)
-        if WARM:  # (the first block's slots into L1 now, beside the rope's loads: the loop reads them after its
-            # barrier, which otherwise costs one more round trip before the K/V loads can be issued)
+        if WARM:  # (the first block's slots into L1 beside the rope's loads: the loop reads them after its barrier)
             _prefetch_l1(Table + row * stride_tab + lo + offs_n, lo + offs_n < hi)
         if ROPE:  # q and the new token's k not yet rotated: rotate-half at its position, as ``rope_store``
             cs = CosSin + pos * stride_cs + offs_d % (D // 2)
@@ -265,9 +263,7 @@ if triton is not None:
             tl.debug_barrier()
             count = Count + b * tl.num_programs(1) + h
             if tl.atomic_add(count, 1, sem="acq_rel") == parts - 1:
-                # the parts merged MERGE_S at a time: (MERGE_S parts, BLOCK_G heads, BLOCK_D) in one load each, all in
-                # flight at once, the parts the slowest dimension (each thread sums its own; the warps take the
-                # heads). A loop of a load and a reduction a part, barriers between, made the end a chain of L2 trips.
+                # the parts as (MERGE_S, BLOCK_G heads, BLOCK_D) tiles, loaded at once, each thread summing its own
                 offs_m = tl.arange(0, BLOCK_G)
                 mmask = offs_m < G
                 l_m = Lpart + b * stride_lb + (h * G + offs_m) * stride_lh
@@ -330,10 +326,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
     tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
     short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores nothing, and a
-    context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8 tensor, bytes): the
-    first ``bytes`` of it brought into L2 by the programs with tokens once their K/V is read (on CUDA; Triton's
-    interpreter has no inline assembly): the weight the next kernel streams (the o projection's), read from HBM
-    while this kernel's latency-bound end leaves it idle. A hint: the results are the same bits."""
+    context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8 tensor, bytes): its
+    first bytes (the next kernel's weight) into L2 once the K/V is read, while this kernel's end leaves HBM idle
+    (CUDA only; a hint: the same bits)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -356,11 +351,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     if num_stages is None:
         num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
-    # parts merged at a time: (parts, heads, D) loads of up to 8,192 values (64 registers a thread at 4 warps)
-    merge_s = max(1, min(triton.next_power_of_2(splits), 8192 // (triton.next_power_of_2(g) * block_d)))
-    *_, warm, merge_max = knobs()
-    merge_s = min(merge_s, merge_max or merge_s)
-    asm = q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"  # (inline assembly: not in the interpreter)
+    *_, warm, merge_max = knobs()  # (parts merged a load: up to 8,192 values, 64 registers a thread at 4 warps)
+    merge_s = max(1, min(triton.next_power_of_2(splits), 8192 // (triton.next_power_of_2(g) * block_d),
+                         merge_max or MAX_SPLITS))
+    asm = q.is_cuda and not _interpreting()  # (inline assembly: not in the interpreter)
     pf = prefetch is not None and asm
     pf_at, pf_bytes = prefetch if pf else (l_part, 0)
     assert not pf or (pf_at.dtype == torch.uint8 and pf_at.dim() == 1 and 0 < pf_bytes <= pf_at.numel()
@@ -384,6 +378,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         **({"launch_pdl": True} if pdl else {}),
     )
     return (out, lse) if return_lse else out
+
+
+@functools.cache
+def _interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (read once a process: each decode launch asks)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 _counts: dict[torch.device, torch.Tensor] = {}

@@ -81,7 +81,9 @@ __global__ void add_rmsnorm_kernel(const uint16_t* __restrict__ x, const uint16_
   for (int i = 0; i < V; ++i) {
     const int k = (i * blockDim.x + threadIdx.x) * 8;
     if (k >= K) break;
-    const uint4 wk = EARLY ? wv[EARLY ? i : 0] : *reinterpret_cast<const uint4*>(w + k);
+    uint4 wk;
+    if constexpr (EARLY) wk = wv[i];
+    else wk = *reinterpret_cast<const uint4*>(w + k);
     const uint16_t* we = reinterpret_cast<const uint16_t*>(&wk);
     uint4 ov;
     uint16_t* oe = reinterpret_cast<uint16_t*>(&ov);
