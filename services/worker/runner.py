@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,8 +31,10 @@ from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
+from services.worker.launched import Launched, step_kind
+from services.worker.split_step import MixedSplit
 from services.worker.kernels import chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_small_m
-from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
+from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
 from services.worker.sampling.draw import TokenSampler, flashinfer_draw
@@ -61,42 +61,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
-
-
-def step_kind(extend: np.ndarray, graph: bool, pieces: bool = False) -> str:
-    """What a step is, for the per-kind step metrics: decodes only (one new token a row), replayed
-    from a CUDA graph or run eagerly; prompt chunks only; or both in one step — ``_piecewise`` when
-    its work between attentions replays piecewise graphs."""
-    decode = extend == 1
-    if decode.all() and (graph or not pieces):
-        return "decode_graph" if graph else "decode_eager"
-    kind = "decode" if decode.all() else "mixed" if decode.any() else "prefill"
-    return kind + "_piecewise" if pieces else kind
-
-
-@dataclass(eq=False)
-class Launched:
-    """A step queued on the device (``ModelRunner.launch``), not yet finished."""
-
-    batch: ForwardBatch
-    emits: np.ndarray  # (B,) bool: the step emits this row's next token
-    start: Any  # DeviceTimer marks
-    logits: torch.Tensor | None  # until sampled
-    scores: dict  # prompt-logprob tensors of scoring requests
-    sampled: Sampled | None = None
-    host: HostCopy | None = None
-    end: Any = None
-    awaits_mask: bool = False
-    kind: str = ""  # decode_graph / decode_eager / mixed / prefill, [decode_, mixed_, prefill_]piecewise
-    rows_d: torch.Tensor | None = None  # the batch's rows on the device (in batch order)
-
-    def __post_init__(self) -> None:
-        b = self.batch
-        self.awaits_mask = bool(b.mask_deferred and b.mask_rows and self.emits.any())
-
-    def ready(self) -> bool:
-        """Its results reached the host (``finish`` will not wait)."""
-        return not self.awaits_mask and (self.host is None or self.host.ready())
 
 
 class ModelRunner:
@@ -143,6 +107,8 @@ class ModelRunner:
                 quant=self.quant.name if self.quant else "", tp=(self.tp.rank, self.tp.size),
                 scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size, cfg.decode_attention)
+        self.split = MixedSplit.build(self.backend, self.kv, self.spec.num_heads // self.tp.size,  # (opt-in: mixed
+                                      cfg.decode_attention, self.device, self.tp.size)  # steps as two lanes)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         # (a row a multiple of 16 wide: Triton compiles a variant per stride class, warmed up for that one)
         self.table_width = -(-self.context_length // 16) * 16
@@ -344,6 +310,10 @@ class ModelRunner:
         if pending:
             self._resolve(ids_d, tok_rows_d, every)
         self.req_to_token[tok_rows_d, pos_d] = slots_d.to(torch.int32)
+        if self.split is not None and not (eager or all_logits) and (nd := self.split.rows(extend)):
+            self._kind = "mixed_split"
+            return self.split.logits(self, nd, dev, (ids_d, slots_d, pos_d, rows_d, prefix_d, extend_d), prefix,
+                                     extend, sample, lambda: self._tier_fence(b))
         cascade = None
         if b.cascade_group:
             cascade = make_cascade(from_i32(b.cascade_group), from_i32(b.cascade_lens), rows, extend, self.device)

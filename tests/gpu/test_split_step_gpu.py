@@ -1,0 +1,68 @@
+"""Mixed steps as two lanes on a GPU (``BANYAN_SPLIT_MIXED``; skipped without CUDA + FlashInfer): the decode lane on
+its own high-priority stream with its own backend, the prompt lane on the step's stream, both at once — each step's
+sampled logits against the same steps run whole (bf16 and FP8 pools; the decode lane eager and through the
+piecewise graphs), launched the way the worker serves the overlapping scheduler (step N+1 queued before N is
+finished, its decode inputs the tokens N sampled, still on the device). The CPU test of the same path:
+tests/worker/test_split_step.py."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from tests.gpu.test_gpu_parity import models, rel_err, runner, tokens  # noqa: F401  (the fixture: small models)
+
+from benchmarks.driver import Driver
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="needs FlashInfer"),
+]
+DECODES, STEPS = 96, 6
+
+
+def _steps(model, monkeypatch, split: bool, **cfg) -> tuple[list[torch.Tensor], list[list[int]], int]:
+    """96 requests of 200–900 prompt tokens, then ``STEPS`` mixed steps: their decodes (inputs on the device) and a
+    new 1,000-token prompt chunk each, each step launched before the previous one is finished → (the logits
+    of each step's sampled rows, as the sampler got them; the tokens sampled; steps run split)."""
+    monkeypatch.setenv("BANYAN_SPLIT_MIXED", "512" if split else "0")
+    r = runner(model, **cfg)
+    assert (r.split is not None) == split
+    logits, draw = [], r.batch_sampler.sample
+
+    def sample(b, step_logits, *args):
+        logits.append(step_logits.clone())
+        return draw(b, step_logits, *args)
+
+    driver = Driver(r, max_rows=DECODES + STEPS + 1)
+    lens = np.random.default_rng(0).integers(200, 900, DECODES)
+    for i in range(0, DECODES, 16):
+        driver.run([(f"d{j}", tokens(int(lens[j]), 32000, j), True) for j in range(i, i + 16)])
+    monkeypatch.setattr(r.batch_sampler, "sample", sample)
+    sampled, prev = [], None
+    for s in range(STEPS):
+        work = [(f"d{j}", [-1], True) for j in range(DECODES)] + [(f"p{s}", tokens(1000, 32000, 1000 + s), True)]
+        launched = r.launch(driver.batch(work, follows=True))
+        if prev is not None:
+            sampled.append(r.finish(prev)[0].tolist())
+        prev = launched
+    sampled.append(r.finish(prev)[0].tolist())
+    return logits, sampled, r.split.steps if split else 0
+
+
+@pytest.mark.parametrize("cfg", [{}, {"piecewise_cuda_graph_max_tokens": 256}, {"kv_cache_dtype": "fp8_e4m3"}],
+                         ids=["eager", "decode_lane_pieces", "fp8_pool"])
+def test_split_lanes_match_the_whole_step(models, monkeypatch, cfg) -> None:
+    whole, want, _ = _steps(models["small"], monkeypatch, False, **cfg)
+    lanes, got, n = _steps(models["small"], monkeypatch, True, **cfg)
+    assert n == STEPS and len(lanes) == len(whole) == STEPS
+    same = np.ones(DECODES + 1, dtype=bool)  # rows whose inputs so far were the same in both runs
+    for a, b, g, w in zip(lanes, whole, got, want, strict=True):
+        assert a.shape == b.shape == (DECODES + 1, 32000)
+        # (bf16: the decode lane's GEMMs at M = 96, not M = 1,096 — other tiles, other sums)
+        assert rel_err(a[same], b[same]) < 2e-2
+        same[:DECODES] &= np.array(g[:DECODES]) == np.array(w[:DECODES])
+    assert same.mean() >= 0.9, same.mean()  # (greedy on random weights: near-ties may flip; a race scrambles all)
