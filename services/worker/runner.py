@@ -32,7 +32,7 @@ from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
 from services.worker.launched import Launched, step_kind
-from services.worker.split_step import MixedSplit
+from services.worker.split_step import StepLanes
 from services.worker.kernels import chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_small_m
 from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
@@ -107,8 +107,10 @@ class ModelRunner:
                 quant=self.quant.name if self.quant else "", tp=(self.tp.rank, self.tp.size),
                 scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size, cfg.decode_attention)
-        self.split = MixedSplit.build(self.backend, self.kv, self.spec.num_heads // self.tp.size,  # (opt-in: mixed
-                                      cfg.decode_attention, self.device, self.tp.size)  # steps as two lanes)
+        self.split = StepLanes.build(self.backend, self.kv, self.spec.num_heads // self.tp.size,  # (opt-in: steps
+                                     cfg.decode_attention, self.device, self.tp.size)  # as two lanes)
+        if self.split is not None:
+            kernels["lanes"] = str(self.split.knobs)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         # (a row a multiple of 16 wide: Triton compiles a variant per stride class, warmed up for that one)
         self.table_width = -(-self.context_length // 16) * 16
@@ -311,7 +313,7 @@ class ModelRunner:
             self._resolve(ids_d, tok_rows_d, every)
         self.req_to_token[tok_rows_d, pos_d] = slots_d.to(torch.int32)
         if self.split is not None and not (eager or all_logits) and (nd := self.split.rows(extend)):
-            self._kind = "mixed_split"
+            self._kind = "mixed_split" if extend.max() > 1 else "decode_split"
             return self.split.logits(self, nd, dev, (ids_d, slots_d, pos_d, rows_d, prefix_d, extend_d), prefix,
                                      extend, sample, lambda: self._tier_fence(b))
         cascade = None

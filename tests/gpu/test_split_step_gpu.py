@@ -24,11 +24,14 @@ pytestmark = [
 DECODES, STEPS = 96, 6
 
 
-def _steps(model, monkeypatch, split: bool, **cfg) -> tuple[list[torch.Tensor], list[list[int]], int]:
+def _steps(model, monkeypatch, split: bool, halves: bool = False,
+           **cfg) -> tuple[list[torch.Tensor], list[list[int]], int]:
     """96 requests of 200–900 prompt tokens, then ``STEPS`` mixed steps: their decodes (inputs on the device) and a
     new 1,000-token prompt chunk each, each step launched before the previous one is finished → (the logits
-    of each step's sampled rows, as the sampler got them; the tokens sampled; steps run split)."""
-    monkeypatch.setenv("BANYAN_SPLIT_MIXED", "512" if split else "0")
+    of each step's sampled rows, as the sampler got them; the tokens sampled; steps run split). ``halves``: decode
+    steps only, run as two halves (the test's graphs hold 16 rows: these are eager)."""
+    monkeypatch.setenv("BANYAN_SPLIT_MIXED", "512" if split and not halves else "0")
+    monkeypatch.setenv("BANYAN_SPLIT_DECODE", "64" if split and halves else "0")
     r = runner(model, **cfg)
     assert (r.split is not None) == split
     logits, draw = [], r.batch_sampler.sample
@@ -44,7 +47,9 @@ def _steps(model, monkeypatch, split: bool, **cfg) -> tuple[list[torch.Tensor], 
     monkeypatch.setattr(r.batch_sampler, "sample", sample)
     sampled, prev = [], None
     for s in range(STEPS):
-        work = [(f"d{j}", [-1], True) for j in range(DECODES)] + [(f"p{s}", tokens(1000, 32000, 1000 + s), True)]
+        work = [(f"d{j}", [-1], True) for j in range(DECODES)]
+        if not halves:
+            work.append((f"p{s}", tokens(1000, 32000, 1000 + s), True))
         launched = r.launch(driver.batch(work, follows=True))
         if prev is not None:
             sampled.append(r.finish(prev)[0].tolist())
@@ -53,15 +58,17 @@ def _steps(model, monkeypatch, split: bool, **cfg) -> tuple[list[torch.Tensor], 
     return logits, sampled, r.split.steps if split else 0
 
 
+@pytest.mark.parametrize("halves", [False, True], ids=["mixed", "decode_halves"])
 @pytest.mark.parametrize("cfg", [{}, {"piecewise_cuda_graph_max_tokens": 256}, {"kv_cache_dtype": "fp8_e4m3"}],
-                         ids=["eager", "decode_lane_pieces", "fp8_pool"])
-def test_split_lanes_match_the_whole_step(models, monkeypatch, cfg) -> None:
-    whole, want, _ = _steps(models["small"], monkeypatch, False, **cfg)
-    lanes, got, n = _steps(models["small"], monkeypatch, True, **cfg)
+                         ids=["eager", "lane_pieces", "fp8_pool"])
+def test_split_lanes_match_the_whole_step(models, monkeypatch, cfg, halves) -> None:
+    whole, want, _ = _steps(models["small"], monkeypatch, False, halves, **cfg)
+    lanes, got, n = _steps(models["small"], monkeypatch, True, halves, **cfg)
+    rows = DECODES + (not halves)
     assert n == STEPS and len(lanes) == len(whole) == STEPS
-    same = np.ones(DECODES + 1, dtype=bool)  # rows whose inputs so far were the same in both runs
+    same = np.ones(rows, dtype=bool)  # rows whose inputs so far were the same in both runs
     for a, b, g, w in zip(lanes, whole, got, want, strict=True):
-        assert a.shape == b.shape == (DECODES + 1, 32000)
+        assert a.shape == b.shape == (rows, 32000)
         # (bf16: the decode lane's GEMMs at M = 96, not M = 1,096 — other tiles, other sums)
         assert rel_err(a[same], b[same]) < 2e-2
         same[:DECODES] &= np.array(g[:DECODES]) == np.array(w[:DECODES])

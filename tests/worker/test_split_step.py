@@ -14,15 +14,16 @@ from tests.worker.test_runner import tiny_llama  # noqa: F401  (the fixture: a 2
 
 from benchmarks.driver import Driver
 from services.worker.runner import ModelRunner
-from services.worker.split_step import MixedSplit, SplitKnobs, split_knobs
+from services.worker.split_step import SplitKnobs, StepLanes, split_knobs
 from shared.config import WorkerConfig
 
 DECODES = 18  # decode rows of the mixed step (the knob's floor is 17: above the small-M kernels' rows)
 
 
-def _runner(path, monkeypatch, split: bool, pieces: int = 0) -> ModelRunner:
+def _runner(path, monkeypatch, split: bool, pieces: int = 0, halves: int = 0) -> ModelRunner:
     monkeypatch.setenv("BANYAN_SPLIT_MIXED", "10" if split else "0")
     monkeypatch.setenv("BANYAN_SPLIT_MIN_DECODES", str(DECODES))
+    monkeypatch.setenv("BANYAN_SPLIT_DECODE", str(halves))
     return ModelRunner(WorkerConfig(model=str(path), max_total_tokens=2048, piecewise_cuda_graph_max_tokens=pieces),
                        str(path))
 
@@ -59,8 +60,8 @@ def test_split_mixed_step_matches_the_whole_step_and_hf(tiny_llama, monkeypatch,
 
 
 def test_which_steps_split(monkeypatch) -> None:
-    split = object.__new__(MixedSplit)
-    split.knobs = SplitKnobs(min_prompt=100, min_decodes=20, priority=True)
+    split = object.__new__(StepLanes)
+    split.knobs = SplitKnobs(min_prompt=100, min_decodes=20, decode_rows=0, priority=True)
     ext = np.array([1] * 20 + [60, 40], dtype=np.int64)
     assert split.rows(ext) == 20
     assert split.rows(np.array([1] * 19 + [60, 40])) == 0  # too few decodes
@@ -69,9 +70,17 @@ def test_which_steps_split(monkeypatch) -> None:
     assert split.rows(np.array([60] + [1] * 20 + [40])) == 0  # decodes not first
     assert split.rows(np.array([1] * 30)) == 0  # decodes only: the decode graphs' step
     assert split.rows(np.array([200, 40])) == 0
+    split.knobs = SplitKnobs(min_prompt=0, min_decodes=20, decode_rows=40, priority=True)
+    assert split.rows(np.array([1] * 40)) == 20 and split.rows(np.array([1] * 41)) == 20  # decode halves
+    assert split.rows(np.array([1] * 39)) == 0 and split.rows(ext) == 0  # (mixed steps: off)
     monkeypatch.setenv("BANYAN_SPLIT_MIXED", "2048")
     monkeypatch.delenv("BANYAN_SPLIT_MIN_DECODES", raising=False)
-    assert split_knobs() == SplitKnobs(2048, 64, True)
+    monkeypatch.delenv("BANYAN_SPLIT_DECODE", raising=False)
+    assert split_knobs() == SplitKnobs(2048, 64, 0, True)
+    monkeypatch.setenv("BANYAN_SPLIT_DECODE", "33")  # (a half of 16 rows: the small-M kernels')
+    with pytest.raises(ValueError, match="small-M"):
+        split_knobs()
+    monkeypatch.setenv("BANYAN_SPLIT_DECODE", "0")
     monkeypatch.setenv("BANYAN_SPLIT_MIN_DECODES", "16")
     with pytest.raises(ValueError, match="small-M"):
         split_knobs()
@@ -93,3 +102,27 @@ def test_steps_that_do_not_split_run_whole(tiny_llama, monkeypatch) -> None:
     assert runner._kind == "mixed" and runner.split.steps == 0
     driver.run([(f"d{i}", [-1], True) for i in range(DECODES - 1)] + [("q", seqs[-1], True)])
     assert runner._kind == "mixed" and runner.split.steps == 0
+
+
+def test_decode_halves_match_the_whole_step_and_hf(tiny_llama, monkeypatch) -> None:
+    """BANYAN_SPLIT_DECODE: a decode step above the graphs (here: no graphs) as two halves, the first through the
+    piecewise pieces on its lane, the second eager."""
+    path, hf = tiny_llama
+    n = 2 * DECODES + 1
+    seqs = random_seqs([4 + i % 9 for i in range(n)])
+    results = []
+    for halves in (0, 2 * DECODES):
+        runner = _runner(path, monkeypatch, False, pieces=64, halves=halves)
+        assert (runner.split is not None) == bool(halves)
+        driver = Driver(runner, max_rows=n + 1)
+        first = driver.run([(f"d{i}", seqs[i], True) for i in range(n)])
+        logits = runner.forward(driver.batch([(f"d{i}", [-1], True) for i in range(n)]))
+        kind = runner._kind
+        nxt = driver.run([(f"d{i}", [-1], True) for i in range(n)])
+        results.append((first, logits, kind, nxt, runner.split.steps if runner.split else 0))
+    (first, whole, kind, nxt, _), (first_s, lanes, kind_s, nxt_s, steps) = results
+    assert (kind, kind_s, steps) == ("decode_piecewise", "decode_split", 2)
+    assert first.tolist() == first_s.tolist() and nxt.tolist() == nxt_s.tolist()
+    torch.testing.assert_close(lanes, whole, rtol=1e-5, atol=1e-5)
+    want = torch.stack([hf_logits(hf, seqs[i] + [int(first[i])])[-1] for i in range(n)])
+    torch.testing.assert_close(lanes, want, rtol=1e-4, atol=1e-4)

@@ -116,7 +116,7 @@ class FlashInferAttention(AttentionBackend):
         self._run: Run = self._run_ragged
         # layer -> (o projection bytes, how many) graphs up to ``l2_rows`` prefetch (``kernels.attention_l2``)
         self.l2_after: dict[int, tuple[torch.Tensor, int]] = {}
-        self.l2_rows, self._layer = 0, 0
+        self.l2_rows, self._layer, self.counts = 0, 0, None  # counts: the Triton decode's (None: the device's)
         self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device
 
     def triton_rows(self, rows: int) -> bool:
@@ -386,7 +386,7 @@ class FlashInferAttention(AttentionBackend):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
                                         kw.get("v_scale", 1.0), return_lse=lse, starts=starts, f16=self._f16,
-                                        new=new, out=out, lse_out=lse_out,
+                                        new=new, out=out, lse_out=lse_out, counts=self.counts,
                                         prefetch=self.l2_after.get(self._layer) if l2 else None)
 
         return run

@@ -306,7 +306,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
            min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
-           prefetch: tuple[torch.Tensor, int] | None = None):
+           prefetch: tuple[torch.Tensor, int] | None = None, counts: torch.Tensor | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -328,7 +328,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores nothing, and a
     context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8 tensor, bytes): its
     first bytes (the next kernel's weight) into L2 once the K/V is read, while this kernel's end leaves HBM idle
-    (CUDA only; a hint: the same bits)."""
+    (CUDA only; a hint: the same bits). ``counts``: zeroed int32 pair counts (None: the device's; a 2nd lane's own)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -361,7 +361,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
                       and pf_bytes % 16 == 0 and pf_at.data_ptr() % 16 == 0)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
-        out, lse, _pair_counts(q.device, bsz * hkv),
+        out, lse, _pair_counts(q.device, bsz * hkv) if counts is None else counts,
         kn, vn, cos_sin, pos, slots, k_inv if quant else cos_sin, v_inv if quant else cos_sin,
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cos_sin.stride(0),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
