@@ -11,6 +11,11 @@ functions with the most own time a step.
 
     python -m benchmarks.gpu.step_host_profile --model /tmp/llama8b --out $OUT/host.json
     python -m benchmarks.gpu.step_host_profile --chunks 64,1150 --decode-rows 16 -- --decode-attention flashinfer
+    BANYAN_SPLIT_MIXED=1024 BANYAN_SPLIT_DECODE=384 python -m benchmarks.gpu.step_host_profile --lanes \
+        --decode-rows 590 --decode-context 1300 --chunks 0,2000,3600,6000 --top 0   # W2's plateau, two lanes vs one
+
+``--lanes`` (with a ``BANYAN_SPLIT_*`` knob on): every case twice a round, as two lanes (``split_step.py``) and
+whole (the same runner, its lanes put aside) — an A/B of the same steps on the same machine state.
 
 Prints a table and the heaviest functions last; writes JSON. Runs on the CPU too (the torch backend: the tests).
 """
@@ -51,9 +56,11 @@ class Steps:
             work.append((rid, torch.randint(0, self.vocab, (chunk,), generator=self.g).tolist(), True))
         return self.driver.batch(work), rid
 
-    def one(self, chunk: int, prof: cProfile.Profile | None = None) -> dict:
-        """One step (``_batch``) → its times; with ``prof``, its launch profiled."""
+    def one(self, chunk: int, prof: cProfile.Profile | None = None, lanes=None) -> dict:
+        """One step (``_batch``) → its times; with ``prof``, its launch profiled; ``lanes``: the runner's two lanes
+        (``StepLanes``) for this step, or None (whole)."""
         runner, (b, rid) = self.driver.runner, self._batch(chunk)
+        runner.split = lanes
         t0 = time.perf_counter()
         if prof is not None:
             prof.enable()
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", default="64,256,1150", help="prompt tokens a step (0: a decode-only step)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--lanes", action="store_true", help="each case as two lanes and whole (a BANYAN_SPLIT_* knob on)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/step_host_profile.json"))
     ap.add_argument("worker_args", nargs="*", help="WorkerConfig fields as --name value (after --)")
     args = ap.parse_args(argv)
@@ -102,30 +110,37 @@ def main(argv: list[str] | None = None) -> int:
     driver = Driver(runner, max_rows=args.decode_rows + 2)
     decoders = [f"d{i}" for i in range(args.decode_rows)]
     steps = Steps(driver, decoders, runner.spec.vocab_size)
-    for r in decoders:  # (their prompts, one step each)
+    lanes = runner.split
+    if args.lanes and lanes is None:
+        raise SystemExit("--lanes: set BANYAN_SPLIT_MIXED and/or BANYAN_SPLIT_DECODE (the runner has no lanes)")
+    runner.split = None
+    per = max(1, 8192 // max(1, args.decode_context))  # (their prompts, a few a step)
+    for i in range(0, len(decoders), per):
         driver.run([(r, torch.randint(0, runner.spec.vocab_size, (args.decode_context,), generator=steps.g).tolist(),
-                     True)])
-    cases = [0] + [c for c in chunks if c]
-    for chunk in cases:
+                     True) for r in decoders[i : i + per]])
+    cases = [(c, on) for c in [0] + [c for c in chunks if c] for on in ((False, True) if args.lanes else (False,))]
+    for chunk, on in cases:
         for _ in range(3):  # (warm: plans, graphs of this size, caches)
-            steps.one(chunk)
-    times: dict[int, list[dict]] = {c: [] for c in cases}
+            steps.one(chunk, lanes=lanes if on else None)
+    times: dict[tuple, list[dict]] = {c: [] for c in cases}
     for _ in range(args.steps):  # (the cases in turn: no case gets the machine's state of one stretch of time)
-        for chunk in cases:
-            times[chunk].append(steps.one(chunk))
+        for chunk, on in cases:
+            times[chunk, on].append(steps.one(chunk, lanes=lanes if on else None))
     rows = []
-    for chunk in cases:
-        med = {k: round(statistics.median(t[k] for t in times[chunk]), 3) for k in ("host_ms", "wall_ms", "device_ms")}
-        rows.append({"chunk": chunk, "kind": times[chunk][-1]["kind"], **med,
-                     "host_ms_max": round(max(t["host_ms"] for t in times[chunk]), 3),
-                     "top": steps.profiled(chunk, args.steps, args.top)})
+    for chunk, on in cases:
+        t = times[chunk, on]
+        med = {k: round(statistics.median(x[k] for x in t), 3) for k in ("host_ms", "wall_ms", "device_ms")}
+        rows.append({"chunk": chunk, "lanes": on, "kind": t[-1]["kind"], **med,
+                     "host_ms_max": round(max(x["host_ms"] for x in t), 3),
+                     "top": steps.profiled(chunk, args.steps, args.top) if args.top and not on else []})
     out = {"model": args.model, "worker_args": args.worker_args, "device": args.device,
            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "torch": torch.__version__,
            "decode_rows": args.decode_rows, "decode_context": args.decode_context, "steps": args.steps,
+           "lanes": str(lanes.knobs) if lanes is not None else None,
            "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
-    for row in rows:
+    for row in (r for r in rows if r["top"]):
         print(f"\n### {row['chunk']} prompt tokens beside {args.decode_rows} decodes ({row['kind']}): heaviest "
               "functions, own ms a step (cumulative)")
         for f in row["top"][:12]:
@@ -135,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"| {row['chunk']} | {row['kind']} | {row['host_ms']:.2f} ({row['host_ms_max']:.2f}) | "
               f"{row['wall_ms']:.2f} | {row['device_ms']:.2f} |")
+    if args.lanes:  # (two lanes against whole, each case)
+        for chunk, _ in cases[::2]:
+            a, b = (next(r for r in rows if r["chunk"] == chunk and r["lanes"] == on) for on in (False, True))
+            print(f"two lanes, {chunk} prompt tokens: device {b['device_ms']:.2f} vs {a['device_ms']:.2f} ms "
+                  f"({b['device_ms'] / max(a['device_ms'], 1e-9) - 1:+.1%}), wall {b['wall_ms']:.2f} vs {a['wall_ms']:.2f}")
     print(f"\nJSON: {args.out}")
     return 0
 

@@ -21,3 +21,19 @@ def test_the_host_profile_runs_on_the_cpu(demo_dir, tmp_path) -> None:
     for r in rows:
         assert 0 < r["host_ms"] <= min(r["wall_ms"], r["host_ms_max"]) and r["device_ms"] > 0
         assert any("forward" in f["function"] for f in r["top"])  # (the model's forward, queued in launch)
+
+
+def test_the_lanes_ab_runs_on_the_cpu(demo_dir, tmp_path, monkeypatch) -> None:
+    """``--lanes``: each case as two lanes and whole, on one runner (split_step.py's knobs on)."""
+    monkeypatch.setenv("BANYAN_SPLIT_MIXED", "16")
+    monkeypatch.setenv("BANYAN_SPLIT_MIN_DECODES", "17")
+    monkeypatch.setenv("BANYAN_SPLIT_DECODE", "34")
+    model = make_tiny_model("llama", tmp_path / "m", demo_dir, seed=3)
+    out = tmp_path / "lanes.json"
+    assert step_host_profile.main(["--model", str(model), "--device", "cpu", "--decode-rows", "36",
+                                   "--decode-context", "20", "--chunks", "24", "--steps", "2", "--top", "0",
+                                   "--lanes", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["chunk"], r["lanes"], r["kind"]) for r in rows] == [
+        (0, False, "decode_eager"), (0, True, "decode_split"), (24, False, "mixed"), (24, True, "mixed_split")]
+    assert all(r["device_ms"] > 0 and not r["top"] for r in rows)
