@@ -110,12 +110,10 @@ class StepLanes:
         ``dev``; the table already holds the step's slots."""
         ids, slots, pos, rows, prefix_d, extend_d = views
         device = dev.device
-        lanes = []
-        for sl_tok, sl_row in ((slice(0, nd), slice(0, nd)), (slice(nd, None), slice(nd, None))):
-            lanes.append(AttentionBatch(req_to_token=r.req_to_token, rows=rows[sl_row], prefix_lens=prefix_d[sl_row],
-                                        extend_lens=extend_d[sl_row], out_slots=slots[sl_tok], positions=pos[sl_tok],
-                                        prefix_lens_cpu=prefix[sl_row].tolist(),
-                                        extend_lens_cpu=extend[sl_row].tolist()))
+        lanes = [AttentionBatch(req_to_token=r.req_to_token, rows=rows[sl], prefix_lens=prefix_d[sl],
+                                extend_lens=extend_d[sl], out_slots=slots[sl], positions=pos[sl],  # (the first nd
+                                prefix_lens_cpu=prefix[sl].tolist(), extend_lens_cpu=extend[sl].tolist())  # rows: nd
+                 for sl in (slice(0, nd), slice(nd, None))]  # tokens, so one slice serves rows and tokens)
         self.attn.prepare(lanes[0])
         r.attn.prepare(lanes[1])
         pick_d = to_device(np.flatnonzero(sample[:nd]), torch.int64, device)
