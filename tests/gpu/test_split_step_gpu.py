@@ -32,7 +32,7 @@ def _steps(model, monkeypatch, split: bool, halves: bool = False,
     steps only, run as two halves (the test's graphs hold 16 rows: these are eager)."""
     monkeypatch.setenv("BANYAN_SPLIT_MIXED", "512" if split and not halves else "0")
     monkeypatch.setenv("BANYAN_SPLIT_DECODE", "64" if split and halves else "0")
-    r = runner(model, **cfg)
+    r = runner(model, **{"max_total_tokens": 80000, **cfg})  # (96 × ≤ 900 tokens, 6 prompts of 1,000)
     assert (r.split is not None) == split
     logits, draw = [], r.batch_sampler.sample
 
