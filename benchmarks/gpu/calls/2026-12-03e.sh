@@ -132,8 +132,9 @@ for step in ${STEPS:-fp8}; do
               >"$OUT/wbench.log" 2>&1; echo "wbench (rc $?)"; tail -12 "$OUT/wbench.log" ;;  # (64 × 1k decode step)
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
-    oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --out "$OUT/oprobe.json" >"$OUT/oprobe.log" 2>&1
-            echo "oprobe (rc $?)"; grep '^|' "$OUT/oprobe.log" ;;
+    oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --green "${GREEN:-48,66}" --out "$OUT/oprobe.json" \
+              >"$OUT/oprobe.log" 2>&1
+            echo "oprobe (rc $?)"; grep -E '^\||green context' "$OUT/oprobe.log" ;;
     l2test) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_l2_prefetch_gpu.py tests/gpu/test_triton_pdl_gpu.py \
               tests/gpu/test_cuda_norm_gpu.py \
               tests/gpu/test_gpu_parity.py -k "prefetch or pdl or fp8_pool or cascade_matches or graph_replay" \
