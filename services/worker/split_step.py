@@ -5,8 +5,8 @@ A mixed step's decode rows and its prompt chunks are different requests: nothing
 other's. Run as one batch, every layer does the GEMMs of all the step's tokens (compute-bound: the prompt tokens)
 and then the attention, where the decode rows read their whole KV (memory-bound: ~600 rows × ~1.3k tokens in
 W2's plateau, ~25 ms of HBM a step) while the tensor cores idle. Run as two lanes, the decode lane's attention can
-run beside the prompt lane's GEMMs (NanoFlow's observation, without its SM partition: stream priority decides
-whose blocks take the SMs a kernel frees). The cost: the decode lane reads the weights once more for its own GEMMs
+run beside the prompt lane's GEMMs (NanoFlow's observation; stream priority decides whose blocks take the SMs a
+kernel frees, or with ``BANYAN_SPLIT_SMS=<n>`` the decode lane runs in a green context of n SMs). The cost: the decode lane reads the weights once more for its own GEMMs
 (M = its rows), on an HBM the prompt GEMMs leave mostly idle. Whether it pays is a measurement
 (``benchmarks/gpu/overlap_probe.py``, then W2 with the knob): off by default.
 
@@ -20,7 +20,7 @@ the other's GEMMs, the high-priority lane ahead by its head start (NanoFlow's na
 - The prompt lane (or the second half): the other rows, eager on the step's stream, with the runner's backend
   and its between-layer calls. Both plans are made (on the host) before either lane is queued.
 - The lanes join before the logits: one lm_head GEMM for both lanes' sampled rows, in batch order, on the step's
-  stream. Neither lane uses the small-M kernels (whose tile counts are one buffer a device): both have ≥ 16 rows.
+  stream. Neither lane uses the small-M kernels (whose tile counts are one buffer a device): both have > 16 rows.
 
 A mixed step splits only with ``BANYAN_SPLIT_MIN_DECODES`` (64) decode rows or more ahead of ≥ the knob's prompt
 tokens, nothing else (no scoring rows, no shared-prefix groups, no logits of every token), on one GPU (two lanes'
