@@ -6,7 +6,7 @@ other's. Run as one batch, every layer does the GEMMs of all the step's tokens (
 and then the attention, where the decode rows read their whole KV (memory-bound: ~600 rows × ~1.3k tokens in
 W2's plateau, ~25 ms of HBM a step) while the tensor cores idle. Run as two lanes, the decode lane's attention can
 run beside the prompt lane's GEMMs (NanoFlow's observation; stream priority decides whose blocks take the SMs a
-kernel frees, or with ``BANYAN_SPLIT_SMS=<n>`` the decode lane runs in a green context of n SMs). The cost: the decode lane reads the weights once more for its own GEMMs
+kernel frees). The cost: the decode lane reads the weights once more for its own GEMMs
 (M = its rows), on an HBM the prompt GEMMs leave mostly idle. Whether it pays is a measurement
 (``benchmarks/gpu/overlap_probe.py``, then W2 with the knob): off by default.
 
@@ -41,9 +41,6 @@ from services.worker.attention import make_backend
 from services.worker.attention.base import AttentionBatch
 from services.worker.hostio import to_device
 from services.worker.kernels import MAX_M
-from shared.logging import get_logger
-
-log = get_logger("worker")
 
 
 @dataclass(frozen=True)
@@ -52,19 +49,14 @@ class SplitKnobs:
     min_decodes: int  # decode rows it needs
     decode_rows: int  # rows a decode-only step needs to run as two halves (0: never)
     priority: bool  # the decode lane's stream at high priority
-    sms: int = 0  # > 0: the decode lane's stream in a CUDA green context of that many SMs
 
 
 def split_knobs() -> SplitKnobs:
     """``BANYAN_SPLIT_MIXED`` (prompt tokens; unset or 0: off), ``BANYAN_SPLIT_MIN_DECODES`` (64),
-    ``BANYAN_SPLIT_DECODE`` (rows; 0: off), ``BANYAN_SPLIT_PRIORITY`` (1), ``BANYAN_SPLIT_SMS`` (0): read once,
-    when a runner is built."""
+    ``BANYAN_SPLIT_DECODE`` (rows; 0: off), ``BANYAN_SPLIT_PRIORITY`` (1): read once, when a runner is built."""
     env = os.environ.get
     knobs = SplitKnobs(int(env("BANYAN_SPLIT_MIXED", "0")), int(env("BANYAN_SPLIT_MIN_DECODES", "64")),
-                       int(env("BANYAN_SPLIT_DECODE", "0")), env("BANYAN_SPLIT_PRIORITY", "1") != "0",
-                       int(env("BANYAN_SPLIT_SMS", "0")))
-    if knobs.sms < 0:
-        raise ValueError(f"BANYAN_SPLIT_SMS={knobs.sms} (0: off, or the first lane's SMs)")
+                       int(env("BANYAN_SPLIT_DECODE", "0")), env("BANYAN_SPLIT_PRIORITY", "1") != "0")
     if knobs.min_prompt < 0 or knobs.min_decodes <= MAX_M or knobs.decode_rows < 0 or \
             0 < knobs.decode_rows < 2 * (MAX_M + 1):
         raise ValueError(f"BANYAN_SPLIT_MIXED={knobs.min_prompt} (>= 0), BANYAN_SPLIT_MIN_DECODES={knobs.min_decodes} "
@@ -78,29 +70,14 @@ class StepLanes:
                  device: torch.device) -> None:
         self.knobs = knobs
         self.attn = make_backend(backend, pool, num_q_heads, decode)  # the decode lane's own plans and workspace
-        self.stream, self._green = None, None
+        self.stream = None
         if device.type == "cuda":
-            self.stream = self._lane_stream(device)
+            self.stream = torch.cuda.Stream(device, priority=-1 if knobs.priority else 0)
             if hasattr(self.attn, "counts"):  # (both lanes may run the Triton decode at once: decode halves)
                 from services.worker.attention import triton_decode
 
                 self.attn.counts = torch.zeros(triton_decode.MAX_PAIRS, dtype=torch.int32, device=device)
         self.steps = 0  # steps run as two lanes
-
-    def _lane_stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The first lane's stream: high (or equal) priority; with ``sms``, the stream of a CUDA green context of
-        that many SMs (torch's ``GreenContext``: the lane's kernels on those SMs only, the other lane's anywhere —
-        NanoFlow's partition, one-sided), or where it cannot be made, a warning and the priority stream."""
-        if self.knobs.sms:
-            try:
-                from torch.cuda.green_contexts import GreenContext
-
-                self._green = GreenContext.create(num_sms=self.knobs.sms, device_id=device.index or 0)
-                return self._green.Stream()
-            except Exception as e:  # (a torch without green contexts, a driver below CUDA 12.4, …)
-                log.warning("split_green_context_unavailable", sms=self.knobs.sms,
-                            reason=f"{type(e).__name__}: {e}"[:300])
-        return torch.cuda.Stream(device, priority=-1 if self.knobs.priority else 0)
 
     @classmethod
     def build(cls, backend: str, pool, num_q_heads: int, decode: str, device: torch.device,

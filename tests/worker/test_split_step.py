@@ -76,12 +76,7 @@ def test_which_steps_split(monkeypatch) -> None:
     monkeypatch.setenv("BANYAN_SPLIT_MIXED", "2048")
     monkeypatch.delenv("BANYAN_SPLIT_MIN_DECODES", raising=False)
     monkeypatch.delenv("BANYAN_SPLIT_DECODE", raising=False)
-    assert split_knobs() == SplitKnobs(2048, 64, 0, True, 0)
-    monkeypatch.setenv("BANYAN_SPLIT_SMS", "-2")
-    with pytest.raises(ValueError, match="SMS"):
-        split_knobs()
-    monkeypatch.setenv("BANYAN_SPLIT_SMS", "48")
-    assert split_knobs().sms == 48
+    assert split_knobs() == SplitKnobs(2048, 64, 0, True)
     monkeypatch.setenv("BANYAN_SPLIT_DECODE", "33")  # (a half of 16 rows: the small-M kernels')
     with pytest.raises(ValueError, match="small-M"):
         split_knobs()

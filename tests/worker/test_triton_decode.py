@@ -326,10 +326,10 @@ def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
     try:
         dr.knobs.cache_clear()
-        assert dr.knobs() == (dr.BLOCK_N, 4, dr.MIN_PART, True, 0)
+        assert dr.knobs() == (dr.BLOCK_N, 4, dr.MIN_PART, True, 1)
         monkeypatch.setenv("BANYAN_DECODE_WARM", "0")
         monkeypatch.setenv("BANYAN_DECODE_MERGE", "4")
-        assert dr.knobs()[3:] == (True, 0)  # (read once a process: unchanged until cleared)
+        assert dr.knobs()[3:] == (True, 1)  # (read once a process: unchanged until cleared)
         dr.knobs.cache_clear()
         assert dr.knobs()[3:] == (False, 4)
         monkeypatch.setenv("BANYAN_DECODE_MERGE", "3")

@@ -28,8 +28,8 @@
 # · l2test (the 2026-12-04 twentieth session's GPU tests: the decode's L2 prefetch and one-load merge, Triton PDL, the
 # norm kernel, FP8 pool, cascade and graph parity) · oprobe (overlap_probe: decode attention beside GEMMs on two streams) · w1fe (w1f with
 # $W1ENV exported) · ablate, ablateb (decode_ablate: FP8 W1's / bf16's batch-1 graph with parts as no-ops) · pwtest (the piecewise GPU parity tests) · hproffi (hprof, mixed steps' decodes through FlashInfer's decode: BANYAN_MIXED_TRITON=0) · hprof1 (one plan) · w2s, w2s0, w2d, w2sd (W2
-# with steps as two lanes: mixed from $SPLIT prompt tokens, high / equal priority; decode halves from $SPLITD rows) · stest (the two lanes' GPU tests) · lanes, lanesg (step_host_profile --lanes at W2's plateau: two lanes vs
-# one, the same steps in turn; lanesg: the first lane on $SMS SMs of a green context).
+# with steps as two lanes: mixed from $SPLIT prompt tokens, high / equal priority; decode halves from $SPLITD rows) · stest (the two lanes' GPU tests) · lanes (step_host_profile --lanes at W2's plateau: two lanes vs one, the
+# same steps in turn).
 source benchmarks/gpu/calls/setup.sh
 END=${END:-570}; CAP=${CAP:-1024}; read -r -a fast <<<"${FAST:-}"
 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b --tokenizer .assets/llama3 2>&1 | tail -1
@@ -84,15 +84,13 @@ for step in ${STEPS:-fp8}; do
     w1f_r) export BANYAN_ROPE_IN_DECODE=1; suite w1f_r 150 --workloads W1 -- --quantization fp8 --fp8-vocab "${fast[@]}"
            unset BANYAN_ROPE_IN_DECODE ;;
     w2s|w2s0|w2d|w2sd)  # W2 with steps as two lanes (split_step.py): mixed steps from $SPLIT prompt tokens (w2s, w2s0:
-          # equal stream priority), decode steps the graphs do not hold from $SPLITD rows as halves (w2d), both (w2sd);
-          # $SMS: the first lane in a green context of that many SMs
-          export BANYAN_SPLIT_MIXED=${SPLIT:-1024} BANYAN_SPLIT_DECODE=0 BANYAN_SPLIT_PRIORITY=1 BANYAN_SPLIT_SMS=${SMS:-0}
+          # equal stream priority), decode steps the graphs do not hold from $SPLITD rows as halves (w2d), both (w2sd)
+          export BANYAN_SPLIT_MIXED=${SPLIT:-1024} BANYAN_SPLIT_DECODE=0 BANYAN_SPLIT_PRIORITY=1
           [ "$step" = w2s0 ] && BANYAN_SPLIT_PRIORITY=0; [ "$step" = w2d ] && BANYAN_SPLIT_MIXED=0
           [[ $step == w2d || $step == w2sd ]] && BANYAN_SPLIT_DECODE=${SPLITD:-384}
           suite "$step" 125 --workloads W2 --step-trace -- "${fast[@]}"
-          unset BANYAN_SPLIT_MIXED BANYAN_SPLIT_DECODE BANYAN_SPLIT_PRIORITY BANYAN_SPLIT_SMS ;;
-    lanes|lanesg) sms=0; [ "$step" = lanesg ] && sms=${SMS:-48}  # (lanesg: the first lane in a green context of $SMS SMs)
-           BANYAN_SPLIT_SMS=$sms BANYAN_SPLIT_MIXED=1024 BANYAN_SPLIT_DECODE=${SPLITD:-384} timeout 240 \
+          unset BANYAN_SPLIT_MIXED BANYAN_SPLIT_DECODE BANYAN_SPLIT_PRIORITY ;;
+    lanes) BANYAN_SPLIT_MIXED=1024 BANYAN_SPLIT_DECODE=${SPLITD:-384} timeout 240 \
            python3 -m benchmarks.gpu.step_host_profile \
              --model /tmp/llama8b --lanes --decode-rows 590 --decode-context 1300 --chunks 0,2000,3600,6000 --top 0 \
              --steps 5 --out "$OUT/$step.json" -- "${fast[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"
@@ -132,7 +130,7 @@ for step in ${STEPS:-fp8}; do
               >"$OUT/wbench.log" 2>&1; echo "wbench (rc $?)"; tail -12 "$OUT/wbench.log" ;;  # (64 × 1k decode step)
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
-    oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --green "${GREEN:-48,66}" --out "$OUT/oprobe.json" \
+    oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --green "${GREEN:-}" --out "$OUT/oprobe.json" \
               >"$OUT/oprobe.log" 2>&1
             echo "oprobe (rc $?)"; grep -E '^\||green context' "$OUT/oprobe.log" ;;
     l2test) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_l2_prefetch_gpu.py tests/gpu/test_triton_pdl_gpu.py \
