@@ -8,7 +8,9 @@ W2's plateau, ~25 ms of HBM a step) while the tensor cores idle. Run as two lane
 run beside the prompt lane's GEMMs (NanoFlow's observation; stream priority decides whose blocks take the SMs a
 kernel frees). The cost: the decode lane reads the weights once more for its own GEMMs
 (M = its rows), on an HBM the prompt GEMMs leave mostly idle. Whether it pays is a measurement
-(``benchmarks/gpu/overlap_probe.py``, then W2 with the knob): off by default.
+(``benchmarks/gpu/overlap_probe.py``, then W2 with the knob): off by default. Measured on the H200 (docs/perf.md,
+2026-12-05): it does not — cuBLAS's GEMMs and the decode attention each take every SM, the two streams' kernels run
+one after the other (−16 to +17 µs a layer), W2's plateau steps −3 to +1 %; kept as an opt-in, tested path.
 
 The same holds for a large decode step's two halves (``BANYAN_SPLIT_DECODE``: decode steps of that many rows or
 more that no decode graph holds — W2's plateau runs ~600 rows, above the graphs' 512): one half's attention beside
