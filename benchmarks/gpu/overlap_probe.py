@@ -11,7 +11,7 @@ events, eagerly (stream priorities apply; launches are far shorter than the kern
 - ``parallel``: the attention on a second stream (high priority), the GEMM on the first, joined every pair;
 - ``parallel_eq``: the same at equal priority;
 - ``green_N`` (``--green N,…``): the attention on the stream of a CUDA green context of N SMs (torch's
-  ``GreenContext``; the GEMM anywhere) — NanoFlow's SM partition, one-sided (``BANYAN_SPLIT_SMS``).
+  ``GreenContext``; the GEMM anywhere) — NanoFlow's SM partition, one-sided (measured slower on the H200, 2026-12-05).
 
 ``saved`` = serial − parallel, ``overlap`` = saved ÷ min(gemm, attn): 1.0 would hide the shorter one entirely; near 0
 the two only take turns on the SMs (a GEMM's tiles leave no room for another kernel's blocks).

@@ -60,7 +60,7 @@ class Steps:
         """One step (``_batch``) → its times; with ``prof``, its launch profiled; ``lanes``: the runner's two lanes
         (``StepLanes``) for this step, or None (whole)."""
         runner, (b, rid) = self.driver.runner, self._batch(chunk)
-        runner.split = lanes
+        runner.lanes = lanes
         t0 = time.perf_counter()
         if prof is not None:
             prof.enable()
@@ -110,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     driver = Driver(runner, max_rows=args.decode_rows + 2)
     decoders = [f"d{i}" for i in range(args.decode_rows)]
     steps = Steps(driver, decoders, runner.spec.vocab_size)
-    lanes = runner.split
+    lanes = runner.lanes
     if args.lanes and lanes is None:
         raise SystemExit("--lanes: set BANYAN_SPLIT_MIXED and/or BANYAN_SPLIT_DECODE (the runner has no lanes)")
-    runner.split = None
+    runner.lanes = None
     per = max(1, 8192 // max(1, args.decode_context))  # (their prompts, a few a step)
     for i in range(0, len(decoders), per):
         driver.run([(r, torch.randint(0, runner.spec.vocab_size, (args.decode_context,), generator=steps.g).tolist(),
@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         for chunk, _ in cases[::2]:
             a, b = (next(r for r in rows if r["chunk"] == chunk and r["lanes"] == on) for on in (False, True))
             print(f"two lanes, {chunk} prompt tokens: device {b['device_ms']:.2f} vs {a['device_ms']:.2f} ms "
-                  f"({b['device_ms'] / max(a['device_ms'], 1e-9) - 1:+.1%}), wall {b['wall_ms']:.2f} vs {a['wall_ms']:.2f}")
+                  f"({b['device_ms'] / max(a['device_ms'], 1e-9) - 1:+.1%}), "
+                  f"wall {b['wall_ms']:.2f} vs {a['wall_ms']:.2f}")
     print(f"\nJSON: {args.out}")
     return 0
 

@@ -107,10 +107,10 @@ class ModelRunner:
                 quant=self.quant.name if self.quant else "", tp=(self.tp.rank, self.tp.size),
                 scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size, cfg.decode_attention)
-        self.split = StepLanes.build(self.backend, self.kv, self.spec.num_heads // self.tp.size,  # (opt-in: steps
+        self.lanes = StepLanes.build(self.backend, self.kv, self.spec.num_heads // self.tp.size,  # (opt-in: steps
                                      cfg.decode_attention, self.device, self.tp.size)  # as two lanes)
-        if self.split is not None:
-            kernels["lanes"] = str(self.split.knobs)
+        if self.lanes is not None:
+            kernels["lanes"] = str(self.lanes.knobs)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         # (a row a multiple of 16 wide: Triton compiles a variant per stride class, warmed up for that one)
         self.table_width = -(-self.context_length // 16) * 16
@@ -312,9 +312,9 @@ class ModelRunner:
         if pending:
             self._resolve(ids_d, tok_rows_d, every)
         self.req_to_token[tok_rows_d, pos_d] = slots_d.to(torch.int32)
-        if self.split is not None and not (eager or all_logits) and (nd := self.split.rows(extend)):
+        if self.lanes is not None and not (eager or all_logits) and (nd := self.lanes.rows(extend)):
             self._kind = "mixed_split" if extend.max() > 1 else "decode_split"
-            return self.split.logits(self, nd, dev, (ids_d, slots_d, pos_d, rows_d, prefix_d, extend_d), prefix,
+            return self.lanes.logits(self, nd, dev, (ids_d, slots_d, pos_d, rows_d, prefix_d, extend_d), prefix,
                                      extend, sample, lambda: self._tier_fence(b))
         cascade = None
         if b.cascade_group:

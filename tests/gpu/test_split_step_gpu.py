@@ -33,7 +33,7 @@ def _steps(model, monkeypatch, split: bool, halves: bool = False,
     monkeypatch.setenv("BANYAN_SPLIT_MIXED", "512" if split and not halves else "0")
     monkeypatch.setenv("BANYAN_SPLIT_DECODE", "64" if split and halves else "0")
     r = runner(model, **{"max_total_tokens": 80000, **cfg})  # (96 × ≤ 900 tokens, 6 prompts of 1,000)
-    assert (r.split is not None) == split
+    assert (r.lanes is not None) == split
     logits, draw = [], r.batch_sampler.sample
 
     def sample(b, step_logits, *args):
@@ -55,7 +55,7 @@ def _steps(model, monkeypatch, split: bool, halves: bool = False,
             sampled.append(r.finish(prev)[0].tolist())
         prev = launched
     sampled.append(r.finish(prev)[0].tolist())
-    return logits, sampled, r.split.steps if split else 0
+    return logits, sampled, r.lanes.steps if split else 0
 
 
 @pytest.mark.parametrize("halves", [False, True], ids=["mixed", "decode_halves"])

@@ -35,7 +35,7 @@ def test_split_mixed_step_matches_the_whole_step_and_hf(tiny_llama, monkeypatch,
     outs, kinds = [], []
     for split in (False, True):
         runner = _runner(path, monkeypatch, split, pieces)
-        assert (runner.split is not None) == split
+        assert (runner.lanes is not None) == split
         driver = Driver(runner, max_rows=DECODES + 4)
         first = driver.run([(f"d{i}", seqs[i], True) for i in range(DECODES)])  # prompts, each samples
         # the mixed step: every decode row's input still on the device (-1), then two prompt chunks (9 + 14 tokens)
@@ -46,7 +46,7 @@ def test_split_mixed_step_matches_the_whole_step_and_hf(tiny_llama, monkeypatch,
         after = driver.run([(f"d{i}", [-1], True) for i in range(DECODES)] + [("p1", seqs[-2][10:], True)])
         outs.append((first, logits, after))
         if split:
-            assert runner.split.steps == 1
+            assert runner.lanes.steps == 1
     assert kinds == ["mixed", "mixed_split"]
     (first, whole, after), (first_s, lanes, after_s) = outs
     assert first.tolist() == first_s.tolist()
@@ -99,9 +99,9 @@ def test_steps_that_do_not_split_run_whole(tiny_llama, monkeypatch) -> None:
     driver.run([(f"d{i}", seqs[i], True) for i in range(DECODES)])
     runner.forward(driver.batch([(f"d{i}", [-1], True) for i in range(DECODES)] + [("p", seqs[-1], True)]),
                    all_logits=True)
-    assert runner._kind == "mixed" and runner.split.steps == 0
+    assert runner._kind == "mixed" and runner.lanes.steps == 0
     driver.run([(f"d{i}", [-1], True) for i in range(DECODES - 1)] + [("q", seqs[-1], True)])
-    assert runner._kind == "mixed" and runner.split.steps == 0
+    assert runner._kind == "mixed" and runner.lanes.steps == 0
 
 
 def test_decode_halves_match_the_whole_step_and_hf(tiny_llama, monkeypatch) -> None:
@@ -113,13 +113,13 @@ def test_decode_halves_match_the_whole_step_and_hf(tiny_llama, monkeypatch) -> N
     results = []
     for halves in (0, 2 * DECODES):
         runner = _runner(path, monkeypatch, False, pieces=64, halves=halves)
-        assert (runner.split is not None) == bool(halves)
+        assert (runner.lanes is not None) == bool(halves)
         driver = Driver(runner, max_rows=n + 1)
         first = driver.run([(f"d{i}", seqs[i], True) for i in range(n)])
         logits = runner.forward(driver.batch([(f"d{i}", [-1], True) for i in range(n)]))
         kind = runner._kind
         nxt = driver.run([(f"d{i}", [-1], True) for i in range(n)])
-        results.append((first, logits, kind, nxt, runner.split.steps if runner.split else 0))
+        results.append((first, logits, kind, nxt, runner.lanes.steps if runner.lanes else 0))
     (first, whole, kind, nxt, _), (first_s, lanes, kind_s, nxt_s, steps) = results
     assert (kind, kind_s, steps) == ("decode_piecewise", "decode_split", 2)
     assert first.tolist() == first_s.tolist() and nxt.tolist() == nxt_s.tolist()

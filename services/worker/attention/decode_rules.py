@@ -45,8 +45,8 @@ def knobs() -> tuple[int, int, int, bool, int]:
     ``MIN_PART`` unless ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128), ``BANYAN_DECODE_WARPS`` or
     ``BANYAN_DECODE_MIN_PART`` (measurement knobs) say otherwise — and for every launch (warm, merge): whether the
     first block's slots are prefetched into L1 with the rope inside (``BANYAN_DECODE_WARM=0``: not), and the parts
-    the last program merges a load (``BANYAN_DECODE_MERGE``: at most N, 1 unless set; 0: as many as fit 8,192 values). Read once
-    a process (each decode launch asks): ``knobs.cache_clear()`` after changing them."""
+    the last program merges a load (``BANYAN_DECODE_MERGE=N``: at most N, 1 unless set; 0: as many as fit 8,192
+    values). Read once a process (each decode launch asks): ``knobs.cache_clear()`` after changing them."""
     block = int(os.environ.get("BANYAN_DECODE_BLOCK", BLOCK_N))
     if block not in (16, 32, 64, 128):
         raise ValueError(f"BANYAN_DECODE_BLOCK={block} (16 | 32 | 64 | 128)")
