@@ -136,18 +136,14 @@ def test_triton_decode_in_the_interpreter() -> None:
     run_in_triton_interpreter(SCRIPT, "triton decode ok", timeout=280)
 
 
-def test_pdl_launches_only_on_cuda_and_only_when_turned_on(monkeypatch) -> None:
+def test_pdl_launches_only_on_cuda_and_not_when_turned_off(monkeypatch) -> None:
     from services.worker.kernels import triton_pdl
 
     assert not triton_pdl.launch_pdl(torch.device("cpu"))  # (CPU tensors: the interpreter, no launch option)
     try:
-        for value in (None, "0", "yes"):  # (off by default: no device queried, off before anything else)
-            if value is None:
-                monkeypatch.delenv("BANYAN_TRITON_PDL", raising=False)
-            else:
-                monkeypatch.setenv("BANYAN_TRITON_PDL", value)
-            triton_pdl._supported.cache_clear()
-            assert not triton_pdl._supported(0), value
+        monkeypatch.setenv("BANYAN_TRITON_PDL", "0")  # (turned off: no device queried, off before anything else)
+        triton_pdl._supported.cache_clear()
+        assert not triton_pdl._supported(0)
         monkeypatch.setenv("BANYAN_TRITON_PDL", "1")
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         triton_pdl._supported.cache_clear()

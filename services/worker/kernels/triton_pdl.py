@@ -8,11 +8,10 @@ its weight loads until it had ended too. Launched with PDL, such a kernel waits 
 whose blocks then load what no kernel writes (weights) while it runs. The wait comes first, so
 nothing a kernel reads is ever read early, and every kernel of the chain finishes after the one before.
 
-``launch_pdl(device)``: whether launches on ``device`` use it — ``BANYAN_TRITON_PDL=1`` (off by default),
-CUDA capability ≥ 9, a Triton that has the launch option, not Triton's interpreter. Off by default because
-it measured no gain on the H200 (W1 FP8 2.73 ms a step with it and without), and the two W2 runs made with
-it on ran 3–5 % below the session before in every step kind — GEMM-bound ones too, so more likely the
-machine than this, but not told apart (docs/perf.md, 2026-12-04). The GPU test runs it on.
+``launch_pdl(device)``: whether launches on ``device`` use it — on unless ``BANYAN_TRITON_PDL=0``, on CUDA
+capability ≥ 9 with a Triton that has the launch option, never in Triton's interpreter. Measured on the H200
+(docs/perf.md, 2026-12-05): FP8 W1's batch-1 graph 27 µs (context 256) and 11 µs (1,024) a replay faster, and W2
+level with it off (5,959 vs 5,944 output tok/s in the same call). The GPU test runs it both ways.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 
 @functools.cache
 def _supported(index: int) -> bool:
-    if os.environ.get("BANYAN_TRITON_PDL", "0") != "1" or os.environ.get("TRITON_INTERPRET") == "1":
+    if os.environ.get("BANYAN_TRITON_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
