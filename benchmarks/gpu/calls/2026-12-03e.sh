@@ -146,6 +146,8 @@ for step in ${STEPS:-fp8}; do
              -p no:cacheprovider >"$OUT/ptest.log" 2>&1; echo "ptest (rc $?)"; tail -3 "$OUT/ptest.log" ;;
     pprof) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof.json" \
              >"$OUT/pprof.log" 2>&1; echo "pprof (rc $?)"; tail -24 "$OUT/pprof.log" ;;
+    pprof8) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof8.json" \
+              -- --quantization fp8 >"$OUT/pprof8.log" 2>&1; echo "pprof8 (rc $?)"; tail -24 "$OUT/pprof8.log" ;;
     wtest) timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_fp8_widen_gpu.py -p no:cacheprovider \
              >"$OUT/wtest.log" 2>&1; echo "wtest (rc $?)"; tail -3 "$OUT/wtest.log" ;;
     pick) BANYAN_FP8_WIDEN=$(python3 -c "
