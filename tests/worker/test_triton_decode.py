@@ -100,8 +100,7 @@ for splits in (1, 4):
     cvt = td.decode(qs, k8, v8, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, f16=True, widen="cvt")
     assert torch.allclose(got, cvt, atol=1e-6, rtol=1e-6), (got - cvt).abs().max()  # (the same products, 2^8 apart)
     assert (got - want).abs().max() <= 2e-3 * want.abs().max(), (got - want).abs().max()  # (fp16 probabilities)
-# a large GQA group (16 query heads a KV head, D 128): the last program merges the parts 4 at a time (a load of
-# 4 parts x 16 heads x 128 values at most), 16 splits in 4 chunks, 8 in 2
+# a large GQA group (16 query heads a KV head, D 128): the last program merges 16, 8 or 3 parts, a part a load
 hq2, d2 = 32, 128
 kc2, vc2 = torch.randn(S, hkv, d2, generator=g), torch.randn(S, hkv, d2, generator=g)
 q2 = torch.randn(5, hq2, d2, generator=g)
@@ -110,16 +109,9 @@ for b in range(len(rows)):
     sl = table[rows[b], :int(prefix[b]) + 1].long()
     s2 = torch.einsum("hd,nhd->hn", q2[b], kc2[sl].repeat_interleave(hq2 // hkv, 1)) / math.sqrt(d2)
     want2.append(torch.einsum("hn,nhd->hd", s2.softmax(-1), vc2[sl].repeat_interleave(hq2 // hkv, 1)))
-import os
-for merge in ("0", "2", "1"):  # (BANYAN_DECODE_MERGE: at most 2 parts a load, or 1)
-    os.environ["BANYAN_DECODE_MERGE"] = merge
-    td.knobs.cache_clear()
-    for splits in (16, 8, 3):
-        o = td.decode(q2, kc2, vc2, table, rows, prefix, 1 / math.sqrt(d2), splits=splits)
-        assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (merge, splits,
-                                                                             (o - torch.stack(want2)).abs().max())
-del os.environ["BANYAN_DECODE_MERGE"]
-td.knobs.cache_clear()
+for splits in (16, 8, 3):
+    o = td.decode(q2, kc2, vc2, table, rows, prefix, 1 / math.sqrt(d2), splits=splits)
+    assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (splits, (o - torch.stack(want2)).abs().max())
 assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
@@ -317,20 +309,18 @@ def test_the_backend_hands_a_decode_step_rope_to_the_triton_kernel_in_the_interp
 def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
     from services.worker.attention import decode_rules as dr
 
-    for name in ("BANYAN_DECODE_BLOCK", "BANYAN_DECODE_WARPS", "BANYAN_DECODE_MIN_PART", "BANYAN_DECODE_WARM",
-                 "BANYAN_DECODE_MERGE"):
+    for name in ("BANYAN_DECODE_BLOCK", "BANYAN_DECODE_WARPS", "BANYAN_DECODE_MIN_PART", "BANYAN_DECODE_WARM"):
         monkeypatch.delenv(name, raising=False)
     try:
         dr.knobs.cache_clear()
-        assert dr.knobs() == (dr.BLOCK_N, 4, dr.MIN_PART, True, 1)
+        assert dr.knobs() == (dr.BLOCK_N, 4, dr.MIN_PART, True)
         monkeypatch.setenv("BANYAN_DECODE_WARM", "0")
-        monkeypatch.setenv("BANYAN_DECODE_MERGE", "4")
-        assert dr.knobs()[3:] == (True, 1)  # (read once a process: unchanged until cleared)
+        assert dr.knobs()[3] is True  # (read once a process: unchanged until cleared)
         dr.knobs.cache_clear()
-        assert dr.knobs()[3:] == (False, 4)
-        monkeypatch.setenv("BANYAN_DECODE_MERGE", "3")
+        assert dr.knobs()[3] is False
+        monkeypatch.setenv("BANYAN_DECODE_BLOCK", "48")
         dr.knobs.cache_clear()
-        with pytest.raises(ValueError, match="BANYAN_DECODE_MERGE"):
+        with pytest.raises(ValueError, match="BANYAN_DECODE_BLOCK"):
             dr.knobs()
     finally:
         dr.knobs.cache_clear()

@@ -40,21 +40,17 @@ FP8_NARROW_PAIRS = 4096
 
 
 @functools.cache
-def knobs() -> tuple[int, int, int, bool, int]:
+def knobs() -> tuple[int, int, int, bool]:
     """(block, warps, min part) of the launches that are not an FP8 pool's at <= 2 splits — ``BLOCK_N``, 4 and
     ``MIN_PART`` unless ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128), ``BANYAN_DECODE_WARPS`` or
-    ``BANYAN_DECODE_MIN_PART`` (measurement knobs) say otherwise — and for every launch (warm, merge): whether the
-    first block's slots are prefetched into L1 with the rope inside (``BANYAN_DECODE_WARM=0``: not), and the parts
-    the last program merges a load (``BANYAN_DECODE_MERGE=N``: at most N, 1 unless set; 0: as many as fit 8,192
-    values). Read once a process (each decode launch asks): ``knobs.cache_clear()`` after changing them."""
+    ``BANYAN_DECODE_MIN_PART`` (measurement knobs) say otherwise — and for every launch whether the first block's
+    slots are prefetched into L1 with the rope inside (``BANYAN_DECODE_WARM=0``: not). Read once a process (each
+    decode launch asks): ``knobs.cache_clear()`` after changing them."""
     block = int(os.environ.get("BANYAN_DECODE_BLOCK", BLOCK_N))
     if block not in (16, 32, 64, 128):
         raise ValueError(f"BANYAN_DECODE_BLOCK={block} (16 | 32 | 64 | 128)")
     warps, part = int(os.environ.get("BANYAN_DECODE_WARPS", 4)), int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
-    merge = int(os.environ.get("BANYAN_DECODE_MERGE", 1))  # (1: measured 22-35 µs a batch-1 step faster than 0)
-    if merge < 0 or merge & (merge - 1):
-        raise ValueError(f"BANYAN_DECODE_MERGE={merge} (0 or a power of two)")
-    return block, warps, part, os.environ.get("BANYAN_DECODE_WARM", "1") != "0", merge
+    return block, warps, part, os.environ.get("BANYAN_DECODE_WARM", "1") != "0"
 
 
 def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> tuple[int, int, int]:

@@ -148,8 +148,7 @@ if triton is not None:
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
                         QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr,
-                        PF: tl.constexpr, PF_WARPS: tl.constexpr, BLOCK_G: tl.constexpr,
-                        MERGE_S: tl.constexpr, WARM: tl.constexpr):
+                        PF: tl.constexpr, PF_WARPS: tl.constexpr, BLOCK_G: tl.constexpr, WARM: tl.constexpr):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -263,16 +262,13 @@ if triton is not None:
             tl.debug_barrier()
             count = Count + b * tl.num_programs(1) + h
             if tl.atomic_add(count, 1, sem="acq_rel") == parts - 1:
-                # the parts as (MERGE_S, BLOCK_G heads, BLOCK_D) tiles, loaded at once, each thread summing its own
+                # a part a load, as (1, BLOCK_G heads, BLOCK_D) tiles, each thread summing its own (loading all
+                # the parts as one tile measured 22-35 µs a batch-1 step slower on the H200: registers, a longer sum)
                 offs_m = tl.arange(0, BLOCK_G)
                 mmask = offs_m < G
                 l_m = Lpart + b * stride_lb + (h * G + offs_m) * stride_lh
                 o_m = Opart + b * stride_ob + (h * G + offs_m) * stride_oh
                 offs_s = tl.arange(0, BLOCK_S)
-                if MERGE_S == BLOCK_S:  # (the parts' values loaded with their LSEs: one round trip, not two)
-                    smask = mmask[None, :] & (offs_s[:, None] < parts)
-                    o_all = tl.load(o_m[None, :, None] + offs_s[:, None, None] * stride_os + offs_d[None, None, :],
-                                    mask=smask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
                 parts_lse = tl.load(l_m[None, :] + offs_s[:, None], mask=mmask[None, :] & (offs_s[:, None] < parts),
                                     other=float("-inf"), cache_modifier=".cg")  # (BLOCK_S, BLOCK_G)
                 top = tl.max(parts_lse, 0)
@@ -280,17 +276,14 @@ if triton is not None:
                 w = tl.where(parts_lse > float("-inf"), tl.exp2(parts_lse - top[None, :]), 0.0)
                 total = tl.sum(w, 0)
                 merged = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                for c in tl.static_range(0, BLOCK_S, MERGE_S):  # (parts past the last unread)
-                    offs_c = c + tl.arange(0, MERGE_S)
+                for c in tl.static_range(0, BLOCK_S):  # (parts past the last unread)
+                    offs_c = c + tl.arange(0, 1)
                     cmask = mmask[None, :] & (offs_c[:, None] < parts)
-                    if MERGE_S == BLOCK_S:
-                        w_c, o_c = w, o_all
-                    else:  # (the chunk's weights, as w's rows c.. c + MERGE_S, and its parts' values)
-                        o_c = tl.load(o_m[None, :, None] + offs_c[:, None, None] * stride_os + offs_d[None, None, :],
-                                      mask=cmask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
-                        lse_c = tl.load(l_m[None, :] + offs_c[:, None], mask=cmask, other=float("-inf"),
-                                        cache_modifier=".cg")
-                        w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - top[None, :]), 0.0)
+                    o_c = tl.load(o_m[None, :, None] + offs_c[:, None, None] * stride_os + offs_d[None, None, :],
+                                  mask=cmask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
+                    lse_c = tl.load(l_m[None, :] + offs_c[:, None], mask=cmask, other=float("-inf"),
+                                    cache_modifier=".cg")
+                    w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - top[None, :]), 0.0)
                     merged += tl.sum(o_c * w_c[:, :, None], 0)
                 merged = merged / tl.where(total > 0, total, 1.0)[:, None] * v_scale
                 tl.store(Out + b * stride_out_t + (h * G + offs_m)[:, None] * stride_out_h + offs_d[None, :],
@@ -351,9 +344,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     if num_stages is None:
         num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
-    *_, warm, merge_max = knobs()  # (parts merged a load: up to 8,192 values, 64 registers a thread at 4 warps)
-    merge_s = max(1, min(triton.next_power_of_2(splits), 8192 // (triton.next_power_of_2(g) * block_d),
-                         merge_max or MAX_SPLITS))
+    warm = knobs()[3]
     asm = q.is_cuda and not _interpreting()  # (inline assembly: not in the interpreter)
     pf = prefetch is not None and asm
     pf_at, pf_bytes = prefetch if pf else (l_part, 0)
@@ -372,7 +363,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
-        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g), MERGE_S=merge_s,
+        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g),
         WARM=warm and new is not None and asm,
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
