@@ -4,7 +4,9 @@ TFLOP/s of the model's GEMMs). Two parts:
 1. The model's prefill, ``--rows`` × ``--length`` tokens a step, eagerly under ``torch.profiler`` through
    ``ModelRunner`` (no server): kernels grouped as ``decode_profile`` groups them, µs a step and a prompt token.
 2. The layer's GEMM shapes alone at M = rows × length (q/k/v, o, gate/up, down), timed with CUDA events on
-   cuBLAS and on cuBLASLt (``torch.backends.cuda.preferred_blas_library``): TFLOP/s each.
+   cuBLAS and on cuBLASLt (``torch.backends.cuda.preferred_blas_library``): TFLOP/s each. With
+   ``-- --quantization fp8`` also the served FP8 linear at those shapes (``quant.fp8.library_fp8_linear``: the
+   activations quantized per token, then row-wise ``torch._scaled_mm``) and its activation quantization alone.
 
     python -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 8 --length 2048 --out $OUT/prefill.json
     python -m benchmarks.gpu.prefill_profile --rows 3 --length 2048 --decode-rows 525 --out D   # a W2 mixed step
@@ -56,6 +58,34 @@ def profile_prefill(driver: Driver, prompts: list[list[int]], steps: int, decode
     return {"wall_ms": round(wall_ms, 2), **kernel_table(prof, steps)}
 
 
+def _time_us(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / reps * 1e3
+
+
+def time_fp8_gemms(m: int, shapes: dict[str, tuple[int, int]]) -> dict:
+    """The served FP8 linear (per-token activation quantization + row-wise ``_scaled_mm``) at M = m for each
+    (n, k): µs and TFLOP/s, and the activation quantization's own µs."""
+    from services.worker.quant import fp8
+
+    res = {}
+    for name, (n, k) in shapes.items():
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        wq, ws = fp8.quantize_rows(torch.randn(n, k, device="cuda") * 0.02)
+        us = _time_us(lambda: fp8.library_fp8_linear(x, wq, ws))
+        quant_us = _time_us(lambda: fp8._act_quant(x))
+        res[name] = {"n": n, "k": k, "us": round(us, 1), "tflops": round(2 * m * n * k / us / 1e6, 1),
+                     "act_quant_us": round(quant_us, 1)}
+    return res
+
+
 def time_gemms(m: int, shapes: dict[str, tuple[int, int]], dtype: torch.dtype, reps: int = 20) -> dict:
     """TFLOP/s of x[m, k] @ w[n, k]^T for each (n, k) shape, per BLAS library torch offers here."""
     out: dict[str, dict] = {}
@@ -69,15 +99,7 @@ def time_gemms(m: int, shapes: dict[str, tuple[int, int]], dtype: torch.dtype, r
         for name, (n, k) in shapes.items():
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
-            for _ in range(3):
-                torch.nn.functional.linear(x, w)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                torch.nn.functional.linear(x, w)
-            b.record()
-            torch.cuda.synchronize()
-            us = a.elapsed_time(b) / reps * 1e3
+            us = _time_us(lambda: torch.nn.functional.linear(x, w), reps)
             res[name] = {"n": n, "k": k, "us": round(us, 1), "tflops": round(2 * m * n * k / us / 1e6, 1)}
         out[lib] = res
     torch.backends.cuda.preferred_blas_library("cublas")
@@ -121,6 +143,8 @@ def main() -> int:
     del runner, driver
     torch.cuda.empty_cache()
     gemms = time_gemms(tokens, shapes, torch.bfloat16)
+    if extra.get("quantization") == "fp8":
+        gemms["fp8_served"] = time_fp8_gemms(tokens, shapes)
     layers = cfg["num_hidden_layers"]
     out = {"model": args.model, "worker_args": args.worker_args, "rows": args.rows, "length": args.length,
            "decode_rows": args.decode_rows, "decode_context": args.decode_context,
@@ -146,6 +170,12 @@ def main() -> int:
         best = min(v.get("us", 1e12) for v in (c, lt))
         print(f"| {name} | {n} × {k} | {c.get('us')} ({c.get('tflops')}) | {lt.get('us')} ({lt.get('tflops')}) | "
               f"{best * layers / 1e3:.1f} |")
+    if "fp8_served" in gemms:
+        print(f"\n| FP8 linear as served (M = {tokens}) | µs (TFLOP/s) | of which activation quantization µs | "
+              f"÷ best bf16 |\n| --- | ---: | ---: | ---: |")
+        for name, v in gemms["fp8_served"].items():
+            best = min(g.get(name, {}).get("us", 1e12) for g in (gemms.get("cublas", {}), gemms.get("cublaslt", {})))
+            print(f"| {name} | {v['us']} ({v['tflops']}) | {v['act_quant_us']} | {v['us'] / best:.2f} |")
     print(f"\nJSON: {args.out}")
     return 0
 
