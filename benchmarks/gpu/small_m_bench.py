@@ -8,6 +8,12 @@ table, writes JSON.
     python -m benchmarks.gpu.small_m_bench --out /tmp/banyan-gpu/small_m.json       # ~1 min (compiles)
     python -m benchmarks.gpu.small_m_bench --sweep --ms 1 --out s.json   # FP8 at M = 1: ~90 more configs
     python -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --only 'p$' --out s.json   # the prefetching ones
+    python -m benchmarks.gpu.small_m_bench --library-only --ms 64,128,600 --out l.json   # decode batches: the libraries
+
+``--library-only`` (the M of W2's decode steps, which the small-M kernels do not take): cuBLAS bf16, the served FP8
+path, and its ``_scaled_mm`` alone on pre-quantized activations — row-wise scales as served, and tensor-wise
+(``scaled_mm_fp8_gemm_rowwise`` / ``_tensorwise``): what the activation quantization costs, and whether another
+scaling picks a faster GEMM.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 from services.worker import kernels  # noqa: E402
 from services.worker.kernels import small_m as sm  # noqa: E402
 from services.worker.kernels import cuda_gemv  # noqa: E402
-from services.worker.quant.fp8 import library_fp8_linear, quantize_rows  # noqa: E402
+from services.worker.quant.fp8 import library_fp8_linear, quantize_per_token, quantize_rows  # noqa: E402
 
 HBM = 4.3e12
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -61,12 +67,13 @@ def main() -> int:
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--fp8-only", action="store_true", help="only FP8 weights (and cuBLAS bf16 as the yardstick)")
     ap.add_argument("--sweep", action="store_true", help="FP8 only, with ~90 more configs (sweep_configs), no lm_head")
+    ap.add_argument("--library-only", action="store_true", help="cuBLAS bf16 and the FP8 library paths only, no tune")
     ap.add_argument("--only", default="", help="(with --sweep) the configs whose name matches this regex, e.g. 'p$'")
     args = ap.parse_args()
     args.fp8_only |= args.sweep
     cuda = list(cuda_gemv.CONFIGS) if cuda_gemv.library(True) is not None else []  # (gemv.cu, built here)
     print(f"cuda gemv: {'built' if cuda else cuda_gemv.unavailable()}")
-    fp8_configs = list(sm.CONFIGS) + cuda + (sweep_configs() if args.sweep else [])
+    fp8_configs = [] if args.library_only else list(sm.CONFIGS) + cuda + (sweep_configs() if args.sweep else [])
     if args.only:
         fp8_configs = [c for c in fp8_configs if re.search(args.only, str(c))]
     dev = torch.device("cuda")
@@ -78,17 +85,30 @@ def main() -> int:
         w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
         q, s = (t.to(dev) for t in quantize_rows(w.float().cpu()))
         kernels.reset()
-        picks[name] = {**({} if args.fp8_only else sm.tune([(w, None)], lambda x, w, s: F.linear(x, w), torch.bfloat16)),
-                       **sm.tune([(q, s)], library_fp8_linear, torch.bfloat16)}
+        if not args.library_only:
+            picks[name] = {**({} if args.fp8_only else sm.tune([(w, None)], lambda x, w, s: F.linear(x, w),
+                                                               torch.bfloat16)),
+                           **sm.tune([(q, s)], library_fp8_linear, torch.bfloat16)}
         ws, qs = copies_of(w), copies_of(q)
         for m in (int(v) for v in args.ms.split(",")):
             x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
             row = {"shape": name, "n": n, "k": k, "m": m}
+            xq, xs = quantize_per_token(x)
+            one = torch.ones((), device=dev)
+
+            def gemm(i, sa, sb):  # (the FP8 GEMM alone on pre-quantized activations)
+                return torch._scaled_mm(xq, qs[i].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+            gemm_only = [] if not args.library_only else [
+                ("scaled_mm_fp8_gemm_rowwise", lambda i: gemm(i, xs, s.view(1, n)), q.numel(), len(qs)),
+                ("scaled_mm_fp8_gemm_tensorwise", lambda i: gemm(i, one, one), q.numel(), len(qs))]
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
-                       w.numel() * 2, len(ws)) for c in list(sm.CONFIGS) + cuda if not args.fp8_only],
+                       w.numel() * 2, len(ws)) for c in list(sm.CONFIGS) + cuda
+                      if not (args.fp8_only or args.library_only)],
                     ("scaled_mm_fp8", lambda i: library_fp8_linear(x, qs[i], s), q.numel(), len(qs)),
+                    *gemm_only,
                     *[(f"kernel_fp8_{c}", lambda i, c=c: sm.linear(x, qs[i], s, c),
                        q.numel(), len(qs)) for c in fp8_configs]):
                 try:
@@ -114,6 +134,13 @@ def main() -> int:
         print(f"| {r['shape']} | {r['m']} | {pct(cb)} | {kb[0]:.1f} ({r.get(kb[1], {}).get('of_hbm', 0):.0%}) | "
               f"{sf.get('us', float('nan')):.1f} | {kf[0]:.1f} ({r.get(kf[1], {}).get('of_hbm', 0):.0%}) "
               f"{kf[1].removeprefix('kernel_fp8_')} |")
+    if args.library_only:
+        print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs | its GEMM alone: row-wise · tensor-wise µs |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        us = lambda r, k: r.get(k, {}).get("us", float("nan"))  # noqa: E731
+        for r in rows:
+            print(f"| {r['shape']} | {r['m']} | {us(r, 'cublas_bf16'):.1f} | {us(r, 'scaled_mm_fp8'):.1f} | "
+                  f"{us(r, 'scaled_mm_fp8_gemm_rowwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} |")
     print("tune:", json.dumps(picks, indent=1))
     print(f"results: {args.out}")
     return 0

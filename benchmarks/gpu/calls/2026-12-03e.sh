@@ -15,6 +15,8 @@
 # · wtest (the FP8 pool's integer widening GPU test) · pick (BANYAN_FP8_WIDEN for the steps after it: the fastest
 # widening of bench8's 600 × 1,536) · w1q8 (W1,W2 with FP8 weights and FP8 KV) · spread (the FP8 decode at mixed
 # contexts, $SPREAD shapes, by split count and min_part) · pprof (a 16k-token prefill's kernels; the GEMMs alone)
+# · pprof8 (pprof with FP8 weights, and the served FP8 linear at M = 16k) · fp8m (the FP8 linear at decode batches of
+# 64-1,024 rows: as served, its GEMM alone row-/tensor-wise, cuBLAS bf16)
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
 # FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12; w5t@N: N ms, into $OUT/w5t_N) · grid (the decode by batch × context:
@@ -146,6 +148,8 @@ for step in ${STEPS:-fp8}; do
              -p no:cacheprovider >"$OUT/ptest.log" 2>&1; echo "ptest (rc $?)"; tail -3 "$OUT/ptest.log" ;;
     pprof) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof.json" \
              >"$OUT/pprof.log" 2>&1; echo "pprof (rc $?)"; tail -24 "$OUT/pprof.log" ;;
+    fp8m) timeout 200 python3 -m benchmarks.gpu.small_m_bench --library-only --ms "${FP8M_MS:-64,96,128,256,512,600,1024}" \
+            --out "$OUT/fp8m.json" >"$OUT/fp8m.log" 2>&1; echo "fp8m (rc $?)"; grep -A40 "FP8 as served" "$OUT/fp8m.log" ;;
     pprof8) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof8.json" \
               -- --quantization fp8 >"$OUT/pprof8.log" 2>&1; echo "pprof8 (rc $?)"; tail -24 "$OUT/pprof8.log" ;;
     wtest) timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_fp8_widen_gpu.py -p no:cacheprovider \
