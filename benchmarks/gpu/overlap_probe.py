@@ -38,7 +38,7 @@ HQ, HKV, D, CACHES = 32, 8, 128, 8
 CASES = "6000x4096x28672:585x1300,6000x4096x4096:585x1300,290x4096x28672:290x1300,290x14336x4096:290x1300"
 
 
-def _time(fn, reps: int) -> float:
+def time_ms(fn, reps: int) -> float:
     """ms a call of ``fn`` (the median of 5 rounds of ``reps`` calls)."""
     fn()
     torch.cuda.synchronize()
@@ -128,10 +128,10 @@ def probe(m: int, k: int, n: int, rows: int, ctx: int, kind: str, layers: int, w
         return run
 
     reps = 3
-    res = {"gemm": _time(gemms, reps), "attn": _time(attns, reps), "serial": _time(serial, reps),
-           "parallel": _time(parallel(side[-1]), reps), "parallel_eq": _time(parallel(side[0]), reps)}
+    res = {"gemm": time_ms(gemms, reps), "attn": time_ms(attns, reps), "serial": time_ms(serial, reps),
+           "parallel": time_ms(parallel(side[-1]), reps), "parallel_eq": time_ms(parallel(side[0]), reps)}
     for sms, stream in (green or {}).items():
-        res[f"green_{sms}"] = _time(parallel(stream), reps)
+        res[f"green_{sms}"] = time_ms(parallel(stream), reps)
     res = {key: round(ms * 1e3 / layers, 1) for key, ms in res.items()}  # µs a layer
     best = min(v for key, v in res.items() if key.startswith(("parallel", "green")))
     res["saved"] = round(res["serial"] - best, 1)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.driver import Driver  # noqa: E402
 from benchmarks.gpu.decode_profile import kernel_table, worker_extra  # noqa: E402
+from benchmarks.gpu.overlap_probe import time_ms  # noqa: E402
 from services.worker.runner import ModelRunner  # noqa: E402
 from shared.config import WorkerConfig  # noqa: E402
 
@@ -58,18 +59,6 @@ def profile_prefill(driver: Driver, prompts: list[list[int]], steps: int, decode
     return {"wall_ms": round(wall_ms, 2), **kernel_table(prof, steps)}
 
 
-def _time_us(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps * 1e3
-
-
 def time_fp8_gemms(m: int, shapes: dict[str, tuple[int, int]]) -> dict:
     """The served FP8 linear (per-token activation quantization + row-wise ``_scaled_mm``) at M = m for each
     (n, k): µs and TFLOP/s, and the activation quantization's own µs."""
@@ -79,8 +68,8 @@ def time_fp8_gemms(m: int, shapes: dict[str, tuple[int, int]]) -> dict:
     for name, (n, k) in shapes.items():
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         wq, ws = fp8.quantize_rows(torch.randn(n, k, device="cuda") * 0.02)
-        us = _time_us(lambda: fp8.library_fp8_linear(x, wq, ws))
-        quant_us = _time_us(lambda: fp8._act_quant(x))
+        us = time_ms(lambda: fp8.library_fp8_linear(x, wq, ws), 20) * 1e3
+        quant_us = time_ms(lambda: fp8._act_quant(x), 20) * 1e3
         res[name] = {"n": n, "k": k, "us": round(us, 1), "tflops": round(2 * m * n * k / us / 1e6, 1),
                      "act_quant_us": round(quant_us, 1)}
     return res
@@ -99,7 +88,7 @@ def time_gemms(m: int, shapes: dict[str, tuple[int, int]], dtype: torch.dtype, r
         for name, (n, k) in shapes.items():
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
-            us = _time_us(lambda: torch.nn.functional.linear(x, w), reps)
+            us = time_ms(lambda: torch.nn.functional.linear(x, w), reps) * 1e3
             res[name] = {"n": n, "k": k, "us": round(us, 1), "tflops": round(2 * m * n * k / us / 1e6, 1)}
         out[lib] = res
     torch.backends.cuda.preferred_blas_library("cublas")

@@ -93,15 +93,16 @@ def main() -> int:
         for m in (int(v) for v in args.ms.split(",")):
             x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
             row = {"shape": name, "n": n, "k": k, "m": m}
-            xq, xs = quantize_per_token(x)
-            one = torch.ones((), device=dev)
+            gemm_only = []
+            if args.library_only:  # (the FP8 GEMM alone on pre-quantized activations, row- and tensor-wise)
+                xq, xs = quantize_per_token(x)
+                one = torch.ones((), device=dev)
 
-            def gemm(i, sa, sb):  # (the FP8 GEMM alone on pre-quantized activations)
-                return torch._scaled_mm(xq, qs[i].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                def gemm(i, sa, sb):
+                    return torch._scaled_mm(xq, qs[i].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
-            gemm_only = [] if not args.library_only else [
-                ("scaled_mm_fp8_gemm_rowwise", lambda i: gemm(i, xs, s.view(1, n)), q.numel(), len(qs)),
-                ("scaled_mm_fp8_gemm_tensorwise", lambda i: gemm(i, one, one), q.numel(), len(qs))]
+                gemm_only = [("scaled_mm_fp8_gemm_rowwise", lambda i: gemm(i, xs, s.view(1, n)), q.numel(), len(qs)),
+                             ("scaled_mm_fp8_gemm_tensorwise", lambda i: gemm(i, one, one), q.numel(), len(qs))]
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
