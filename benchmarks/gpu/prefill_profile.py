@@ -6,7 +6,8 @@ TFLOP/s of the model's GEMMs). Two parts:
 2. The layer's GEMM shapes alone at M = rows × length (q/k/v, o, gate/up, down), timed with CUDA events on
    cuBLAS and on cuBLASLt (``torch.backends.cuda.preferred_blas_library``): TFLOP/s each. With
    ``-- --quantization fp8`` also the served FP8 linear at those shapes (``quant.fp8.library_fp8_linear``: the
-   activations quantized per token, then row-wise ``torch._scaled_mm``) and its activation quantization alone.
+   activations quantized per token, then row-wise ``torch._scaled_mm``), its activation quantization alone, and the
+   linear with fast accumulation (``BANYAN_FP8_FAST_ACCUM``).
 
     python -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 8 --length 2048 --out $OUT/prefill.json
     python -m benchmarks.gpu.prefill_profile --rows 3 --length 2048 --decode-rows 525 --out D   # a W2 mixed step
@@ -70,8 +71,13 @@ def time_fp8_gemms(m: int, shapes: dict[str, tuple[int, int]]) -> dict:
         wq, ws = fp8.quantize_rows(torch.randn(n, k, device="cuda") * 0.02)
         us = time_ms(lambda: fp8.library_fp8_linear(x, wq, ws), 20) * 1e3
         quant_us = time_ms(lambda: fp8._act_quant(x), 20) * 1e3
+        previous = fp8.set_fast_accum(True)
+        try:
+            fast_us = time_ms(lambda: fp8.library_fp8_linear(x, wq, ws), 20) * 1e3
+        finally:
+            fp8.set_fast_accum(previous)
         res[name] = {"n": n, "k": k, "us": round(us, 1), "tflops": round(2 * m * n * k / us / 1e6, 1),
-                     "act_quant_us": round(quant_us, 1)}
+                     "act_quant_us": round(quant_us, 1), "fast_accum_us": round(fast_us, 1)}
     return res
 
 
@@ -161,10 +167,11 @@ def main() -> int:
               f"{best * layers / 1e3:.1f} |")
     if "fp8_served" in gemms:
         print(f"\n| FP8 linear as served (M = {tokens}) | µs (TFLOP/s) | of which activation quantization µs | "
-              f"÷ best bf16 |\n| --- | ---: | ---: | ---: |")
+              f"÷ best bf16 | with fast accumulation µs |\n| --- | ---: | ---: | ---: | ---: |")
         for name, v in gemms["fp8_served"].items():
             best = min(g.get(name, {}).get("us", 1e12) for g in (gemms.get("cublas", {}), gemms.get("cublaslt", {})))
-            print(f"| {name} | {v['us']} ({v['tflops']}) | {v['act_quant_us']} | {v['us'] / best:.2f} |")
+            print(f"| {name} | {v['us']} ({v['tflops']}) | {v['act_quant_us']} | {v['us'] / best:.2f} | "
+                  f"{v['fast_accum_us']} |")
     print(f"\nJSON: {args.out}")
     return 0
 

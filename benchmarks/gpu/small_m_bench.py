@@ -13,7 +13,8 @@ table, writes JSON.
 ``--library-only`` (the M of W2's decode steps, which the small-M kernels do not take): cuBLAS bf16, the served FP8
 path, and its ``_scaled_mm`` alone on pre-quantized activations — row-wise scales as served, and tensor-wise
 (``scaled_mm_fp8_gemm_rowwise`` / ``_tensorwise``): what the activation quantization costs, and whether another
-scaling picks a faster GEMM.
+scaling picks a faster GEMM; and both with fast accumulation (``scaled_mm_fp8_fast``,
+``scaled_mm_fp8_gemm_rowwise_fast``: ``BANYAN_FP8_FAST_ACCUM``'s GEMM).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 from services.worker import kernels  # noqa: E402
 from services.worker.kernels import small_m as sm  # noqa: E402
 from services.worker.kernels import cuda_gemv  # noqa: E402
+from services.worker.quant import fp8  # noqa: E402
 from services.worker.quant.fp8 import library_fp8_linear, quantize_per_token, quantize_rows  # noqa: E402
 
 HBM = 4.3e12
@@ -98,11 +100,22 @@ def main() -> int:
                 xq, xs = quantize_per_token(x)
                 one = torch.ones((), device=dev)
 
-                def gemm(i, sa, sb):
-                    return torch._scaled_mm(xq, qs[i].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                def gemm(i, sa, sb, fast=False):
+                    return torch._scaled_mm(xq, qs[i].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                            use_fast_accum=fast)
+
+                def served_fast(i):
+                    previous = fp8.set_fast_accum(True)
+                    try:
+                        return library_fp8_linear(x, qs[i], s)
+                    finally:
+                        fp8.set_fast_accum(previous)
 
                 gemm_only = [("scaled_mm_fp8_gemm_rowwise", lambda i: gemm(i, xs, s.view(1, n)), q.numel(), len(qs)),
-                             ("scaled_mm_fp8_gemm_tensorwise", lambda i: gemm(i, one, one), q.numel(), len(qs))]
+                             ("scaled_mm_fp8_gemm_tensorwise", lambda i: gemm(i, one, one), q.numel(), len(qs)),
+                             ("scaled_mm_fp8_gemm_rowwise_fast", lambda i: gemm(i, xs, s.view(1, n), True), q.numel(),
+                              len(qs)),
+                             ("scaled_mm_fp8_fast", served_fast, q.numel(), len(qs))]
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
@@ -136,12 +149,14 @@ def main() -> int:
               f"{sf.get('us', float('nan')):.1f} | {kf[0]:.1f} ({r.get(kf[1], {}).get('of_hbm', 0):.0%}) "
               f"{kf[1].removeprefix('kernel_fp8_')} |")
     if args.library_only:
-        print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs | its GEMM alone: row-wise · tensor-wise µs |")
+        print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs · fast accum. | its GEMM alone: row-wise · tensor-wise · "
+              "row-wise fast µs |")
         print("| --- | ---: | ---: | ---: | ---: |")
         us = lambda r, k: r.get(k, {}).get("us", float("nan"))  # noqa: E731
         for r in rows:
-            print(f"| {r['shape']} | {r['m']} | {us(r, 'cublas_bf16'):.1f} | {us(r, 'scaled_mm_fp8'):.1f} | "
-                  f"{us(r, 'scaled_mm_fp8_gemm_rowwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} |")
+            print(f"| {r['shape']} | {r['m']} | {us(r, 'cublas_bf16'):.1f} | {us(r, 'scaled_mm_fp8'):.1f} · "
+                  f"{us(r, 'scaled_mm_fp8_fast'):.1f} | {us(r, 'scaled_mm_fp8_gemm_rowwise'):.1f} · "
+                  f"{us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_rowwise_fast'):.1f} |")
     print("tune:", json.dumps(picks, indent=1))
     print(f"results: {args.out}")
     return 0

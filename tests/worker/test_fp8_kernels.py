@@ -1,5 +1,5 @@
-"""The FP8 Triton kernels (per-token activation quantization, the quantized KV write — and the same
-write unscaled, a bf16 pool's) in Triton's
+"""The FP8 Triton kernels (per-token activation quantization, the add-RMSNorm and SiLU-and-multiply that
+quantize as they write, the quantized KV write — and the same write unscaled, a bf16 pool's) in Triton's
 interpreter on the CPU, against the PyTorch reference math: indexing, strides, per-head scales,
 saturation, all-zero rows. They write float32 here (the interpreter's emulated fp8 cast does not
 round as the GPU does); the e4m3 cast itself is checked on the GPU at start-up (``check_*``) and by
@@ -43,6 +43,26 @@ assert (kc[slots].abs().amax() == 448) and (vc[slots].abs().amax() == 448)  # sa
 kc, vc = torch.full((12, hkv, d), -1.0), torch.full((12, hkv, d), -1.0)
 tk.store_kv(kc, vc, slots, k, v)  # no scales: a plain pool's write, K and V copied as they are
 assert torch.equal(kc[slots], k) and torch.equal(vc[slots], v) and (kc[rest] == -1).all() and (vc[rest] == -1).all()
+# the add-RMSNorm and SiLU-and-multiply that quantize as they write (rows of 300 read as 280: strided)
+xs, rs = torch.randn(5, 300, generator=g) * 3, torch.randn(5, 300, generator=g)
+xs[1], rs[1] = 0, 0  # an all-zero row: zeros, the scale floor
+w = 1 + torch.randn(280, generator=g) / 4
+for res in (rs[:, :280], None):
+    qa, r_out = tk.add_rmsnorm_quant(xs[:, :280], res, w, 1e-6, out_dtype=torch.float32)
+    h = xs[:, :280] + (res if res is not None else 0)
+    assert torch.equal(r_out, h) if res is not None else r_out is xs[:, :280] or torch.equal(r_out, xs[:, :280])
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    s_ref = (y.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+    assert torch.allclose(qa.scale, s_ref, rtol=1e-5, atol=0), (qa.scale, s_ref)
+    assert torch.allclose(qa.q, (y / s_ref).clamp(-448, 448), rtol=1e-4, atol=1e-4)
+    assert (qa.q[1] == 0).all() and qa.q.abs().amax() == 448 and qa.dtype == torch.float32
+hs = torch.randn(4, 2 * 5000 + 6, generator=g) * 3  # gate | up of 5,000 (two 4,096-wide blocks), strided rows
+qa = tk.silu_mul_quant(hs[:, :10000], out_dtype=torch.float32)
+gate, up = hs[:, :5000], hs[:, 5000:10000]
+a = torch.nn.functional.silu(gate) * up
+s_ref = a.abs().amax(1, keepdim=True) / 448
+assert torch.allclose(qa.scale, s_ref, rtol=1e-5, atol=0) and qa.q.shape == (4, 5000)
+assert torch.allclose(qa.q, a / s_ref, rtol=1e-4, atol=1e-4)
 print("kernels ok")
 """
 

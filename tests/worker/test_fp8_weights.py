@@ -186,3 +186,39 @@ def test_inconsistent_fp8_checkpoints_are_refused(tiny, tmp_path) -> None:
     save_file(tensors, ckpt / "model.safetensors")
     with pytest.raises(ValueError, match=r"up_proj.weight' is FP8 but has no .*weight_scale"):
         load_model(ckpt, torch.float32, "cpu")
+
+
+def test_fused_quantization_runs_the_same_math_through_the_ops_that_make_the_activations(tiny) -> None:
+    """``FusedQuant``: the q/k/v and gate/up inputs quantized by the norm before them, down's by the activation —
+    the same numbers as each linear quantizing its own input (bit for bit with the reference ops), each op called
+    once a layer a step; ``BANYAN_FP8_FUSED_QUANT=0``'s path (None) gives the same logits too."""
+    from services.worker.quant import fp8 as fp8_mod
+    from services.worker.quant.fp8 import FusedQuant, QuantizedActivation
+
+    arch, src, _ = tiny
+    seqs, chunks = random_seqs([13, 7]), [[13], [4, 3]]
+    calls = {"norm": 0, "silu": 0}
+
+    def norm(x, residual, w, eps):
+        calls["norm"] += 1
+        h, r = (x + residual, x + residual) if residual is not None else (x, x)
+        y = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return QuantizedActivation(*quantize_per_token(y), x.dtype), r
+
+    def silu(h):
+        calls["silu"] += 1
+        gate, up = h.chunk(2, dim=-1)
+        return QuantizedActivation(*quantize_per_token(torch.nn.functional.silu(gate) * up), h.dtype)
+
+    saved = fp8_mod.fused_quant()
+    try:
+        runs = {}
+        for name, fused in (("off", None), ("ops", FusedQuant(None, None)), ("fused", FusedQuant(norm, silu))):
+            fp8_mod.set_fused_quant(fused)
+            runs[name] = torch.cat(run_schedule(src, seqs, chunks, quantization="fp8"))
+    finally:
+        fp8_mod.set_fused_quant(saved)
+    layers = tiny_config(arch).num_hidden_layers
+    assert calls == {"norm": 2 * layers * 2, "silu": layers * 2}, calls  # (two steps: 2 norms + 1 activation a layer)
+    assert torch.equal(runs["off"], runs["ops"]), arch
+    assert torch.equal(runs["off"], runs["fused"]), arch

@@ -28,21 +28,23 @@ POINTERS = {  # argument name → Triton pointer type (the pool's dtype substitu
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "pool", "vc_ptr": "pool", "slots_ptr": "*i64",
     "pos_ptr": "*i64", "cs_ptr": "*fp32", "k_inv_ptr": "*fp32", "v_inv_ptr": "*fp32",
 }
-FLOATS = {"qk_scale", "v_scale"}
+FLOATS = {"qk_scale", "v_scale", "eps"}
 
 
-def compile_sm90(fn, constexprs: dict, pool: str, num_warps: int = 4, num_stages: int = 2, aligned: bool = False):
+def compile_sm90(fn, constexprs: dict, pool: str, num_warps: int = 4, num_stages: int = 2, aligned: bool = False,
+                 pointers: dict | None = None):
     """``aligned``: every pointer and integer argument taken as a multiple of 16, as a launch specializes the
-    served ones (strides of 128-wide heads, 16-byte aligned tensors): the vector loads they compile to."""
+    served ones (strides of 128-wide heads, 16-byte aligned tensors): the vector loads they compile to.
+    ``pointers``: this kernel's pointer types where they differ from ``POINTERS``."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sig = {}
+    sig, types = {}, {**POINTERS, **(pointers or {})}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name in POINTERS:
-            sig[name] = pool if POINTERS[name] == "pool" else POINTERS[name]
+        elif name in types:
+            sig[name] = pool if types[name] == "pool" else types[name]
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
@@ -71,6 +73,25 @@ def test_rope_store_kernels_compile(quant) -> None:
     assert "cubin" in compile_sm90(rs._rope_store_kernel, decode, pool, num_warps=1).asm
     prompts = {**common, "BLOCK_T": rs.ROWS_BLOCK, "PDL": False}
     assert "cubin" in compile_sm90(rs._rope_store_kernel, prompts, pool).asm
+
+
+@pytest.mark.timeout(300)
+def test_the_fp8_activation_kernels_compile() -> None:
+    """Per-token quantization, and the add-RMSNorm / SiLU-and-multiply that quantize as they write, at the 8B
+    shapes' launches (a 4,096-wide row in one block; 14,336 in 4,096-wide blocks)."""
+    backend_or_skip()
+    from services.worker.quant import triton_kernels as tk
+
+    types = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*fp8e4nv",
+             "s_ptr": "*fp32", "r_out_ptr": "*bf16", "K": "i32"}
+    common = {"FMAX": 448.0, "TINY": 1e-12}
+    for res in (True, False):
+        assert "cubin" in compile_sm90(tk._add_rmsnorm_quant_kernel, {**common, "HAS_RES": res, "BLOCK": 4096},
+                                       "*bf16", num_warps=8, pointers=types).asm
+    assert "cubin" in compile_sm90(tk._silu_mul_quant_kernel, {**common, "BLOCK": 4096}, "*bf16", num_warps=8,
+                                   pointers=types).asm
+    assert "cubin" in compile_sm90(tk._per_token_quant_kernel, {**common, "BLOCK": 4096}, "*bf16", num_warps=8,
+                                   pointers=types).asm
 
 
 SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, rope inside, prefetching the o

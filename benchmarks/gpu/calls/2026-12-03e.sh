@@ -16,7 +16,9 @@
 # widening of bench8's 600 × 1,536) · w1q8 (W1,W2 with FP8 weights and FP8 KV) · spread (the FP8 decode at mixed
 # contexts, $SPREAD shapes, by split count and min_part) · pprof (a 16k-token prefill's kernels; the GEMMs alone)
 # · pprof8 (pprof with FP8 weights, and the served FP8 linear at M = 16k) · fp8m (the FP8 linear at decode batches of
-# 64-1,024 rows: as served, its GEMM alone row-/tensor-wise, cuBLAS bf16)
+# 64-1,024 rows: as served, its GEMM alone row-/tensor-wise, cuBLAS bf16, fast accumulation) · w2q, w2qa, w2q0, w2qa0
+# (W2 with FP8 weights; a: + BANYAN_FP8_FAST_ACCUM=1; 0: BANYAN_FP8_FUSED_QUANT=0) · qtest (the fused quantization's
+# and fast accumulation's GPU tests, the small-M GPU tests) · fchk (fp8_check's accuracy with fast accumulation)
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
 # FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12; w5t@N: N ms, into $OUT/w5t_N) · grid (the decode by batch × context:
@@ -161,6 +163,20 @@ t = {w: r.get(f'triton_fp8_64_4w3s_f16_{w}_us') for w in ('cvt', 'int', 'asm')}
 print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null || echo asm)
           export BANYAN_FP8_WIDEN; echo "pick: BANYAN_FP8_WIDEN=$BANYAN_FP8_WIDEN" ;;
     w1q8) suite w1q8 200 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
+    w2q|w2qa|w2q0|w2qa0)  # W2 with FP8 weights: as served (activations quantized by the norm / activation kernels);
+          # w2qa: + fast accumulation in the FP8 GEMMs; w2q0: each linear quantizing its own input (as before 2026-12-05)
+          [[ $step == w2qa* ]] && export BANYAN_FP8_FAST_ACCUM=1
+          [[ $step == *0 ]] && export BANYAN_FP8_FUSED_QUANT=0
+          suite "$step" 125 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"
+          unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT ;;
+    qtest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_small_m_gpu.py \
+             -p no:cacheprovider >"$OUT/qtest.log" 2>&1; echo "qtest (rc $?)"; tail -3 "$OUT/qtest.log" ;;
+    fchk)  # (fp8_check's accuracy on the conditioned model with fast accumulation: top-1 vs bf16 at margin >= 0.1)
+          timeout 100 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b-cond --tokenizer .assets/llama3 \
+            --init conditioned 2>&1 | tail -1
+          BANYAN_FP8_FAST_ACCUM=1 timeout 240 python3 -m benchmarks.gpu.fp8_check --model /tmp/llama8b-cond \
+            --init conditioned --budget-s 150 --out "$OUT/fchk.json" >"$OUT/fchk.log" 2>&1; echo "fchk (rc $?)"
+          grep -iE "top-1|agree" "$OUT/fchk.log" | head -8 ;;
     w5) suite w5 "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}" ;;
     w5t) ms=${STEP_MS:-12}; name=w5t; [[ $step == *@* ]] && ms=$cap && name=w5t_$cap  # (w5t@N: a target of N ms)
          suite "$name" "${W5_LIMIT:-200}" --workloads W5 --scale "${W5_SCALE:-1}" -- --step-time-target-ms "$ms" \

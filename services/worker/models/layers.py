@@ -25,7 +25,8 @@ from services.worker.models.ops import current_ops
 from services.worker.tp import TPGroup
 from services.worker import kernels
 from services.worker.quant import fp8_linears_enabled, fp8_vocab_enabled
-from services.worker.quant.fp8 import FP8, QuantizedWeight, fp8_linear, load_fp8_rows
+from services.worker.quant import fp8
+from services.worker.quant.fp8 import FP8, QuantizedActivation, QuantizedWeight, fp8_linear, load_fp8_rows
 
 ShardId = str | int | None
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, ShardId], None]
@@ -77,7 +78,7 @@ class _Linear(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
         raise NotImplementedError
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor | QuantizedActivation, bias: torch.Tensor | None) -> torch.Tensor:
         if self.fp8:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
         y = kernels.try_small_m(x, self.weight, None, bias)  # (decode sizes, where the kernel measured faster)
@@ -86,6 +87,15 @@ class _Linear(nn.Module):
     def quantized(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight, its per-row scale or None)."""
         return self.weight, self.weight_scale if self.fp8 else None
+
+    def quantizes(self, x: torch.Tensor, *small_m: str) -> bool:
+        """Whether this layer would quantize ``x`` (T, in) itself — FP8, the library GEMM at x's rows: no small-M
+        kernel for its shape there, plain or of the ``small_m`` kinds ("silu_mul", "act_out") the caller would
+        try first — so the op making x may instead (``quant.fp8.FusedQuant``)."""
+        if not (self.fp8 and fp8.takes_quantized(x, self.weight)):
+            return False
+        return all(kernels.small_m_config(x, self.weight, **({kind: True} if kind else {})) is None
+                   for kind in ("", *small_m))
 
 
 @dataclass(frozen=True)
@@ -148,10 +158,10 @@ class GateUpParallelLinear(MergedColumnParallelLinear):
     def __init__(self, in_features: int, intermediate: int, bias: bool, tp: TPGroup) -> None:
         super().__init__(in_features, [intermediate, intermediate], bias, tp)
 
-    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+    def forward_silu_mul(self, x: torch.Tensor | QuantizedActivation) -> torch.Tensor | None:
         """silu(gate) · up of this projection (T, I_local) in one kernel at decode sizes, where it measured
         faster than the projection then the activation; else None."""
-        if self.bias is not None:
+        if self.bias is not None or isinstance(x, QuantizedActivation):
             return None
         return kernels.try_small_m(x, self.weight, self.weight_scale if self.fp8 else None, act_out=True)
 
@@ -204,7 +214,11 @@ class RowParallelLinear(_Linear):
         """``self(act(h))`` for act = SiluAndMul: at decode sizes, where it measured faster, one
         kernel that applies the activation while it reads the weight."""
         local = kernels.try_small_m(h, self.weight, self.weight_scale if self.fp8 else None, None, silu_mul=True)
-        return self(act(h)) if local is None else self._reduce(local)
+        if local is not None:
+            return self._reduce(local)
+        if self.quantizes(h, "silu_mul") and (fused := fp8.fused_quant()) is not None:
+            return self(fused.silu_mul(h) if fused.silu_mul is not None else fp8.quantize_activation(act(h)))
+        return self(act(h))
 
     def _reduce(self, local: torch.Tensor) -> torch.Tensor:
         """This rank's partial product → the sum over ranks, plus the bias."""
@@ -295,8 +309,20 @@ class RMSNorm(nn.Module):
         if linear.bias is None and (done := kernels.try_norm_linear(x, residual, self.weight, self.eps,
                                                                     *linear.quantized())) is not None:
             return done
-        h, residual = (self(x), x) if residual is None else self(x, residual)
+        h, residual = self.for_linear(linear, x, residual)
         return linear(h), residual
+
+    def for_linear(self, linear: _Linear, x: torch.Tensor, residual: torch.Tensor | None = None, *small_m: str
+                   ) -> tuple[torch.Tensor | QuantizedActivation, torch.Tensor]:
+        """(norm(x + residual), x + residual) as ``linear`` takes it: quantized by the norm's kernel where the
+        linear would quantize it itself (``_Linear.quantizes``, with the ``small_m`` kinds it tries first), else as
+        it is; without a residual (norm(x), x)."""
+        if linear.quantizes(x, *small_m) and (fused := fp8.fused_quant()) is not None:
+            if fused.add_rmsnorm is not None and (done := fused.add_rmsnorm(x, residual, self.weight, self.eps)):
+                return done
+            h, residual = (self(x), x) if residual is None else self(x, residual)
+            return fp8.quantize_activation(h), residual
+        return (self(x), x) if residual is None else self(x, residual)
 
 
 class SiluAndMul(nn.Module):

@@ -23,6 +23,7 @@ from services.worker.models.layers import (
 from services.worker.models.config import DecoderConfig
 from services.worker.models.ops import RopeStep
 from services.worker.models.rotary import RopeConfig, RotaryEmbedding
+from services.worker.quant.fp8 import QuantizedActivation
 
 WeightKey = tuple[str, ShardId]  # (parameter name, shard id)
 
@@ -66,8 +67,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, tp)
         self.down_proj.silu_mul_input = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
-        """At decode sizes the activation is made by the gate/up kernel as it stores, or by the down
+    def forward(self, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:  # (T, H) -> (T, H)
+        """x: the post-attention norm's output, maybe quantized (FP8 linears: ``RMSNorm.for_linear``). At decode sizes the activation is made by the gate/up kernel as it stores, or by the down
         projection's as it loads, where either measured faster; else a kernel of its own."""
         act = self.gate_up_proj.forward_silu_mul(x)
         if act is not None:
@@ -103,7 +104,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def after_attention(self, out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention's output (T, Hq * D) → this layer's (output, residual)."""
-        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(out), residual)
+        x, residual = self.post_attention_layernorm.for_linear(self.mlp.gate_up_proj, self.self_attn.o_proj(out),
+                                                               residual, "act_out")
         return self.mlp(x), residual
 
 

@@ -5,7 +5,8 @@
   dequantized, KV-cache scales collected, activation scales dropped
 - ``fp8.py``      the numerics (quantize, per-token activations, the FP8 linear) in PyTorch
 - ``kv.py``       the KV cache's FP8 storage and scales
-- ``triton_kernels.py`` fused CUDA kernels (per-token activation quantization, quantized KV write),
+- ``triton_kernels.py`` fused CUDA kernels (per-token activation quantization, the norm and the activation
+  quantizing as they write, quantized KV write),
   used once checked against the PyTorch reference at start-up
 
 Layers built inside ``fp8_linears(True)`` (the loader does it) store FP8 weights; nothing
@@ -69,7 +70,8 @@ def enable_cuda_kernels(device: torch.device) -> dict[str, str]:
     from services.worker.quant import fp8, kv
 
     chosen = {"gemm": "scaled_mm" if fp8.check_scaled_mm(device) else "dequantize", "activation_quant": "torch",
-              "kv_store": "torch"}
+              "kv_store": "torch", "fused_quant": "off" if fp8.fused_quant() is None else "op, then the quantization",
+              "fast_accum": "on" if fp8.fast_accum() else "off"}
     if chosen["gemm"] != "scaled_mm":
         log.warning("fp8_scaled_mm_unavailable", device=str(device))
     try:
@@ -81,6 +83,10 @@ def enable_cuda_kernels(device: torch.device) -> dict[str, str]:
         if tk.check_store_kv(device):
             kv.set_store_kernel(tk.store_kv)
             chosen["kv_store"] = "triton"
+        if fp8.fused_quant() is not None:  # (BANYAN_FP8_FUSED_QUANT=0: None, the linears quantize their input)
+            fused = tk.check_fused_quant(device)
+            fp8.set_fused_quant(fused or fp8.FusedQuant(None, None))
+            chosen["fused_quant"] = "triton" if fused is not None else "op, then the quantization (kernels disagreed)"
     except Exception as e:  # no Triton, a compiler problem: the reference ops are correct, only slower
         log.warning("fp8_kernels_unavailable", reason=f"{type(e).__name__}: {e}"[:300])
     return chosen

@@ -10,12 +10,23 @@ quantized per token (row) at run time, x ≈ xq * sx (sx = max|x_row| / 448). On
 activations the GEMM is ``torch._scaled_mm`` with row-wise scales on both sides; elsewhere (the
 CPU, odd shapes) the same quantized operands are dequantized and multiplied in fp32, so CPU tests
 see the GPU path's quantization error.
+
+Two things the library path may do differently (``BANYAN_FP8_FAST_ACCUM``, ``BANYAN_FP8_FUSED_QUANT``, read once):
+
+- fast accumulation (``use_fast_accum``: Hopper's FP8 tensor cores accumulate at reduced precision, without the
+  periodic promotion to fp32 — what vLLM's and FBGEMM's FP8 GEMMs run; off by default until measured);
+- the activations quantized by the op that makes them (``QuantizedActivation``: the add-RMSNorm before q/k/v and
+  gate/up, the SiLU-and-multiply before down — one kernel each in place of that op and a quantization pass,
+  ``set_fused_quant``); on by default where the kernels check out at start-up, only where the linear takes the
+  library path at that batch size (the small-M kernels read unquantized activations).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -106,11 +117,65 @@ def load_fp8_rows(weight: Tensor, scale: Tensor, loaded: Tensor | QuantizedWeigh
 ActQuant = Callable[[Tensor], tuple[Tensor, Tensor]]
 _act_quant: ActQuant = quantize_per_token  # on CUDA: the Triton kernel once ``enable_cuda_kernels`` checked it
 _scaled_mm = True  # off when torch._scaled_mm failed its check on the device (then: dequantize and multiply)
+_fast_accum = os.environ.get("BANYAN_FP8_FAST_ACCUM", "0") == "1"
+
+
+class QuantizedActivation(NamedTuple):
+    """Activations (T, K) quantized per token by the op that made them — e4m3 ``q`` and (T, 1) float32
+    ``scale`` — for an FP8 linear's GEMM; ``dtype``: what the linear outputs (the unquantized activations')."""
+
+    q: Tensor
+    scale: Tensor
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class FusedQuant:
+    """The ops that quantize the activations they make: ``add_rmsnorm(x, residual or None, weight, eps)`` →
+    (rmsnorm(x + residual) quantized, x + residual) or None where it does not take the shape, and ``silu_mul(h)``
+    → silu(gate) · up of h = [gate | up], quantized. Without kernels (``enable_cuda_kernels`` found none, or the CPU) the caller's op, then
+    ``quantize_activation``."""
+
+    add_rmsnorm: Callable[[Tensor, Tensor | None, Tensor, float], tuple[QuantizedActivation, Tensor] | None] | None
+    silu_mul: Callable[[Tensor], QuantizedActivation] | None
+
+
+# None: FP8 linears quantize their own input (``BANYAN_FP8_FUSED_QUANT=0``)
+_fused: FusedQuant | None = None if os.environ.get("BANYAN_FP8_FUSED_QUANT", "1") == "0" else FusedQuant(None, None)
 
 
 def set_activation_quant(fn: ActQuant) -> None:
     global _act_quant
     _act_quant = fn
+
+
+def set_fast_accum(on: bool) -> bool:
+    """Fast accumulation in the FP8 GEMMs from now on (benchmarks' A/B; the server: ``BANYAN_FP8_FAST_ACCUM``)
+    → what it was."""
+    global _fast_accum
+    previous, _fast_accum = _fast_accum, on
+    return previous
+
+
+def fast_accum() -> bool:
+    return _fast_accum
+
+
+def set_fused_quant(fused: FusedQuant | None) -> None:
+    """The ops that quantize as they write (None: off). Layers ask per call (``fused_quant``)."""
+    global _fused
+    _fused = fused
+
+
+def fused_quant() -> FusedQuant | None:
+    return _fused
+
+
+def quantize_activation(x: Tensor) -> QuantizedActivation:
+    """x (T, K) → its per-token quantization (the Triton kernel on CUDA once checked)."""
+    if not x.is_cuda:
+        return QuantizedActivation(*quantize_per_token(x), x.dtype)
+    return QuantizedActivation(*_act_quant(x), x.dtype)
 
 
 def check_scaled_mm(device: torch.device) -> bool:
@@ -129,22 +194,42 @@ def check_scaled_mm(device: torch.device) -> bool:
     return _scaled_mm
 
 
-def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
+def fp8_linear(x: Tensor | QuantizedActivation, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
     """y = x W^T (+ b) with W ≈ weight * scale[:, None] (weight (N, K) e4m3, scale (N,) fp32) and x
-    quantized per token; x (T, K) → y (T, N) in x's dtype. At decode sizes, for weight shapes where
-    it measured faster at start-up, Banyan's kernel instead (``kernels/small_m.py``: weight-only, x
-    unquantized, or FP8 tensor cores with x quantized per K tile)."""
+    quantized per token (or already, a ``QuantizedActivation``); x (T, K) → y (T, N) in x's dtype. At decode
+    sizes, for weight shapes where it measured faster at start-up, Banyan's kernel instead
+    (``kernels/small_m.py``: weight-only, x unquantized, or FP8 tensor cores with x quantized per K tile)."""
+    if isinstance(x, QuantizedActivation):
+        return scaled_gemm(x, weight, scale, bias)
     y = kernels.try_small_m(x, weight, scale, bias)
     return y if y is not None else library_fp8_linear(x, weight, scale, bias)
 
 
+def _gemm_on_device(x: Tensor, weight: Tensor, dtype: torch.dtype) -> bool:
+    n, k = weight.shape
+    return x.is_cuda and _scaled_mm and dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % 16 == 0
+
+
+def takes_quantized(x: Tensor, weight: Tensor) -> bool:
+    """Whether the library path would quantize ``x`` for ``weight`` itself, so that the op making x may instead
+    (fused quantization on): the GEMM's conditions on CUDA; on the CPU always (its dequantizing path is the same
+    math, so CPU tests run the fused path's plumbing bit for bit)."""
+    return _fused is not None and x.dim() == 2 and (not x.is_cuda or _gemm_on_device(x, weight, x.dtype))
+
+
+def scaled_gemm(xa: QuantizedActivation, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The FP8 GEMM on activations already quantized: ``torch._scaled_mm`` on CUDA, else dequantize and multiply."""
+    xq, xs = xa.q, xa.scale
+    if _gemm_on_device(xq, weight, xa.dtype):
+        y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, weight.shape[0]), out_dtype=xa.dtype,
+                             use_fast_accum=_fast_accum)
+    else:
+        y = F.linear(xq.float() * xs, weight.float() * scale[:, None]).to(xa.dtype)
+    return y if bias is None else y + bias
+
+
 def library_fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
     """``fp8_linear`` through the libraries: ``torch._scaled_mm`` on CUDA, else dequantize and multiply."""
-    n, k = weight.shape
-    if x.is_cuda and _scaled_mm and x.dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % 16 == 0:
-        xq, xs = _act_quant(x)
-        y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
-    else:
-        xq, xs = quantize_per_token(x)
-        y = F.linear(xq.float() * xs, weight.float() * scale[:, None]).to(x.dtype)
-    return y if bias is None else y + bias
+    if _gemm_on_device(x, weight, x.dtype):
+        return scaled_gemm(QuantizedActivation(*_act_quant(x), x.dtype), weight, scale, bias)
+    return scaled_gemm(QuantizedActivation(*quantize_per_token(x), x.dtype), weight, scale, bias)

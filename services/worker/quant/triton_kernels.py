@@ -3,6 +3,10 @@ each, which under CUDA graphs is what a decode step pays for):
 
 - ``per_token_quant``: activations (T, K) → e4m3 (T, K) and one scale per token (T, 1), in one pass
   over each row for the max and one for the scaled cast (the row is in L2 the second time);
+- ``add_rmsnorm_quant`` / ``silu_mul_quant``: the add-RMSNorm before q/k/v and gate/up, the SiLU-and-multiply
+  before down, writing their output quantized per token (the row rounded to the activations' dtype first, as the
+  separate op stores it, then scaled and cast) — one kernel in place of the op and ``per_token_quant``, and no
+  bf16 row written and read back in between (``fp8.FusedQuant``);
 - ``store_kv``: the new tokens' K and V (T, Hkv, D), possibly strided views of the qkv projection,
   scaled per head, saturated, cast to e4m3 and written at their slots of the pool — one launch for
   both (a plain write is two ``index_copy_``; the PyTorch quantized write is eight ops).
@@ -18,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.quant.fp8 import FP8, FP8_MAX, quantize_per_token
+from services.worker.quant.fp8 import FP8, FP8_MAX, FusedQuant, QuantizedActivation, quantize_per_token
 from services.worker.quant.kv import quantize_kv
 
 Tensor = torch.Tensor
@@ -56,6 +60,96 @@ def per_token_quant(x: Tensor, out_dtype: torch.dtype = FP8) -> tuple[Tensor, Te
         _per_token_quant_kernel[(t,)](x, q, s, k, x.stride(0), q.stride(0), FMAX=FP8_MAX, TINY=_TINY, BLOCK=block,
                                       num_warps=4 if block <= 1024 else 8)
     return q, s
+
+
+@triton.jit
+def _add_rmsnorm_quant_kernel(x_ptr, r_ptr, w_ptr, q_ptr, s_ptr, r_out_ptr, K, stride_x, stride_r, stride_q,
+                              stride_ro, eps, HAS_RES: tl.constexpr, FMAX: tl.constexpr, TINY: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """A row: x (+ residual, stored rounded as the new residual) in fp32, normalized, times the weight, rounded to
+    x's dtype as the norm kernels store it; then its max, scale and e4m3 cast (FlashInfer's order of rounding)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    if HAS_RES:
+        x += tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(r_out_ptr + row * stride_ro + offs, x.to(dtype), mask=mask)
+    rrms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = (x * rrms * w).to(dtype).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FMAX, TINY)
+    tl.store(s_ptr + row, scale)
+    q = tl.minimum(tl.maximum(y / scale, -FMAX), FMAX)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul_row(h_row, offs, mask, I):
+    g = tl.load(h_row + offs, mask=mask, other=0.0)
+    u = tl.load(h_row + I + offs, mask=mask, other=0.0).to(tl.float32)
+    gf = g.to(tl.float32)
+    return (gf / (1.0 + tl.exp(-gf)) * u).to(g.dtype).to(tl.float32)
+
+
+@triton.jit
+def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, I, stride_h, stride_q, FMAX: tl.constexpr, TINY: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """A row of h = [gate | up]: silu(gate) · up rounded to h's dtype (as the activation kernel stores it), its
+    max over the row, then the same values again (the row is in L2 by then) scaled and cast."""
+    row = tl.program_id(0).to(tl.int64)
+    h_row, q_row = h_ptr + row * stride_h, q_ptr + row * stride_q
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, I, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.abs(_silu_mul_row(h_row, offs, offs < I, I)))
+    scale = tl.maximum(tl.max(amax, axis=0) / FMAX, TINY)
+    tl.store(s_ptr + row, scale)
+    for start in range(0, I, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        q = tl.minimum(tl.maximum(_silu_mul_row(h_row, offs, offs < I, I) / scale, -FMAX), FMAX)
+        tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=offs < I)
+
+
+NORM_QUANT_MAX_K = 16384  # (a row in one program's registers: up to 64 values a thread at 8 warps)
+
+
+def add_rmsnorm_quant(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, out_dtype: torch.dtype = FP8
+                      ) -> tuple[QuantizedActivation, Tensor] | None:
+    """x, residual (T, K) → (rmsnorm(x + residual) · weight quantized per token, x + residual (a new tensor));
+    without a residual the second is x. None for rows longer than ``NORM_QUANT_MAX_K``."""
+    t, k = x.shape
+    if k > NORM_QUANT_MAX_K:
+        return None
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    q = torch.empty((t, k), dtype=out_dtype, device=x.device)
+    s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
+    r_out = x if residual is None else torch.empty_like(x)
+    r_in = x if residual is None else (residual if residual.stride(1) == 1 else residual.contiguous())
+    if t:
+        block = triton.next_power_of_2(k)
+        _add_rmsnorm_quant_kernel[(t,)](x, r_in, weight, q, s, r_out, k, x.stride(0), r_in.stride(0), q.stride(0),
+                                        r_out.stride(0), eps, HAS_RES=residual is not None, FMAX=FP8_MAX, TINY=_TINY,
+                                        BLOCK=block, num_warps=4 if block <= 2048 else 8)
+    return QuantizedActivation(q, s, x.dtype), r_out
+
+
+def silu_mul_quant(h: Tensor, out_dtype: torch.dtype = FP8) -> QuantizedActivation:
+    """h (T, 2I) = [gate | up] → silu(gate) · up (T, I) quantized per token."""
+    t, i2 = h.shape
+    i = i2 // 2
+    if h.stride(1) != 1:
+        h = h.contiguous()
+    q = torch.empty((t, i), dtype=out_dtype, device=h.device)
+    s = torch.empty((t, 1), dtype=torch.float32, device=h.device)
+    if t:
+        block = min(4096, triton.next_power_of_2(i))
+        _silu_mul_quant_kernel[(t,)](h, q, s, i, h.stride(0), q.stride(0), FMAX=FP8_MAX, TINY=_TINY, BLOCK=block,
+                                     num_warps=4 if block <= 1024 else 8)
+    return QuantizedActivation(q, s, h.dtype)
 
 
 @triton.jit
@@ -105,6 +199,43 @@ def check_per_token_quant(device: torch.device) -> bool:
     # the same e4m3 value, or its neighbour where x / s rounds differently by an ulp in fp32
     close = ((q.float() - q_ref.float()).abs() <= q_ref.float().abs() * 0.13 + 2**-9).all()
     return bool(same_scale and close)
+
+
+def _reference_norm_quant(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float
+                          ) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    """The add-RMSNorm as FlashInfer computes it (fp32, one rounding), then ``quantize_per_token``."""
+    xf = x.float() if residual is None else x.float() + residual.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return quantize_per_token(y), xf.to(x.dtype)
+
+
+def _close(got: QuantizedActivation, want: tuple[Tensor, Tensor]) -> bool:
+    """The same dequantized values up to e4m3's rounding (a row's max may differ by an ulp of its dtype)."""
+    deq, ref = got.q.float() * got.scale, want[0].float() * want[1]
+    return bool(torch.allclose(got.scale, want[1], rtol=1e-2, atol=0)
+                and ((deq - ref).abs() <= ref.abs() * 0.15 + want[1] * 2**-6).all())
+
+
+def check_fused_quant(device: torch.device) -> FusedQuant | None:
+    """The add-RMSNorm and SiLU-and-multiply kernels that quantize as they write, against the op then
+    ``quantize_per_token`` (bf16 and fp16; with and without a residual; strided rows; an all-zero row) → the
+    ``FusedQuant`` to use, or None where they disagree."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = (torch.randn(19, 4096 + 64, generator=g) * torch.logspace(-2, 2, 19)[:, None]).to(dtype).to(device)
+        r = torch.randn(19, 4096 + 64, generator=g).to(dtype).to(device)
+        x[3], r[3] = 0, 0
+        w = (1 + torch.randn(4096, generator=g) / 4).to(dtype).to(device)
+        for res in (r[:, :4096], None):
+            got, got_r = add_rmsnorm_quant(x[:, :4096], res, w, 1e-6)
+            want, want_r = _reference_norm_quant(x[:, :4096], res, w, 1e-6)
+            if not (torch.equal(got_r, want_r) and _close(got, want)):
+                return None
+        h = (torch.randn(19, 2 * 5000 + 8, generator=g) * 3).to(dtype).to(device)[:, :10000]
+        gate, up = h.float().chunk(2, dim=-1)
+        if not _close(silu_mul_quant(h), quantize_per_token((torch.nn.functional.silu(gate) * up).to(dtype))):
+            return None
+    return FusedQuant(add_rmsnorm_quant, silu_mul_quant)
 
 
 def check_store_kv_plain(device: torch.device) -> bool:

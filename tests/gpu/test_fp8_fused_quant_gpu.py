@@ -1,0 +1,61 @@
+"""FP8 weights' activations quantized by the ops that make them (``quant.fp8.FusedQuant``: the add-RMSNorm and
+SiLU-and-multiply kernels in ``quant/triton_kernels.py``) and the GEMM's fast accumulation, on the GPU (skipped
+without CUDA + FlashInfer): the kernels pass their start-up check, and a worker's logits over a schedule of
+prompts, prefix + decodes and graph decodes stay within 1e-2 (fused) / 2e-2 (fast accumulation) of the same
+worker with each off — the library path with its own quantization pass, fp32-promoted accumulation."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from benchmarks.driver import Driver
+from tests.gpu.test_gpu_parity import REPORT, _schedule, models, rel_err, runner  # noqa: F401 (fixtures)
+from services.worker.quant import fp8
+from services.worker.quant import triton_kernels as tk
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="needs FlashInfer"),
+]
+
+
+def test_fused_quant_kernels_pass_their_check() -> None:
+    fused = tk.check_fused_quant(torch.device("cuda"))
+    assert fused is not None and fused.add_rmsnorm is not None and fused.silu_mul is not None
+
+
+def _fp8_logits(model) -> list[torch.Tensor]:
+    return _schedule(Driver(runner(model, attention_backend="flashinfer", quantization="fp8")), 32000)
+
+
+def test_fused_quant_worker_matches_the_library_path(models) -> None:
+    saved = fp8.fused_quant()
+    try:
+        fp8.set_fused_quant(fp8.FusedQuant(None, None))  # (the start-up check puts the kernels in)
+        fused = _fp8_logits(models["small"])
+        assert fp8.fused_quant() is not None and fp8.fused_quant().add_rmsnorm is not None
+        fp8.set_fused_quant(None)  # (BANYAN_FP8_FUSED_QUANT=0: the start-up leaves it off)
+        plain = _fp8_logits(models["small"])
+        assert fp8.fused_quant() is None
+    finally:
+        fp8.set_fused_quant(saved)
+    errs = [rel_err(f, p) for f, p in zip(fused, plain, strict=True)]
+    REPORT["fp8_fused_quant_vs_library"] = max(errs)
+    assert max(errs) < 1e-2, errs
+
+
+def test_fast_accumulation_stays_close(models) -> None:
+    saved = fp8.set_fast_accum(True)
+    try:
+        fast = _fp8_logits(models["small"])
+        fp8.set_fast_accum(False)
+        exact = _fp8_logits(models["small"])
+    finally:
+        fp8.set_fast_accum(saved)
+    errs = [rel_err(f, e) for f, e in zip(fast, exact, strict=True)]
+    REPORT["fp8_fast_accum_vs_exact"] = max(errs)
+    assert max(errs) < 2e-2, errs
