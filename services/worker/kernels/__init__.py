@@ -2,6 +2,7 @@
 correct and faster than the library path it would replace.
 
 - ``small_m.py``: linear layers at decode batch sizes (weight-streaming, bf16 or weight-only FP8).
+- ``fp8_gemm.py``: FP8 GEMMs on quantized activations above them (decode batches, mixed steps).
 - ``rope_store.py``: the rotary embedding and the K/V write in one launch.
 
 This module is the light part the layers call on every step (no Triton import: CPU installs may
@@ -24,11 +25,35 @@ choices: dict[tuple[int, int, torch.dtype], tuple] = {}
 tuned: dict[tuple[int, int, torch.dtype], str] = {}
 
 
+# FP8 GEMMs on quantized activations (``fp8_gemm.py``): (N, K) → ((top M of a range, GemmConfig or None), ...) rising
+fp8_gemm_choices: dict[tuple[int, int], tuple] = {}
+fp8_gemm_tuned: dict[tuple[int, int], str] = {}
+
+
 def reset() -> None:
     """Forget every decision (benchmarks and tests that tune again)."""
     choices.clear()
     tuned.clear()
     norm_fused.clear()
+    fp8_gemm_choices.clear()
+    fp8_gemm_tuned.clear()
+
+
+def try_fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, out_dtype: torch.dtype
+                 ) -> torch.Tensor | None:
+    """(xq · xs)(w · ws)^T through our FP8 GEMM where ``tune_fp8_gemm`` chose it for w's shape at xq's rows; None:
+    the caller's library GEMM."""
+    if not fp8_gemm_choices:
+        return None
+    m = xq.shape[0]
+    for top, cfg in fp8_gemm_choices.get((w.shape[0], w.shape[1]), ()):
+        if m <= top:
+            if cfg is None:
+                return None
+            from services.worker.kernels.fp8_gemm import matmul
+
+            return matmul(xq, xs, w, ws, out_dtype, cfg)
+    return None
 
 
 def small_m_config(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False, act_out: bool = False):
@@ -103,6 +128,22 @@ def tune_small_m(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] |
         return sm.tune_model(model, dtype)
     except Exception as e:  # a compiler or driver problem: the library path, which is correct
         reset()
+        return f"failed: {type(e).__name__}: {e}"[:300]
+
+
+def tune_fp8_gemm(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] | str:
+    """Our FP8 GEMM (``fp8_gemm.py``) against ``torch._scaled_mm`` for each FP8 linear shape of ``model`` by range
+    of M; used where it wins → what was chosen (logged). ``BANYAN_FP8_GEMM=0``: not tried."""
+    if os.environ.get("BANYAN_FP8_GEMM", "1") == "0":
+        return "off (BANYAN_FP8_GEMM=0)"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"not used with {dtype} activations"
+    try:
+        from services.worker.kernels import fp8_gemm
+
+        return fp8_gemm.tune_model(model, dtype) or "no FP8 linears"
+    except Exception as e:  # no Triton, a compiler or driver problem: the library GEMM, which is correct
+        fp8_gemm_choices.clear()
         return f"failed: {type(e).__name__}: {e}"[:300]
 
 

@@ -218,14 +218,21 @@ def takes_quantized(x: Tensor, weight: Tensor) -> bool:
 
 
 def scaled_gemm(xa: QuantizedActivation, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
-    """The FP8 GEMM on activations already quantized: ``torch._scaled_mm`` on CUDA, else dequantize and multiply."""
+    """The FP8 GEMM on activations already quantized: ours where it measured faster at start-up
+    (``kernels/fp8_gemm.py``), else the library's (``library_gemm``)."""
+    y = kernels.try_fp8_gemm(xa.q, xa.scale, weight, scale, xa.dtype) if xa.q.is_cuda else None
+    if y is None:
+        y = library_gemm(xa, weight, scale)
+    return y if bias is None else y + bias
+
+
+def library_gemm(xa: QuantizedActivation, weight: Tensor, scale: Tensor) -> Tensor:
+    """``torch._scaled_mm`` on CUDA (row-wise scales both sides), else dequantize and multiply."""
     xq, xs = xa.q, xa.scale
     if _gemm_on_device(xq, weight, xa.dtype):
-        y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, weight.shape[0]), out_dtype=xa.dtype,
-                             use_fast_accum=_fast_accum)
-    else:
-        y = F.linear(xq.float() * xs, weight.float() * scale[:, None]).to(xa.dtype)
-    return y if bias is None else y + bias
+        return torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, weight.shape[0]),
+                                out_dtype=xa.dtype, use_fast_accum=_fast_accum)
+    return F.linear(xq.float() * xs, weight.float() * scale[:, None]).to(xa.dtype)
 
 
 def library_fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
