@@ -93,6 +93,7 @@ class ModelRunner:
             kernels["rope_decode"] = decode_rope.enable_rope(self.device, self.dtype)
             kernels["norm"] = enable_cuda_norm(self.device)
             kernels["norm_linear"] = enable_norm_linear(self.device, self.model, self.dtype)
+            torch.cuda.empty_cache()  # (the tunings' weight copies and activations: free for the pool's sizing)
         self.context_length = cfg.context_length or self.spec.context_length
         kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads, cfg.mem_fraction_static)

@@ -29,7 +29,7 @@ Tensor = torch.Tensor
 BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # (one compiled kernel for every M: start-up compiles what a step will run)
 def _w8a8_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, EVEN_K: tl.constexpr,
                  PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP_M: tl.constexpr):
