@@ -16,9 +16,10 @@
 # widening of bench8's 600 × 1,536) · w1q8 (W1,W2 with FP8 weights and FP8 KV) · spread (the FP8 decode at mixed
 # contexts, $SPREAD shapes, by split count and min_part) · pprof (a 16k-token prefill's kernels; the GEMMs alone)
 # · pprof8 (pprof with FP8 weights, and the served FP8 linear at M = 16k) · fp8m (the FP8 linear at decode batches of
-# 64-1,024 rows: as served, its GEMM alone row-/tensor-wise, cuBLAS bf16, fast accumulation) · w2q, w2qa, w2q0, w2qa0
-# (W2 with FP8 weights; a: + BANYAN_FP8_FAST_ACCUM=1; 0: BANYAN_FP8_FUSED_QUANT=0) · qtest (the fused quantization's
-# and fast accumulation's GPU tests, the small-M GPU tests) · fchk (fp8_check's accuracy with fast accumulation)
+# 64-1,024 rows: as served, its GEMM alone row-/tensor-wise, cuBLAS bf16, fast accumulation, our FP8 GEMM's configs)
+# · w2q, w2q<letters> (W2 with FP8 weights; a: + BANYAN_FP8_FAST_ACCUM=1; 0: BANYAN_FP8_FUSED_QUANT=0; g:
+# BANYAN_FP8_GEMM=0, e.g. w2q0g = as before 2026-12-05) · qtest (the fused quantization's, fast accumulation's and
+# our FP8 GEMM's GPU tests, the small-M GPU tests) · fchk (fp8_check's accuracy with fast accumulation)
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
 # FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12; w5t@N: N ms, into $OUT/w5t_N) · grid (the decode by batch × context:
@@ -69,7 +70,7 @@ for step in ${STEPS:-fp8}; do
     w7t2) w7step "w7t2_$cap" "$cap" --w7-connections 4 -- --num-tokenizers 2 ;;
     w7t2c) PFLAGS=,--chunked-prefill-size,128 w7step "w7t2c_$cap" "$cap" --w7-connections 4 -- --num-tokenizers 2 ;;
     w7si) w7step "w7si_$cap" "$cap" --w7-bg-stream-interval 8 -- ;;
-    w1q) suite w1q 200 --workloads W1,W2 -- --quantization fp8 "${fast[@]}" ;;
+    w1q) suite w1q 240 --workloads W1,W2 -- --quantization fp8 "${fast[@]}" ;;
     gemv) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_cuda_gemv_gpu.py tests/gpu/test_small_m_gpu.py -k \
             "cuda or tune" -p no:cacheprovider >"$OUT/gemv_tests.log" 2>&1; echo "gemv tests (rc $?)"; tail -3 "$OUT/gemv_tests.log"
           timeout 240 python3 -m benchmarks.gpu.small_m_bench --ms "${GEMV_MS:-1,4}" --out "$OUT/gemv.json" >"$OUT/gemv.log" 2>&1
@@ -162,14 +163,17 @@ r = [r for r in json.load(open('$OUT/fp8_decode.json'))['rows'] if r['batch'] ==
 t = {w: r.get(f'triton_fp8_64_4w3s_f16_{w}_us') for w in ('cvt', 'int', 'asm')}
 print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null || echo asm)
           export BANYAN_FP8_WIDEN; echo "pick: BANYAN_FP8_WIDEN=$BANYAN_FP8_WIDEN" ;;
-    w1q8) suite w1q8 200 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
-    w2q|w2qa|w2q0|w2qa0)  # W2 with FP8 weights: as served (activations quantized by the norm / activation kernels);
-          # w2qa: + fast accumulation in the FP8 GEMMs; w2q0: each linear quantizing its own input (as before 2026-12-05)
-          [[ $step == w2qa* ]] && export BANYAN_FP8_FAST_ACCUM=1
-          [[ $step == *0 ]] && export BANYAN_FP8_FUSED_QUANT=0
-          suite "$step" 125 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"
-          unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT ;;
-    qtest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_small_m_gpu.py \
+    w1q8) suite w1q8 240 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
+    w2q|w2q[a0g]*)  # W2 with FP8 weights as served (activations quantized by the norm / activation kernels, our FP8
+          # GEMM where its start-up tuning chose it); letters after w2q: a = BANYAN_FP8_FAST_ACCUM=1, 0 =
+          # BANYAN_FP8_FUSED_QUANT=0 (each linear quantizes its input), g = BANYAN_FP8_GEMM=0 (torch._scaled_mm only)
+          [[ ${step#w2q} == *a* ]] && export BANYAN_FP8_FAST_ACCUM=1
+          [[ ${step#w2q} == *0* ]] && export BANYAN_FP8_FUSED_QUANT=0
+          [[ ${step#w2q} == *g* ]] && export BANYAN_FP8_GEMM=0
+          suite "$step" 170 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"  # (the FP8 GEMM tuning: +~30 s)
+          unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT BANYAN_FP8_GEMM ;;
+    qtest) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_fp8_gemm_gpu.py \
+             tests/gpu/test_small_m_gpu.py \
              -p no:cacheprovider >"$OUT/qtest.log" 2>&1; echo "qtest (rc $?)"; tail -3 "$OUT/qtest.log" ;;
     fchk)  # (fp8_check's accuracy on the conditioned model with fast accumulation: top-1 vs bf16 at margin >= 0.1)
           timeout 100 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b-cond --tokenizer .assets/llama3 \
