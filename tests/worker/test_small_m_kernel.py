@@ -208,3 +208,21 @@ def test_the_fused_norm_is_timed_only_for_linears_that_take_a_norms_output(monke
         assert len(timed) == 2 and kernels.norm_fused == {(64, 64, torch.float32)}
     finally:
         kernels.reset()
+
+
+def test_the_tuners_pick_the_fastest_correct_config_only_when_3_percent_faster() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from services.worker.kernels.small_m import fastest, verdict
+
+    times = {"a": 0.95, "b": 0.90, "wrong": 0.5, "rejected": 0.1, "c": 0.98}
+
+    def timed(cfg):
+        if cfg == "rejected":
+            raise RuntimeError("out of shared memory")
+        return times[cfg]
+
+    assert fastest(list(times), 1.0, lambda c: c != "wrong", timed) == ("b", 0.90)
+    assert fastest(["c"], 1.0, lambda c: True, timed) == (None, 1.0 / 1.03)  # (2 % faster: not enough)
+    assert fastest(["a", "c"], 1.0, lambda c: True, timed) == ("a", 0.95)  # (5 %: enough)
+    assert verdict(64, None, 1.0, 2e-6) == "M≤64: library 2.0 us"
+    assert verdict(64, "b", 1e-6, 2e-6) == "M≤64: b 1.0 us vs library 2.0"

@@ -109,7 +109,7 @@ def tune(weights: list[tuple[Tensor, Tensor]], dtype: torch.dtype) -> dict[str, 
     of ``BUCKETS`` (timed at its top, in CUDA graphs over weight copies larger than the L2 cache, as a step reads
     them): the fastest config that is correct (against float32 on the dequantized operands) and ≥ 3 % faster than
     ``torch._scaled_mm`` on the same quantized activations, else the library → {"NxK": what won, per range}."""
-    from services.worker.kernels.small_m import L2_SPAN, _close, _time
+    from services.worker.kernels.small_m import L2_SPAN, _close, _time, fastest, verdict
     from services.worker.quant import fp8
 
     report: dict[str, str] = {}
@@ -129,19 +129,11 @@ def tune(weights: list[tuple[Tensor, Tensor]], dtype: torch.dtype) -> dict[str, 
             xa = fp8.quantize_activation(torch.randn(top, k, dtype=dtype, device=w.device))
             want = (xa.q.float() * xa.scale) @ deq.t()
             base = _time(lambda i: fp8.library_gemm(xa, wc[i], s), copies)
-            best, best_t = None, base / 1.03
-            for cfg in CONFIGS:
-                try:
-                    if not _close(matmul(xa.q, xa.scale, w, s, dtype, cfg).float(), want):
-                        continue
-                    t = _time(lambda i, cfg=cfg: matmul(xa.q, xa.scale, wc[i], s, dtype, cfg), copies)
-                except Exception:  # (a config the compiler rejects on this device: out of shared memory, ...)
-                    continue
-                if t < best_t:
-                    best, best_t = cfg, t
+            best, best_t = fastest(
+                CONFIGS, base, lambda cfg: _close(matmul(xa.q, xa.scale, w, s, dtype, cfg).float(), want),
+                lambda cfg: _time(lambda i: matmul(xa.q, xa.scale, wc[i], s, dtype, cfg), copies))
             picks.append((top, best))
-            said.append(f"M≤{top}: " + (f"{best} {best_t * 1e6:.1f} us vs library {base * 1e6:.1f}" if best
-                                        else f"library {base * 1e6:.1f} us"))
+            said.append(verdict(top, best, best_t, base))
         if any(cfg is not None for _, cfg in picks):
             kernels.fp8_gemm_choices[key] = tuple(picks)
         report[name] = kernels.fp8_gemm_tuned[key] = "; ".join(said)

@@ -272,30 +272,48 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
             if act_out is not None:
                 want = torch.nn.functional.silu(want[:, : n // 2]) * want[:, n // 2:]
             base = _time(lambda i: lib(x, ws[i], s), copies)
-            best, best_t = None, base / 1.03
-            for cfg in CONFIGS + cuda_gemv.configs_for(w, x):
-                try:
-                    got = linear(x, w, s, cfg, act is not None, act_out is not None)
-                    if not _close(got.float(), want):
-                        continue
-                    # the same bits every time where parts are added across programs (the tile's last
-                    # program, its count and the parts' visibility; the CUDA kernel's warps)
-                    repeats = not isinstance(cfg, Config) or cfg.last_adds
-                    again = (linear(x, w, s, cfg, act is not None, act_out is not None) for _ in range(16))
-                    if repeats and not all(torch.equal(y, got) for y in again):
-                        continue
-                    t = _time(lambda i, cfg=cfg: linear(x, ws[i], s, cfg, act is not None, act_out is not None), copies)
-                except Exception:  # (a config the compiler rejects on this device)
-                    continue
-                if t < best_t:
-                    best, best_t = cfg, t
+
+            def check(cfg) -> bool:
+                got = linear(x, w, s, cfg, act is not None, act_out is not None)
+                if not _close(got.float(), want):
+                    return False
+                # the same bits every time where parts are added across programs (the tile's last
+                # program, its count and the parts' visibility; the CUDA kernel's warps)
+                repeats = not isinstance(cfg, Config) or cfg.last_adds
+                again = (linear(x, w, s, cfg, act is not None, act_out is not None) for _ in range(16))
+                return not repeats or all(torch.equal(y, got) for y in again)
+
+            best, best_t = fastest(CONFIGS + cuda_gemv.configs_for(w, x), base, check, lambda cfg: _time(
+                lambda i: linear(x, ws[i], s, cfg, act is not None, act_out is not None), copies))
             picks.append((top, best))
-            said.append(f"M≤{top}: " + (f"{best} {best_t * 1e6:.1f} us vs library {base * 1e6:.1f}" if best
-                                        else f"library {base * 1e6:.1f} us"))
+            said.append(verdict(top, best, best_t, base))
         if any(cfg is not None for _, cfg in picks):
             kernels.choices[key] = tuple(picks)
         report[name] = kernels.tuned[key] = "; ".join(said)
     return report
+
+
+def fastest(configs, base: float, check, timed) -> tuple[object | None, float]:
+    """The fastest of ``configs`` that passes ``check(cfg)`` and times (``timed(cfg)``, seconds) ≥ 3 % under the
+    library's ``base`` → (it, its time); (None, base / 1.03) when none does. A config that raises (one the compiler
+    rejects on this device) is skipped."""
+    best, best_t = None, base / 1.03
+    for cfg in configs:
+        try:
+            if not check(cfg):
+                continue
+            t = timed(cfg)
+        except Exception:
+            continue
+        if t < best_t:
+            best, best_t = cfg, t
+    return best, best_t
+
+
+def verdict(top: int, best: object | None, best_t: float, base: float) -> str:
+    """What ``fastest`` found for the range of M up to ``top``, as the start-up report says it."""
+    return f"M≤{top}: " + (f"{best} {best_t * 1e6:.1f} us vs library {base * 1e6:.1f}" if best
+                           else f"library {base * 1e6:.1f} us")
 
 
 def _close(got: Tensor, want: Tensor) -> bool:

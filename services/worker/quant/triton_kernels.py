@@ -50,15 +50,20 @@ def _per_token_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, FMAX: tl
 
 def per_token_quant(x: Tensor, out_dtype: torch.dtype = FP8) -> tuple[Tensor, Tensor]:
     """x (T, K), rows contiguous → (q (T, K) ``out_dtype``, scale (T, 1) float32): x ≈ q * scale."""
-    t, k = x.shape
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    q = torch.empty((t, k), dtype=out_dtype, device=x.device)
-    s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
+    return _quant_rows(_per_token_quant_kernel, x, x.shape[1], out_dtype)
+
+
+def _quant_rows(kernel, src: Tensor, width: int, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """A program a row of ``src`` (T, ·) writing ``width`` quantized values and the row's scale → (q, scale (T, 1))."""
+    t = src.shape[0]
+    if src.stride(1) != 1:
+        src = src.contiguous()
+    q = torch.empty((t, width), dtype=out_dtype, device=src.device)
+    s = torch.empty((t, 1), dtype=torch.float32, device=src.device)
     if t:
-        block = min(4096, triton.next_power_of_2(k))
-        _per_token_quant_kernel[(t,)](x, q, s, k, x.stride(0), q.stride(0), FMAX=FP8_MAX, TINY=_TINY, BLOCK=block,
-                                      num_warps=4 if block <= 1024 else 8)
+        block = min(4096, triton.next_power_of_2(width))
+        kernel[(t,)](src, q, s, width, src.stride(0), q.stride(0), FMAX=FP8_MAX, TINY=_TINY, BLOCK=block,
+                     num_warps=4 if block <= 1024 else 8)
     return q, s
 
 
@@ -139,17 +144,7 @@ def add_rmsnorm_quant(x: Tensor, residual: Tensor | None, weight: Tensor, eps: f
 
 def silu_mul_quant(h: Tensor, out_dtype: torch.dtype = FP8) -> QuantizedActivation:
     """h (T, 2I) = [gate | up] → silu(gate) · up (T, I) quantized per token."""
-    t, i2 = h.shape
-    i = i2 // 2
-    if h.stride(1) != 1:
-        h = h.contiguous()
-    q = torch.empty((t, i), dtype=out_dtype, device=h.device)
-    s = torch.empty((t, 1), dtype=torch.float32, device=h.device)
-    if t:
-        block = min(4096, triton.next_power_of_2(i))
-        _silu_mul_quant_kernel[(t,)](h, q, s, i, h.stride(0), q.stride(0), FMAX=FP8_MAX, TINY=_TINY, BLOCK=block,
-                                     num_warps=4 if block <= 1024 else 8)
-    return QuantizedActivation(q, s, h.dtype)
+    return QuantizedActivation(*_quant_rows(_silu_mul_quant_kernel, h, h.shape[1] // 2, out_dtype), h.dtype)
 
 
 @triton.jit
