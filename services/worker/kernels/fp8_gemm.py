@@ -79,9 +79,11 @@ class GemmConfig:
         return f"w8a8_{self.block_m}x{self.block_n}x{self.block_k}w{self.warps}s{self.stages}g{self.group_m}"
 
 
-# 64-row tiles (one warpgroup's wgmma) for decode batches, where the weight read dominates; 128-row tiles with wide
-# N for mixed steps, where the tensor cores do; shared memory a stage is (block_m + block_n) × block_k bytes
+# 64-row tiles (one warpgroup's wgmma) for decode batches, where the weight read dominates — narrow ones for the
+# 4,096-row weights, so that enough programs read; 128-row tiles with wide N for mixed steps, where the tensor cores
+# do; shared memory a stage is (block_m + block_n) × block_k bytes
 CONFIGS = (GemmConfig(64, 64, 128), GemmConfig(64, 128, 128), GemmConfig(64, 64, 256, stages=3),
+           GemmConfig(64, 32, 256),  # (N = 4,096 at ≤ 64 rows: 128 programs, not 64 — every SM streaming weight)
            GemmConfig(64, 128, 256, warps=8, stages=3), GemmConfig(128, 64, 128), GemmConfig(128, 128, 128, warps=8),
            GemmConfig(128, 256, 128, warps=8, stages=3), GemmConfig(128, 128, 64, warps=8, stages=5))
 

@@ -69,9 +69,10 @@ def enable_cuda_kernels(device: torch.device) -> dict[str, str]:
     → which implementation each operation got (logged). Any failure keeps the PyTorch one."""
     from services.worker.quant import fp8, kv
 
+    asked = fp8.fast_accum()
     chosen = {"gemm": "scaled_mm" if fp8.check_scaled_mm(device) else "dequantize", "activation_quant": "torch",
               "kv_store": "torch", "fused_quant": "off" if fp8.fused_quant() is None else "op, then the quantization",
-              "fast_accum": "on" if fp8.fast_accum() else "off"}
+              "fast_accum": "on" if fp8.fast_accum() else "off (failed its check)" if asked else "off"}
     if chosen["gemm"] != "scaled_mm":
         log.warning("fp8_scaled_mm_unavailable", device=str(device))
     try:

@@ -180,18 +180,25 @@ def quantize_activation(x: Tensor) -> QuantizedActivation:
 
 def check_scaled_mm(device: torch.device) -> bool:
     """``torch._scaled_mm`` with row-wise scales works on ``device`` and agrees with the dequantized
-    product; else FP8 linears there dequantize and multiply (correct, slower)."""
-    global _scaled_mm
+    product; else FP8 linears there dequantize and multiply (correct, slower). Fast accumulation, where asked for
+    (``BANYAN_FP8_FAST_ACCUM``) and failing here, is turned off (``fast_accum()`` tells)."""
+    global _scaled_mm, _fast_accum
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(48, 64, generator=g), torch.randn(5, 64, generator=g).bfloat16()
     q, s = quantize_rows(w)
-    try:
-        got = fp8_linear(x.to(device), q.to(device), s.to(device), None).float().cpu()
-        want = fp8_linear(x, q, s, None).float()
-        _scaled_mm = bool(((got - want).norm() / want.norm()) < 1e-2)
-    except Exception:  # an arch or a cuBLAS without FP8 GEMMs
-        _scaled_mm = False
-    return _scaled_mm
+    xa = QuantizedActivation(*quantize_per_token(x), x.dtype)
+    want = library_gemm(xa, q, s).float()
+    on_device = QuantizedActivation(xa.q.to(device), xa.scale.to(device), x.dtype)
+    for fast in (True, False) if _fast_accum else (False,):
+        _scaled_mm, _fast_accum = True, fast
+        try:
+            got = library_gemm(on_device, q.to(device), s.to(device)).float().cpu()
+            if ((got - want).norm() / want.norm()) < 1e-2:
+                return True
+        except Exception:  # an arch or a cuBLAS without FP8 GEMMs (or without fast accumulation for them)
+            pass
+    _scaled_mm = False
+    return False
 
 
 def fp8_linear(x: Tensor | QuantizedActivation, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
