@@ -15,7 +15,8 @@ path, and its ``_scaled_mm`` alone on pre-quantized activations — row-wise sca
 (``scaled_mm_fp8_gemm_rowwise`` / ``_tensorwise``): what the activation quantization costs, and whether another
 scaling picks a faster GEMM; and both with fast accumulation (``scaled_mm_fp8_fast``,
 ``scaled_mm_fp8_gemm_rowwise_fast``: ``BANYAN_FP8_FAST_ACCUM``'s GEMM), and our FP8 GEMM's configs on the same
-quantized activations (``w8a8_<config>``, ``kernels/fp8_gemm.py``: what its start-up tuning chooses from).
+quantized activations (``w8a8_<config>``, ``kernels/gemm.py``: what its start-up tuning chooses from) and its bf16
+configs on the bf16 weight (``bf16_<config>``, against cuBLAS).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 from services.worker import kernels  # noqa: E402
 from services.worker.kernels import small_m as sm  # noqa: E402
 from services.worker.kernels import cuda_gemv  # noqa: E402
-from services.worker.kernels import fp8_gemm as fg  # noqa: E402
+from services.worker.kernels import gemm as fg  # noqa: E402
 from services.worker.quant import fp8  # noqa: E402
 from services.worker.quant.fp8 import library_fp8_linear, quantize_per_token, quantize_rows  # noqa: E402
 
@@ -118,8 +119,10 @@ def main() -> int:
                              ("scaled_mm_fp8_gemm_rowwise_fast", lambda i: gemm(i, xs, s.view(1, n), True), q.numel(),
                               len(qs)),
                              ("scaled_mm_fp8_fast", served_fast, q.numel(), len(qs)),
-                             *[(f"w8a8_{c}", lambda i, c=c: fg.matmul(xq, xs, qs[i], s, torch.bfloat16, c), q.numel(),
-                                len(qs)) for c in fg.CONFIGS]]
+                             *[(f"w8a8_{c}", lambda i, c=c: fg.matmul(xq, qs[i], torch.bfloat16, c, xs, s), q.numel(),
+                                len(qs)) for c in fg.CONFIGS],
+                             *[(f"bf16_{c}", lambda i, c=c: fg.matmul(x, ws[i], torch.bfloat16, c), w.numel() * 2,
+                                len(ws)) for c in fg.PLAIN_CONFIGS]]
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
@@ -154,15 +157,15 @@ def main() -> int:
               f"{kf[1].removeprefix('kernel_fp8_')} |")
     if args.library_only:
         print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs · fast accum. | its GEMM alone: row-wise · tensor-wise · "
-              "row-wise fast µs | our FP8 GEMM, best µs (config) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+              "row-wise fast µs | our FP8 GEMM, best µs (config) | our bf16 GEMM, best µs (config) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         us = lambda r, k: r.get(k, {}).get("us", float("nan"))  # noqa: E731
         for r in rows:
-            ours = best(r, "w8a8_")
+            ours, ours16 = best(r, "w8a8_"), best(r, "bf16_")
             print(f"| {r['shape']} | {r['m']} | {us(r, 'cublas_bf16'):.1f} | {us(r, 'scaled_mm_fp8'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_fast'):.1f} | {us(r, 'scaled_mm_fp8_gemm_rowwise'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_rowwise_fast'):.1f} | "
-                  f"{ours[0]:.1f} ({ours[1].removeprefix('w8a8_')}) |")
+                  f"{ours[0]:.1f} ({ours[1].removeprefix('w8a8_')}) | {ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) |")
     print("tune:", json.dumps(picks, indent=1))
     print(f"results: {args.out}")
     return 0

@@ -33,7 +33,7 @@ from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
 from services.worker.launched import Launched, step_kind
 from services.worker.split_step import StepLanes
-from services.worker.kernels import (chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_fp8_gemm,
+from services.worker.kernels import (chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_gemm,
                                      tune_small_m)
 from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
@@ -85,8 +85,8 @@ class ModelRunner:
             kernels = enable_cuda_kernels(self.device)  # the fused FP8 kernels, where they check out
         if self.device.type == "cuda" and not cfg.disable_small_m_kernel:
             kernels["small_m"] = tune_small_m(self.model, self.dtype)
-        if self.device.type == "cuda" and self.quant is not None:
-            kernels["fp8_gemm"] = tune_fp8_gemm(self.model, self.dtype)
+        if self.device.type == "cuda":
+            kernels["gemm"] = tune_gemm(self.model, self.dtype)
         if self.device.type == "cuda":
             kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
             kernels["rope_store"] = enable_rope_store(self.device)

@@ -95,25 +95,27 @@ def test_the_fp8_activation_kernels_compile() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_the_fp8_gemm_compiles_to_fp8_wgmma_without_spills() -> None:
-    """Every config ``fp8_gemm.tune`` may pick, as a launch specializes it (aligned, K a multiple of the tile): Hopper's
-    FP8 tensor-core instruction (``wgmma`` on e4m3 operands — the point of the kernel), no local memory (spills),
-    shared memory within the H200's 227 KiB a block; the tensor cores' sums promoted to float32 a tile at a time
-    (as cuBLAS without fast accumulation), and not with ``BANYAN_FP8_FAST_ACCUM``."""
+def test_the_gemm_compiles_to_wgmma_without_spills() -> None:
+    """Every config ``gemm.tune`` may pick, as a launch specializes it (aligned, K a multiple of the tile): Hopper's
+    tensor-core instruction on e4m3 (FP8) or bf16 operands (``wgmma`` — the point of the kernel), no local memory
+    (spills), shared memory within the H200's 227 KiB a block; the FP8 tensor cores' sums promoted to float32 a tile
+    at a time (as cuBLAS without fast accumulation), and not with ``BANYAN_FP8_FAST_ACCUM``."""
     backend_or_skip()
-    from services.worker.kernels import fp8_gemm as fg
+    from services.worker.kernels import gemm
 
-    types = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16",
-             "K": "i32"}
-    for cfg, precise in [(c, True) for c in fg.CONFIGS] + [(fg.CONFIGS[0], False)]:
-        k = compile_sm90(fg._w8a8_kernel, {"EVEN_K": True, "PRECISE": precise, "BLOCK_M": cfg.block_m,
-                                           "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m},
+    cases = ([(c, "fp8e4nv", True) for c in gemm.CONFIGS] + [(gemm.CONFIGS[0], "fp8e4nv", False)]
+             + [(c, "bf16", False) for c in gemm.PLAIN_CONFIGS])
+    for cfg, dt, precise in cases:
+        types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16", "K": "i32"}
+        k = compile_sm90(gemm._gemm_kernel, {"SCALED": dt != "bf16", "EVEN_K": True, "PRECISE": precise,
+                                             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                                             "GROUP_M": cfg.group_m},
                          "*bf16", num_warps=cfg.warps, num_stages=cfg.stages, aligned=True, pointers=types)
         ptx = k.asm["ptx"]
-        assert re.search(r"wgmma\.mma_async\S*e4m3", ptx), cfg
-        assert ".local" not in ptx and k.metadata.shared <= 227 << 10, cfg
+        assert re.search(r"wgmma\.mma_async\S*" + ("e4m3" if dt != "bf16" else "bf16"), ptx), (cfg, dt)
+        assert ".local" not in ptx and k.metadata.shared <= 227 << 10, (cfg, dt)
         # promoted to float32 every tile (a float32 add per accumulator) unless fast accumulation
-        assert bool(re.search(r"add(\.rn)?\.f32", ptx)) == precise, (cfg, precise)
+        assert bool(re.search(r"add(\.rn)?\.f32", ptx)) == precise, (cfg, dt, precise)
 
 
 SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, rope inside, prefetching the o

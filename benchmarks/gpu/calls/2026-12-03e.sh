@@ -18,7 +18,7 @@
 # · pprof8 (pprof with FP8 weights, and the served FP8 linear at M = 16k) · fp8m (the FP8 linear at decode batches of
 # 64-1,024 rows: as served, its GEMM alone row-/tensor-wise, cuBLAS bf16, fast accumulation, our FP8 GEMM's configs)
 # · w2q, w2q<letters> (W2 with FP8 weights; a: + BANYAN_FP8_FAST_ACCUM=1; 0: BANYAN_FP8_FUSED_QUANT=0; g:
-# BANYAN_FP8_GEMM=0, e.g. w2q0g = as before 2026-12-05) · qtest (the fused quantization's, fast accumulation's and
+# BANYAN_GEMM=0, e.g. w2q0g = as before 2026-12-05) · w2g (bf16 W2 with BANYAN_GEMM=0: the library only) · qtest (the fused quantization's, fast accumulation's and
 # our FP8 GEMM's GPU tests, the small-M GPU tests) · fchk (fp8_check's accuracy with fast accumulation)
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
@@ -166,13 +166,13 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w1q8) suite w1q8 240 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
     w2q|w2q[a0g]*)  # W2 with FP8 weights as served (activations quantized by the norm / activation kernels, our FP8
           # GEMM where its start-up tuning chose it); letters after w2q: a = BANYAN_FP8_FAST_ACCUM=1, 0 =
-          # BANYAN_FP8_FUSED_QUANT=0 (each linear quantizes its input), g = BANYAN_FP8_GEMM=0 (torch._scaled_mm only)
+          # BANYAN_FP8_FUSED_QUANT=0 (each linear quantizes its input), g = BANYAN_GEMM=0 (torch._scaled_mm only)
           [[ ${step#w2q} == *a* ]] && export BANYAN_FP8_FAST_ACCUM=1
           [[ ${step#w2q} == *0* ]] && export BANYAN_FP8_FUSED_QUANT=0
-          [[ ${step#w2q} == *g* ]] && export BANYAN_FP8_GEMM=0
+          [[ ${step#w2q} == *g* ]] && export BANYAN_GEMM=0
           suite "$step" 170 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"  # (the FP8 GEMM tuning: +~30 s)
-          unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT BANYAN_FP8_GEMM ;;
-    qtest) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_fp8_gemm_gpu.py \
+          unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT BANYAN_GEMM ;;
+    qtest) timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_gemm_gpu.py \
              tests/gpu/test_small_m_gpu.py \
              -p no:cacheprovider >"$OUT/qtest.log" 2>&1; echo "qtest (rc $?)"; tail -3 "$OUT/qtest.log" ;;
     fchk)  # (fp8_check's accuracy on the conditioned model with fast accumulation: top-1 vs bf16 at margin >= 0.1)
@@ -196,7 +196,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     sweepp) timeout 150 python3 -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --only 'p$' --out "$OUT/sweepp.json" \
               >"$OUT/sweepp.log" 2>&1; echo "sweepp (rc $?)"; grep '^| ' "$OUT/sweepp.log" | head -12 ;;
     w34) suite w34 220 --workloads W3,W4 --w3-baselines= --w3-extra= -- "${fast[@]}" ;;
-    w2) suite w2 125 --workloads W2 --step-trace -- "${fast[@]}" ;;
+    w2) suite w2 150 --workloads W2 --step-trace -- "${fast[@]}" ;;  # (the start-up GEMM tuning: + ~20 s)
+    w2g) export BANYAN_GEMM=0; suite w2g 125 --workloads W2 --step-trace -- "${fast[@]}"; unset BANYAN_GEMM ;;
     w34base) suite w34base 220 --workloads W3,W4 --w3-baselines= --w3-extra= ;;
     lof) suite lof 110 --workloads W2 -- --schedule-policy lof "${fast[@]}" ;;
     prof|prof0|profc)  # (prof0: FlashInfer's norms, not norm.cu; profc: + the decode linears' L2 chain, $CHAIN_MIB)

@@ -2,7 +2,7 @@
 correct and faster than the library path it would replace.
 
 - ``small_m.py``: linear layers at decode batch sizes (weight-streaming, bf16 or weight-only FP8).
-- ``fp8_gemm.py``: FP8 GEMMs on quantized activations above them (decode batches, mixed steps).
+- ``gemm.py``: GEMMs above them (decode batches, mixed steps): FP8 on quantized activations, and bf16/fp16.
 - ``rope_store.py``: the rotary embedding and the K/V write in one launch.
 
 This module is the light part the layers call on every step (no Triton import: CPU installs may
@@ -25,9 +25,9 @@ choices: dict[tuple[int, int, torch.dtype], tuple] = {}
 tuned: dict[tuple[int, int, torch.dtype], str] = {}
 
 
-# FP8 GEMMs on quantized activations (``fp8_gemm.py``): (N, K) → ((top M of a range, GemmConfig or None), ...) rising
-fp8_gemm_choices: dict[tuple[int, int], tuple] = {}
-fp8_gemm_tuned: dict[tuple[int, int], str] = {}
+# GEMMs above the small-M rows (``gemm.py``): (N, K, weight dtype) → ((top M of a range, GemmConfig or None), ...)
+gemm_choices: dict[tuple[int, int, torch.dtype], tuple] = {}
+gemm_tuned: dict[tuple[int, int, torch.dtype], str] = {}
 
 
 def reset() -> None:
@@ -35,24 +35,24 @@ def reset() -> None:
     choices.clear()
     tuned.clear()
     norm_fused.clear()
-    fp8_gemm_choices.clear()
-    fp8_gemm_tuned.clear()
+    gemm_choices.clear()
+    gemm_tuned.clear()
 
 
-def try_fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, out_dtype: torch.dtype
-                 ) -> torch.Tensor | None:
-    """(xq · xs)(w · ws)^T through our FP8 GEMM where ``tune_fp8_gemm`` chose it for w's shape at xq's rows; None:
-    the caller's library GEMM."""
-    if not fp8_gemm_choices:
+def try_gemm(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, xs: torch.Tensor | None = None,
+             ws: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x @ w^T — (x · xs)(w · ws)^T for e4m3 operands — through our GEMM where ``tune_gemm`` chose it for w's shape
+    at x's rows; None: the caller's library call."""
+    if not gemm_choices or x.dim() != 2:
         return None
-    m = xq.shape[0]
-    for top, cfg in fp8_gemm_choices.get((w.shape[0], w.shape[1]), ()):
+    m = x.shape[0]
+    for top, cfg in gemm_choices.get((w.shape[0], w.shape[1], w.dtype), ()):
         if m <= top:
             if cfg is None:
                 return None
-            from services.worker.kernels.fp8_gemm import matmul
+            from services.worker.kernels.gemm import matmul
 
-            return matmul(xq, xs, w, ws, out_dtype, cfg)
+            return matmul(x, w, out_dtype, cfg, xs, ws)
     return None
 
 
@@ -131,19 +131,21 @@ def tune_small_m(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] |
         return f"failed: {type(e).__name__}: {e}"[:300]
 
 
-def tune_fp8_gemm(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] | str:
-    """Our FP8 GEMM (``fp8_gemm.py``) against ``torch._scaled_mm`` for each FP8 linear shape of ``model`` by range
-    of M; used where it wins → what was chosen (logged). ``BANYAN_FP8_GEMM=0``: not tried."""
-    if os.environ.get("BANYAN_FP8_GEMM", "1") == "0":
-        return "off (BANYAN_FP8_GEMM=0)"
+def tune_gemm(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str] | str:
+    """Our GEMM (``gemm.py``) against the library (``torch._scaled_mm`` for FP8 weights, cuBLAS for bf16/fp16 up to
+    ``gemm.PLAIN_MAX_M`` rows) for each linear shape of ``model`` by range of M; used where it wins → what was chosen
+    (logged). ``BANYAN_GEMM=0``: not tried; ``=fp8``: FP8 weights only."""
+    mode = os.environ.get("BANYAN_GEMM", "all")
+    if mode == "0":
+        return "off (BANYAN_GEMM=0)"
     if dtype not in (torch.bfloat16, torch.float16):
-        return f"not used with {dtype} activations"
+        return f"not used with {dtype} activations"  # (its tensor-core dot would round float32 as TF32)
     try:
-        from services.worker.kernels import fp8_gemm
+        from services.worker.kernels import gemm
 
-        return fp8_gemm.tune_model(model, dtype) or "no FP8 linears"
-    except Exception as e:  # no Triton, a compiler or driver problem: the library GEMM, which is correct
-        fp8_gemm_choices.clear()
+        return gemm.tune_model(model, dtype, fp8_only=mode == "fp8") or "no linears"
+    except Exception as e:  # no Triton, a compiler or driver problem: the library, which is correct
+        gemm_choices.clear()
         return f"failed: {type(e).__name__}: {e}"[:300]
 
 

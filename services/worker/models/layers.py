@@ -82,6 +82,8 @@ class _Linear(nn.Module):
         if self.fp8:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
         y = kernels.try_small_m(x, self.weight, None, bias)  # (decode sizes, where the kernel measured faster)
+        if y is None and (y := kernels.try_gemm(x, self.weight, x.dtype)) is not None and bias is not None:
+            y = y + bias  # (decode batches: our GEMM where it measured faster)
         return y if y is not None else F.linear(x, self.weight, bias)
 
     def quantized(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -276,6 +278,8 @@ class ParallelLMHead(VocabParallelEmbedding):
             local = fp8_linear(hidden, self.weight, self.weight_scale, None)
         else:
             local = kernels.try_small_m(hidden, self.weight)  # (decode sizes, where the kernel measured faster)
+            if local is None:
+                local = kernels.try_gemm(hidden, self.weight, hidden.dtype)
             if local is None:
                 local = F.linear(hidden, self.weight)
         logits = self.tp.all_gather(local)[:, : self.vocab_size]  # (N, V)

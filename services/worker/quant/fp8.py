@@ -226,8 +226,8 @@ def takes_quantized(x: Tensor, weight: Tensor) -> bool:
 
 def scaled_gemm(xa: QuantizedActivation, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
     """The FP8 GEMM on activations already quantized: ours where it measured faster at start-up
-    (``kernels/fp8_gemm.py``), else the library's (``library_gemm``)."""
-    y = kernels.try_fp8_gemm(xa.q, xa.scale, weight, scale, xa.dtype) if xa.q.is_cuda else None
+    (``kernels/gemm.py``), else the library's (``library_gemm``)."""
+    y = kernels.try_gemm(xa.q, weight, xa.dtype, xa.scale, scale) if xa.q.is_cuda else None
     if y is None:
         y = library_gemm(xa, weight, scale)
     return y if bias is None else y + bias

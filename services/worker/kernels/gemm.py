@@ -1,0 +1,176 @@
+"""GEMMs beyond the small-M kernels' rows (decode batches, mixed steps), in Triton, each chosen per weight shape and
+range of M at start-up only where it measured correct and ≥ 3 % faster than the library on the same operands —
+never slower:
+
+- FP8: y = (xq · sx)(wq · sw)^T on FP8 tensor cores, the per-token scales sx (M, 1) and per-channel scales sw (N,)
+  applied in the epilogue, against ``torch._scaled_mm`` (cuBLASLt's row-wise scaled kernels);
+- bf16/fp16: y = x w^T against cuBLAS (``F.linear``), up to ``PLAIN_MAX_M`` rows (decode batches: a read of the
+  weight at ~79 % of HBM bandwidth by cuBLAS at M = 64 — docs/perf.md; above, the GEMMs are compute-bound and
+  cuBLAS's).
+
+Why: in W2 with FP8 weights the decode steps gained nothing over bf16 (~90-row graphs 9.8 vs 10.3 ms, ~600-row
+piecewise steps 42.0 vs 40.9 ms; docs/perf.md 2026-12-05) where half the weight bytes and twice the tensor-core
+rate should save ~1.8 and ~6 ms: the library's kernel at those M is the suspect (``small_m_bench --library-only``
+times it). A program computes a ``block_m`` × ``block_n`` tile over the whole K (no split: the same bits every
+run), programs ordered in groups of ``group_m`` row tiles so that neighbours share a weight tile (read from HBM
+once, from L2 by the rest). Both operands are loaded K-major, as Hopper's FP8 ``wgmma`` needs them. The tensor
+cores' reduced-precision FP8 accumulation is promoted to the float32 sums every ``block_k`` products, as cuBLAS
+does without fast accumulation — or never with ``BANYAN_FP8_FAST_ACCUM=1``, the library's setting followed.
+``BANYAN_GEMM=0``: none of it; ``=fp8``: FP8 weights only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from services.worker import kernels
+from services.worker.quant.fp8 import FP8, fast_accum
+
+Tensor = torch.Tensor
+# M ranges with a choice of their own, each timed at its top (above the last: the library)
+BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
+PLAIN_MAX_M = 1024  # (bf16/fp16 weights: cuBLAS above)
+LOGITS_MAX_M = 1024  # (a vocabulary-wide weight multiplies a step's sampled rows only: its ranges stop here)
+
+
+@triton.jit(do_not_specialize=["M"])  # (one compiled kernel for every M: start-up compiles what a step will run)
+def _gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, SCALED: tl.constexpr,
+                 EVEN_K: tl.constexpr, PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    group_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_m  # (row tiles fastest: neighbours share the weight tile)
+    pid_n = (pid % in_group) // group_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_at = a_ptr + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
+    b_at = b_ptr + rn[:, None].to(tl.int64) * stride_b + rk[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_at, mask=rm[:, None] < M, other=0.0)
+            b = tl.load(b_at, mask=rn[:, None] < N, other=0.0)
+        else:
+            a = tl.load(a_at, mask=(rm[:, None] < M) & (rk[None, :] < K - k0), other=0.0)
+            b = tl.load(b_at, mask=(rn[:, None] < N) & (rk[None, :] < K - k0), other=0.0)
+        if SCALED and PRECISE:  # (an FP8 tile's products summed on the tensor cores, then added to the float32 sums)
+            acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
+        else:  # (FP8: Hopper's reduced-precision accumulation over all of K, fast accumulation)
+            acc = tl.dot(a, tl.trans(b), acc)
+        a_at += BLOCK_K
+        b_at += BLOCK_K
+    if SCALED:
+        acc = acc * tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
+        acc = acc * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    tl.store(c_ptr + rm[:, None].to(tl.int64) * stride_c + rn[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int = 4
+    stages: int = 4
+    group_m: int = 8
+
+    def __str__(self) -> str:
+        return f"gemm_{self.block_m}x{self.block_n}x{self.block_k}w{self.warps}s{self.stages}g{self.group_m}"
+
+
+# 64-row tiles (one warpgroup's wgmma) for decode batches, where the weight read dominates — narrow ones for the
+# 4,096-row weights, so that enough programs read; 128-row tiles with wide N for mixed steps, where the tensor cores
+# do; shared memory a stage is (block_m + block_n) × block_k × the element size
+CONFIGS = (GemmConfig(64, 64, 128), GemmConfig(64, 128, 128), GemmConfig(64, 64, 256, stages=3),
+           GemmConfig(64, 32, 256),  # (N = 4,096 at ≤ 64 rows: 128 programs, not 64 — every SM streaming weight)
+           GemmConfig(64, 128, 256, warps=8, stages=3), GemmConfig(128, 64, 128), GemmConfig(128, 128, 128, warps=8),
+           GemmConfig(128, 256, 128, warps=8, stages=3), GemmConfig(128, 128, 64, warps=8, stages=5))
+PLAIN_CONFIGS = (GemmConfig(64, 64, 64), GemmConfig(64, 128, 64), GemmConfig(64, 32, 128), GemmConfig(64, 64, 128,
+                 stages=3), GemmConfig(128, 64, 64), GemmConfig(128, 128, 64, warps=8, stages=3))
+
+
+def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig = CONFIGS[0], xs: Tensor | None = None,
+           ws: Tensor | None = None) -> Tensor:
+    """x (M, K) @ w (N, K)^T → (M, N): bf16/fp16 operands, or e4m3 ones with xs (M, 1) and ws (N,) float32 scales
+    (then (x·xs)(w·ws)^T)."""
+    m, k = x.shape
+    n = w.shape[0]
+    assert w.shape[1] == k and w.stride(1) == 1 and (xs is None) == (ws is None)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m:
+        scaled = xs is not None
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+        _gemm_kernel[grid](x, w, xs if scaled else x, ws if scaled else w, y, m, n, k, x.stride(0), w.stride(0),
+                           y.stride(0), SCALED=scaled, EVEN_K=k % cfg.block_k == 0, PRECISE=not fast_accum(),
+                           BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                           num_warps=cfg.warps, num_stages=cfg.stages)
+    return y
+
+
+def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dict[str, str]:
+    """For each distinct (N, K, dtype) of ``weights`` ((weight, per-row scale or None) on a CUDA device) and each M
+    range of ``BUCKETS`` (timed at its top, in CUDA graphs over weight copies larger than the L2 cache, as a step
+    reads them): the fastest config that is correct (against float32 on the dequantized operands) and ≥ 3 % faster
+    than the library — ``torch._scaled_mm`` on the same quantized activations for e4m3 weights, cuBLAS otherwise —
+    else the library → {"NxK dtype": what won, per range}."""
+    import torch.nn.functional as F
+
+    from services.worker.kernels.small_m import L2_SPAN, _close, _time, fastest, verdict
+    from services.worker.quant import fp8
+
+    report: dict[str, str] = {}
+    for w, s in weights:
+        n, k = w.shape
+        key, name = (n, k, w.dtype), f"{n}x{k} {str(w.dtype).removeprefix('torch.')}"
+        if name in report:
+            continue
+        if key in kernels.gemm_tuned:  # (decided earlier in this process: kept)
+            report[name] = kernels.gemm_tuned[key]
+            continue
+        scaled = w.dtype == FP8
+        copies = max(1, min(16, -(-L2_SPAN // (w.numel() * w.element_size()))))
+        wc = [w] + [w.clone() for _ in range(copies - 1)]
+        deq = w.float() * s.float()[:, None] if scaled else w.float()
+        tops = [b for b in BUCKETS if (n < 65536 or b <= LOGITS_MAX_M) and (scaled or b <= PLAIN_MAX_M)]
+        picks, said = [], []
+        for top in tops:
+            x = torch.randn(top, k, dtype=dtype, device=w.device)
+            if scaled:
+                xa = fp8.quantize_activation(x)
+                want = (xa.q.float() * xa.scale) @ deq.t()
+                base = _time(lambda i: fp8.library_gemm(xa, wc[i], s), copies)
+                run = lambda cfg, wi: matmul(xa.q, wi, dtype, cfg, xa.scale, s)  # noqa: E731
+            else:
+                want = x.float() @ deq.t()
+                base = _time(lambda i: F.linear(x, wc[i]), copies)
+                run = lambda cfg, wi: matmul(x, wi, dtype, cfg)  # noqa: E731
+            best, best_t = fastest(CONFIGS if scaled else PLAIN_CONFIGS, base,
+                                   lambda cfg: _close(run(cfg, w).float(), want),
+                                   lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
+            picks.append((top, best))
+            said.append(verdict(top, best, best_t, base))
+        if any(cfg is not None for _, cfg in picks):
+            kernels.gemm_choices[key] = tuple(picks)
+        report[name] = kernels.gemm_tuned[key] = "; ".join(said)
+    return report
+
+
+def tune_model(model: torch.nn.Module, dtype: torch.dtype, fp8_only: bool = False) -> dict[str, str]:
+    """``tune`` over the model's linear layers (``quantized()``: weight, per-row scale or None); with ``fp8_only``
+    its e4m3 ones only."""
+    weights = [mod.quantized() for mod in model.modules() if hasattr(mod, "quantized")]
+    with torch.inference_mode():
+        return tune([(w, s) for w, s in weights
+                     if w.dim() == 2 and (w.dtype == FP8 and s is not None or not fp8_only and w.dtype == dtype)],
+                    dtype)

@@ -1,0 +1,53 @@
+"""Our GEMM (``kernels/gemm.py``) in Triton's interpreter on the CPU, against float32 on the (dequantized)
+operands: FP8 with per-token and per-channel scales, and plain (float32 here, standing for bf16/fp16); tiles that
+do not divide M, N or K, several row tiles in a group and groups cut short (the program → tile mapping covers every
+tile once); and ``kernels.try_gemm``'s choice by weight shape, dtype and range of M. Its compilation for sm_90 (FP8
+and bf16 ``wgmma``, no spills) is in test_triton_compile_sm90.py; its speed is chosen on the GPU at start-up.
+Skipped visibly where Triton is not installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import run_in_triton_interpreter
+
+SCRIPT = r"""
+import torch
+from services.worker import kernels
+from services.worker.kernels import gemm
+from services.worker.quant.fp8 import quantize_per_token, quantize_rows
+
+g = torch.Generator().manual_seed(0)
+for m, n, k, cfg in ((5, 40, 96, gemm.GemmConfig(16, 16, 32, group_m=2)),     # K not a multiple of the tile
+                     (37, 72, 64, gemm.GemmConfig(16, 32, 32, group_m=2)),    # 3 row tiles: a group cut short
+                     (70, 48, 128, gemm.GemmConfig(32, 16, 64, group_m=8))):  # M and N not multiples of the tile
+    x = torch.randn(m, k, generator=g) * torch.logspace(-1, 1, m)[:, None]
+    w = torch.randn(n, k, generator=g) * torch.logspace(-1, 1, n)[:, None]
+    xq, xs = quantize_per_token(x)
+    wq, ws = quantize_rows(w)
+    want = (xq.float() * xs) @ (wq.float() * ws[:, None]).t()
+    got = gemm.matmul(xq, wq, torch.float32, cfg, xs, ws)
+    assert got.shape == (m, n)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max()), (m, n, k, (got - want).abs().max())
+    plain = gemm.matmul(x[:, :k], w, torch.float32, cfg)  # (no scales: x w^T)
+    assert torch.allclose(plain, x @ w.t(), rtol=1e-3, atol=1e-3 * (x @ w.t()).abs().max()), (m, n, k)
+
+kernels.gemm_choices[(n, k, wq.dtype)] = ((32, None), (64, cfg))  # (M ≤ 32: the library; 33-64: ours; above: it)
+assert kernels.try_gemm(xq[:20], wq, torch.float32, xs[:20], ws) is None
+got = kernels.try_gemm(xq[:50], wq, torch.float32, xs[:50], ws)
+assert got is not None and torch.allclose(got, want[:50], rtol=1e-4, atol=1e-4 * want.abs().max())
+assert kernels.try_gemm(xq, wq, torch.float32, xs, ws) is None  # (70 rows: above the last range)
+assert kernels.try_gemm(xq[:50], wq[:, :64], torch.float32, xs[:50], ws) is None  # (another shape)
+assert kernels.try_gemm(x[:50], w, torch.float32) is None  # (the same shape in another dtype: not chosen)
+kernels.gemm_choices[(n, k, w.dtype)] = ((64, cfg),)
+assert torch.allclose(kernels.try_gemm(x[:50], w, torch.float32), x[:50] @ w.t(), rtol=1e-3, atol=1e-2)
+kernels.reset()
+assert kernels.try_gemm(xq[:50], wq, torch.float32, xs[:50], ws) is None
+print("gemm ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_gemm_in_the_interpreter() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    run_in_triton_interpreter(SCRIPT, "gemm ok", timeout=280)
