@@ -222,3 +222,30 @@ def test_fused_quantization_runs_the_same_math_through_the_ops_that_make_the_act
     assert calls == {"norm": 2 * layers * 2, "silu": layers * 2}, calls  # (two steps: 2 norms + 1 activation a layer)
     assert torch.equal(runs["off"], runs["ops"]), arch
     assert torch.equal(runs["off"], runs["fused"]), arch
+
+
+def test_a_linear_lets_the_op_before_it_quantize_only_where_it_takes_the_library_gemm(monkeypatch) -> None:
+    """``_Linear.quantizes``: FP8, fused quantization on, and no small-M kernel for its shape at x's rows — plain, or
+    of the kinds its caller tries first (the down projection's activation-reading kernel, gate/up's activation-making
+    one): there the small-M kernels read unquantized activations, so the op before must not quantize them."""
+    from services.worker import kernels
+    from services.worker.models.layers import RowParallelLinear
+    from services.worker.quant import fp8 as fp8_mod
+    from services.worker.quant import fp8_linears
+    from services.worker.quant.fp8 import FusedQuant
+    from services.worker.tp import TPGroup
+
+    with fp8_linears(True):
+        down = RowParallelLinear(64, 32, bias=False, tp=TPGroup())
+    plain = RowParallelLinear(64, 32, bias=False, tp=TPGroup())
+    monkeypatch.setattr(kernels, "choices", {})
+    monkeypatch.setattr(fp8_mod, "_fused", FusedQuant(None, None))
+    x4, x20 = torch.randn(4, 64), torch.randn(20, 64)
+    assert down.quantizes(x4) and down.quantizes(x20) and not plain.quantizes(x4)  # (no choices: the library)
+    kernels.choices[(32, 64, FP8, "silu_mul")] = ((4, "fused_read"),)  # (the down projection's kind, to M = 4)
+    assert down.quantizes(x4)  # (a caller that does not try that kind)
+    assert not down.quantizes(x4, "silu_mul") and down.quantizes(x20, "silu_mul")
+    kernels.choices[(32, 64, FP8)] = ((kernels.MAX_M, "plain"),)
+    assert not down.quantizes(x4) and not down.quantizes(torch.randn(16, 64)) and down.quantizes(x20)
+    monkeypatch.setattr(fp8_mod, "_fused", None)  # (BANYAN_FP8_FUSED_QUANT=0)
+    assert not down.quantizes(x20)
