@@ -5,6 +5,7 @@
 #     bash benchmarks/gpu/calls/2026-12-03e.sh
 # `w7*@N` runs that W7 step with --priority-prefill-cap N (default $CAP) into $OUT/<step>_N; `w7t2c` is w7t2 with
 # the priority run's prompts chunked at 128 tokens (--chunked-prefill-size 128 on the priority side only).
+# (GPU-test steps' limits include ~20-30 s for the start-up GEMM tuning's first compiles on a fresh machine.)
 # Other steps: gemv (the CUDA decode linear: GPU tests, small_m_bench with its configs) · w1b · w1f (W1 bf16 /
 # FP8 weights) · hic (the host tier's copier tests) · t8 · fp8 · bf16w3 · w2h · w5 · bench8 · w45 · lof · sweep8 · sweepp · w34 · w34base · w2 · w1q (W1,W2
 # with FP8 weights and FAST) · prof, prof0, profc (decode_profile at batch $PROF_BATCH of FP8 W1's setup, or $PROF:
@@ -76,7 +77,7 @@ for step in ${STEPS:-fp8}; do
             "cuda or tune" -p no:cacheprovider >"$OUT/gemv_tests.log" 2>&1; echo "gemv tests (rc $?)"; tail -3 "$OUT/gemv_tests.log"
           timeout 240 python3 -m benchmarks.gpu.small_m_bench --ms "${GEMV_MS:-1,4}" --out "$OUT/gemv.json" >"$OUT/gemv.log" 2>&1
           echo "gemv bench (rc $?)"; grep '^| \|^cuda' "$OUT/gemv.log" ;;
-    hic) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_hicache_gpu.py -k "not outputs" -p no:cacheprovider \
+    hic) timeout 180 python3 -m pytest -q -m gpu tests/gpu/test_hicache_gpu.py -k "not outputs" -p no:cacheprovider \
            >"$OUT/hic.log" 2>&1; echo "hic tests (rc $?)"; tail -2 "$OUT/hic.log" ;;
     w1b) suite w1b 150 --workloads W1 -- "${fast[@]}" ;;
     w1f) read -r -a w1f <<<"${W1F:-}"; suite w1f 150 --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}" ;;
@@ -101,13 +102,13 @@ for step in ${STEPS:-fp8}; do
              --model /tmp/llama8b --lanes --decode-rows 590 --decode-context 1300 --chunks 0,2000,3600,6000 --top 0 \
              --steps 5 --out "$OUT/$step.json" -- "${fast[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"
            grep -E "^\||two lanes|green" "$OUT/$step.log" | tail -16 ;;  # (W2's plateau: 590 decodes of ~1.3k beside 0-6k prompt tokens, two lanes vs one)
-    stest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_split_step_gpu.py -p no:cacheprovider \
+    stest) timeout 260 python3 -m pytest -q -m gpu tests/gpu/test_split_step_gpu.py -p no:cacheprovider \
              >"$OUT/stest.log" 2>&1; echo "stest (rc $?)"; tail -3 "$OUT/stest.log" ;;
     w2p) export BANYAN_TRITON_PDL=1; suite w2p 125 --workloads W2 --step-trace -- "${fast[@]}"; unset BANYAN_TRITON_PDL ;;
-    rtest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py tests/gpu/test_triton_pdl_gpu.py \
+    rtest) timeout 260 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py tests/gpu/test_triton_pdl_gpu.py \
              -k "rope_inside or auto or pdl" -p no:cacheprovider >"$OUT/rtest.log" 2>&1; echo "rtest (rc $?)"
            tail -3 "$OUT/rtest.log" ;;
-    t8) timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
+    t8) timeout 210 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k fp8_pool -p no:cacheprovider \
           >"$OUT/t8.log" 2>&1; echo "t8 (rc $?)"; tail -2 "$OUT/t8.log" ;;
     bench8) timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fp8_decode.json" \
               --shapes 64x1024,600x1536,1x1024 >"$OUT/fp8_decode.log" 2>&1; tail -6 "$OUT/fp8_decode.log" ;;
@@ -143,11 +144,11 @@ for step in ${STEPS:-fp8}; do
               tests/gpu/test_cuda_norm_gpu.py \
               tests/gpu/test_gpu_parity.py -k "prefetch or pdl or fp8_pool or cascade_matches or graph_replay" \
               -p no:cacheprovider >"$OUT/l2test.log" 2>&1; echo "l2test (rc $?)"; tail -3 "$OUT/l2test.log" ;;
-    ftest) timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "fp8_pool or cascade_matches" \
+    ftest) timeout 180 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k "fp8_pool or cascade_matches" \
              -p no:cacheprovider >"$OUT/ftest.log" 2>&1; echo "ftest (rc $?)"; tail -3 "$OUT/ftest.log" ;;
-    pwtest) timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k piecewise -p no:cacheprovider \
+    pwtest) timeout 210 python3 -m pytest -q -m gpu tests/gpu/test_gpu_parity.py -k piecewise -p no:cacheprovider \
               >"$OUT/pwtest.log" 2>&1; echo "pwtest (rc $?)"; tail -3 "$OUT/pwtest.log" ;;
-    ptest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_rope_store_gpu.py tests/gpu/test_gpu_parity.py -k \
+    ptest) timeout 260 python3 -m pytest -q -m gpu tests/gpu/test_rope_store_gpu.py tests/gpu/test_gpu_parity.py -k \
              "rope_store or attention_matches_torch or worker_matches_torch or cascade_matches or fp8_pool or piecewise" \
              -p no:cacheprovider >"$OUT/ptest.log" 2>&1; echo "ptest (rc $?)"; tail -3 "$OUT/ptest.log" ;;
     pprof) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof.json" \
