@@ -156,8 +156,8 @@ def main() -> int:
               f"{sf.get('us', float('nan')):.1f} | {kf[0]:.1f} ({r.get(kf[1], {}).get('of_hbm', 0):.0%}) "
               f"{kf[1].removeprefix('kernel_fp8_')} |")
     if args.library_only:
-        print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs · fast accum. | its GEMM alone: row-wise · tensor-wise · "
-              "row-wise fast µs | our FP8 GEMM, best µs (config) | our bf16 GEMM, best µs (config) |")
+        print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs · fast accum. | its GEMM alone: row-wise · "
+              "tensor-wise · row-wise fast µs | our FP8 GEMM, best µs (config) | our bf16 GEMM, best µs (config) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         us = lambda r, k: r.get(k, {}).get("us", float("nan"))  # noqa: E731
         for r in rows:
@@ -165,7 +165,8 @@ def main() -> int:
             print(f"| {r['shape']} | {r['m']} | {us(r, 'cublas_bf16'):.1f} | {us(r, 'scaled_mm_fp8'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_fast'):.1f} | {us(r, 'scaled_mm_fp8_gemm_rowwise'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_rowwise_fast'):.1f} | "
-                  f"{ours[0]:.1f} ({ours[1].removeprefix('w8a8_')}) | {ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) |")
+                  f"{ours[0]:.1f} ({ours[1].removeprefix('w8a8_')}) | "
+                  f"{ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) |")
     print("tune:", json.dumps(picks, indent=1))
     print(f"results: {args.out}")
     return 0

@@ -106,7 +106,8 @@ def test_the_gemm_compiles_to_wgmma_without_spills() -> None:
     cases = ([(c, "fp8e4nv", True) for c in gemm.CONFIGS] + [(gemm.CONFIGS[0], "fp8e4nv", False)]
              + [(c, "bf16", False) for c in gemm.PLAIN_CONFIGS])
     for cfg, dt, precise in cases:
-        types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16", "K": "i32"}
+        types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16",
+                 "K": "i32"}
         k = compile_sm90(gemm._gemm_kernel, {"SCALED": dt != "bf16", "EVEN_K": True, "PRECISE": precise,
                                              "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                                              "GROUP_M": cfg.group_m},

@@ -68,8 +68,9 @@ class LlamaMLP(nn.Module):
         self.down_proj.silu_mul_input = True
 
     def forward(self, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:  # (T, H) -> (T, H)
-        """x: the post-attention norm's output, maybe quantized (FP8 linears: ``RMSNorm.for_linear``). At decode sizes the activation is made by the gate/up kernel as it stores, or by the down
-        projection's as it loads, where either measured faster; else a kernel of its own."""
+        """x: the post-attention norm's output, maybe quantized (FP8 linears: ``RMSNorm.for_linear``). At decode
+        sizes the activation is made by the gate/up kernel as it stores, or by the down projection's as it loads,
+        where either measured faster; else a kernel of its own (quantizing as it writes, for an FP8 down)."""
         act = self.gate_up_proj.forward_silu_mul(x)
         if act is not None:
             return self.down_proj(act)

@@ -132,9 +132,9 @@ class QuantizedActivation(NamedTuple):
 @dataclass(frozen=True)
 class FusedQuant:
     """The ops that quantize the activations they make: ``add_rmsnorm(x, residual or None, weight, eps)`` →
-    (rmsnorm(x + residual) quantized, x + residual) or None where it does not take the shape, and ``silu_mul(h)``
-    → silu(gate) · up of h = [gate | up], quantized. Without kernels (``enable_cuda_kernels`` found none, or the CPU) the caller's op, then
-    ``quantize_activation``."""
+    (rmsnorm(x + residual) quantized, x + residual) or None where it does not take the shape, and
+    ``silu_mul(h)`` → silu(gate) · up of h = [gate | up], quantized. Without kernels (``enable_cuda_kernels``
+    found none, or the CPU) the caller's op, then ``quantize_activation``."""
 
     add_rmsnorm: Callable[[Tensor, Tensor | None, Tensor, float], tuple[QuantizedActivation, Tensor] | None] | None
     silu_mul: Callable[[Tensor], QuantizedActivation] | None
