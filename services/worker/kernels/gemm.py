@@ -91,11 +91,13 @@ class GemmConfig:
 # 4,096-row weights, so that enough programs read; 128-row tiles with wide N for mixed steps, where the tensor cores
 # do; shared memory a stage is (block_m + block_n) × block_k × the element size
 CONFIGS = (GemmConfig(64, 64, 128), GemmConfig(64, 128, 128), GemmConfig(64, 64, 256, stages=3),
+           GemmConfig(64, 64, 128, stages=6),  # (deeper: more weight bytes in flight an SM, for the memory-bound rows)
            GemmConfig(64, 32, 256),  # (N = 4,096 at ≤ 64 rows: 128 programs, not 64 — every SM streaming weight)
            GemmConfig(64, 128, 256, warps=8, stages=3), GemmConfig(128, 64, 128), GemmConfig(128, 128, 128, warps=8),
            GemmConfig(128, 256, 128, warps=8, stages=3), GemmConfig(128, 128, 64, warps=8, stages=5))
 PLAIN_CONFIGS = (GemmConfig(64, 64, 64), GemmConfig(64, 128, 64), GemmConfig(64, 32, 128), GemmConfig(64, 64, 128,
-                 stages=3), GemmConfig(128, 64, 64), GemmConfig(128, 128, 64, warps=8, stages=3))
+                 stages=3), GemmConfig(64, 64, 64, stages=6), GemmConfig(64, 128, 64, stages=5), GemmConfig(128, 64, 64),
+                 GemmConfig(128, 128, 64, warps=8, stages=3))
 
 
 def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig = CONFIGS[0], xs: Tensor | None = None,
