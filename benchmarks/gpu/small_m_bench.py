@@ -16,7 +16,8 @@ path, and its ``_scaled_mm`` alone on pre-quantized activations — row-wise sca
 scaling picks a faster GEMM; and both with fast accumulation (``scaled_mm_fp8_fast``,
 ``scaled_mm_fp8_gemm_rowwise_fast``: ``BANYAN_FP8_FAST_ACCUM``'s GEMM), and our FP8 GEMM's configs on the same
 quantized activations (``w8a8_<config>``, ``kernels/gemm.py``: what its start-up tuning chooses from) and its bf16
-configs on the bf16 weight (``bf16_<config>``, against cuBLAS).
+configs on the bf16 weight (``bf16_<config>``, against cuBLAS); and the ops before an FP8 linear — add-RMSNorm or
+SiLU-and-multiply, then the per-token quantization — against the kernels that quantize as they write.
 """
 
 from __future__ import annotations
@@ -64,6 +65,32 @@ def sweep_configs() -> list[sm.Config]:
     fetch = [sm.Config(bn, bk, warps=w, stages=1, m_tile=1, prefetch=True, split=sp)
              for bn, bk in ((4, 1024), (8, 1024), (8, 512), (16, 512), (4, 2048)) for w in (2, 4, 8) for sp in (1, 2)]
     return [c for c in dot + fma + fetch if c not in sm.CONFIGS]
+
+
+def time_fused_quant(ms: list[int], hidden: int = 4096, inter: int = 14336) -> list[dict]:
+    """The ops before an FP8 linear at M rows, µs in CUDA graphs: FlashInfer's add-RMSNorm (or SiLU-and-multiply)
+    then the per-token quantization kernel, against our kernel that quantizes as it writes (``FusedQuant``)."""
+    import flashinfer.activation
+    import flashinfer.norm
+
+    from services.worker.quant import triton_kernels as tk
+
+    out = []
+    for m in ms:
+        x, r = (torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        nw = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+        h = torch.randn(m, 2 * inter, device="cuda", dtype=torch.bfloat16)
+
+        def norm_then_quant(i):
+            flashinfer.norm.fused_add_rmsnorm(x, r, nw, 1e-6)
+            return tk.per_token_quant(x)
+
+        out.append({"m": m, "norm_then_quant_us": sm._time(norm_then_quant, 1, reps=20) * 1e6,
+                    "norm_quant_us": sm._time(lambda i: tk.add_rmsnorm_quant(x, r, nw, 1e-6), 1, reps=20) * 1e6,
+                    "silu_then_quant_us": sm._time(lambda i: tk.per_token_quant(flashinfer.activation.silu_and_mul(h)),
+                                                   1, reps=20) * 1e6,
+                    "silu_quant_us": sm._time(lambda i: tk.silu_mul_quant(h), 1, reps=20) * 1e6})
+    return out
 
 
 def main() -> int:
@@ -139,8 +166,14 @@ def main() -> int:
                 except Exception as e:  # (a config the compiler rejects: recorded, not fatal)
                     row[label] = {"error": f"{type(e).__name__}: {e}"[:200]}
             rows.append(row)
+    fused = []
+    if args.library_only:
+        try:
+            fused = time_fused_quant([int(v) for v in args.ms.split(",")])
+        except Exception as e:  # (no FlashInfer here: the table says so)
+            fused = [{"error": f"{type(e).__name__}: {e}"[:200]}]
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows, "tune": picks,
-           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+           "fused_quant": fused, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     Path(args.out).write_text(json.dumps(doc, indent=1))
 
     def best(row, prefix):
@@ -167,6 +200,15 @@ def main() -> int:
                   f"{us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_rowwise_fast'):.1f} | "
                   f"{ours[0]:.1f} ({ours[1].removeprefix('w8a8_')}) | "
                   f"{ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) |")
+    if fused:
+        print("\n| M | add-RMSNorm, then quantization µs | quantized by the norm µs | SiLU-and-multiply (14,336), then "
+              "quantization µs | quantized by it µs |\n| ---: | ---: | ---: | ---: | ---: |")
+        for f in fused:
+            if "error" in f:
+                print(f"| {f['error']} | | | | |")
+                continue
+            print(f"| {f['m']} | {f['norm_then_quant_us']:.1f} | {f['norm_quant_us']:.1f} | "
+                  f"{f['silu_then_quant_us']:.1f} | {f['silu_quant_us']:.1f} |")
     print("tune:", json.dumps(picks, indent=1))
     print(f"results: {args.out}")
     return 0

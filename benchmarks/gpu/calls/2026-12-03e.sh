@@ -153,8 +153,8 @@ for step in ${STEPS:-fp8}; do
              -p no:cacheprovider >"$OUT/ptest.log" 2>&1; echo "ptest (rc $?)"; tail -3 "$OUT/ptest.log" ;;
     pprof) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof.json" \
              >"$OUT/pprof.log" 2>&1; echo "pprof (rc $?)"; tail -24 "$OUT/pprof.log" ;;
-    fp8m) timeout 200 python3 -m benchmarks.gpu.small_m_bench --library-only --ms "${FP8M_MS:-64,96,128,256,512,600,1024}" \
-            --out "$OUT/fp8m.json" >"$OUT/fp8m.log" 2>&1; echo "fp8m (rc $?)"; grep -A40 "FP8 as served" "$OUT/fp8m.log" ;;
+    fp8m) timeout 240 python3 -m benchmarks.gpu.small_m_bench --library-only --ms "${FP8M_MS:-64,96,128,256,512,600,1024}" \
+            --out "$OUT/fp8m.json" >"$OUT/fp8m.log" 2>&1; echo "fp8m (rc $?)"; grep -A48 "FP8 as served" "$OUT/fp8m.log" ;;
     pprof8) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof8.json" \
               -- --quantization fp8 >"$OUT/pprof8.log" 2>&1; echo "pprof8 (rc $?)"; tail -24 "$OUT/pprof8.log" ;;
     wtest) timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_fp8_widen_gpu.py -p no:cacheprovider \
