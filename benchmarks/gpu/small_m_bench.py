@@ -38,7 +38,7 @@ from services.worker import kernels  # noqa: E402
 from services.worker.kernels import small_m as sm  # noqa: E402
 from services.worker.kernels import cuda_gemv  # noqa: E402
 from services.worker.kernels import gemm as fg  # noqa: E402
-from services.worker.quant import fp8  # noqa: E402
+from services.worker.quant import enable_cuda_kernels, fp8  # noqa: E402
 from services.worker.quant.fp8 import library_fp8_linear, quantize_per_token, quantize_rows  # noqa: E402
 
 HBM = 4.3e12
@@ -109,6 +109,7 @@ def main() -> int:
     if args.only:
         fp8_configs = [c for c in fp8_configs if re.search(args.only, str(c))]
     dev = torch.device("cuda")
+    print("fp8 kernels:", enable_cuda_kernels(dev))  # (as the worker serves: the Triton per-token quantization)
     g = torch.Generator(device="cpu").manual_seed(0)
     rows, picks = [], {}
     for name, (n, k) in SHAPES.items():
