@@ -128,7 +128,7 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
     else the library → {"NxK dtype": what won, per range}."""
     import torch.nn.functional as F
 
-    from services.worker.kernels.small_m import L2_SPAN, _close, _time, fastest, verdict
+    from services.worker.kernels.small_m import L2_SPAN, _close, _time, fastest, record, verdict
     from services.worker.quant import fp8
 
     report: dict[str, str] = {}
@@ -162,9 +162,7 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
                                    lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
             picks.append((top, best))
             said.append(verdict(top, best, best_t, base))
-        if any(cfg is not None for _, cfg in picks):
-            kernels.gemm_choices[key] = tuple(picks)
-        report[name] = kernels.gemm_tuned[key] = "; ".join(said)
+        report[name] = record(kernels.gemm_choices, kernels.gemm_tuned, key, picks, said)
     return report
 
 

@@ -287,9 +287,7 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
                 lambda i: linear(x, ws[i], s, cfg, act is not None, act_out is not None), copies))
             picks.append((top, best))
             said.append(verdict(top, best, best_t, base))
-        if any(cfg is not None for _, cfg in picks):
-            kernels.choices[key] = tuple(picks)
-        report[name] = kernels.tuned[key] = "; ".join(said)
+        report[name] = record(kernels.choices, kernels.tuned, key, picks, said)
     return report
 
 
@@ -308,6 +306,15 @@ def fastest(configs, base: float, check, timed) -> tuple[object | None, float]:
         if t < best_t:
             best, best_t = cfg, t
     return best, best_t
+
+
+def record(choices: dict, tuned: dict, key: tuple, picks: list, said: list[str]) -> str:
+    """A shape's decisions kept for the process: its (top M, config or None) ranges where any config won, and the
+    report line (also when none did: decided once) → the report line."""
+    if any(cfg is not None for _, cfg in picks):
+        choices[key] = tuple(picks)
+    tuned[key] = "; ".join(said)
+    return tuned[key]
 
 
 def verdict(top: int, best: object | None, best_t: float, base: float) -> str:
