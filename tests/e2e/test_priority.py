@@ -145,7 +145,10 @@ def test_ttft_under_a_saturating_flood_stays_within_twice_idle(server):
                 wait_for(lambda: (lambda l: (l.num_running_requests, l.num_waiting_requests) == (RUNNING, 4))(
                     load(stub)), "the flood to saturate the server")
                 busy.append(ttft(stub, request(ids(rng, prompt_len), 2, 10, f"hi-{round_}")))
-                assert load(stub).num_running_requests == RUNNING  # (still saturated)
+                # (still saturated: all six flood requests are alive; the running count alone races with
+                # hi's second token, after which the preempted one waits for the next step to resume)
+                now = load(stub)
+                assert now.num_running_requests + now.num_waiting_requests >= 6, now
             finally:
                 for c in calls:
                     c.cancel()
