@@ -235,12 +235,20 @@ class Suite:
 
         args = ["--http-port", "-1", *(["--device", "cpu"] if self.args.tiny else []), *flags, *self.args.serve_args]
         trace = {"BANYAN_STEP_TRACE": str(self.args.out / f"steps_{name}.jsonl")} if self.args.step_trace else None
+        t0 = time.perf_counter()
         s = Server(self.model, self.args.out / f"server_{name}.log", *args, env=trace)
+        t1 = time.perf_counter()
         try:
             wl.warm_up(s.target, self.facts["vocab"], json_too="W4" in self.workloads)
         except BaseException:
             s.stop()
             raise
+        # where the start went: the worker's phases (its model_loaded line), then serving ready and the warm-up
+        phases = next((r["startup_s"] for r in s.log_records() if r.get("event") == "model_loaded"
+                       and "startup_s" in r), {})
+        self.doc.setdefault("startup_s", {})[name] = {**phases, "ready": round(t1 - t0, 2),
+                                                      "warm_up": round(time.perf_counter() - t1, 2)}
+        print(f"[suite] server {name} start-up s: {self.doc['startup_s'][name]}", flush=True)
         return s
 
     def serve_workloads(self) -> None:

@@ -31,6 +31,7 @@ from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
 from services.worker.models.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
+from services.worker.laps import Laps
 from services.worker.launched import Launched, step_kind
 from services.worker.split_step import StepLanes
 from services.worker.kernels import (chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_gemm,
@@ -76,17 +77,22 @@ class ModelRunner:
         self.backend = resolve_backend(cfg.attention_backend, self.device)
         fused = self.backend == "flashinfer"
         torch.manual_seed(cfg.seed)
+        lap = Laps()
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model, self.spec = load_model(model_dir, self.dtype, self.device, self.tp,
                                            flashinfer_ops() if fused else TORCH_OPS, cfg.quantization, cfg.fp8_vocab)
         self.quant = self.model.quant
+        lap("load")
         kernels = {}
         if self.device.type == "cuda" and (self.quant is not None or self.kv_dtype != self.dtype):
             kernels = enable_cuda_kernels(self.device)  # the fused FP8 kernels, where they check out
+        lap("kernels")
         if self.device.type == "cuda" and not cfg.disable_small_m_kernel:
             kernels["small_m"] = tune_small_m(self.model, self.dtype)
+            lap("tune_small_m")
         if self.device.type == "cuda":
             kernels["gemm"] = tune_gemm(self.model, self.dtype)
+            lap("tune_gemm")
         if self.device.type == "cuda":
             kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
             kernels["rope_store"] = enable_rope_store(self.device)
@@ -94,6 +100,7 @@ class ModelRunner:
             kernels["norm"] = enable_cuda_norm(self.device)
             kernels["norm_linear"] = enable_norm_linear(self.device, self.model, self.dtype)
             torch.cuda.empty_cache()  # (the tunings' weight copies and activations: free for the pool's sizing)
+            lap("kernels")
         self.context_length = cfg.context_length or self.spec.context_length
         kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads, cfg.mem_fraction_static)
@@ -110,6 +117,7 @@ class ModelRunner:
                 head_dim=self.spec.head_dim, dtype=str(self.dtype), kv_dtype=str(self.kv.dtype),
                 quant=self.quant.name if self.quant else "", tp=(self.tp.rank, self.tp.size),
                 scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
+        lap("pool")
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size, cfg.decode_attention)
         self.lanes = StepLanes.build(self.backend, self.kv, self.spec.num_heads // self.tp.size,  # (opt-in: steps
                                      cfg.decode_attention, self.device, self.tp.size)  # as two lanes)
@@ -121,12 +129,14 @@ class ModelRunner:
         self.req_to_token = torch.zeros((1, self.table_width), dtype=torch.int32, device=self.device)
         self.pad_row = 0  # the table's last row: all zeros (slot 0), never a request's
         self.graphs: DecodeGraphs | None = None
+        lap("attention")
         if self.device.type == "cuda":  # (before the graphs: they fix the kernels' arguments)
             kernels["l2_chain"] = chain_l2(self.model, self.device, self.attn)
         if self.device.type == "cuda" and self.attn.supports_cuda_graph and not cfg.disable_cuda_graph:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
                                            self.device, self.spec.vocab_size)
+        lap("cuda_graphs")
         self.pieces: PiecewiseGraphs | None = None  # eager steps' work between attentions, as graphs
         piece_tokens = cfg.piecewise_cuda_graph_max_tokens
         if piece_tokens < 0:  # auto: on with decode graphs on one GPU (unmeasured across tensor-parallel ranks)
@@ -140,6 +150,7 @@ class ModelRunner:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
                 log.warning("piecewise_graphs_off", reason=f"{type(e).__name__}: {e}"[:300])
+        lap("piecewise")
         self.batch_sampler = BatchSampler(self.sampler, self.spec.vocab_size, self.device)
         self.last_token = torch.zeros(1, dtype=torch.int64, device=self.device)  # by row: its last sampled token
         self.timer = DeviceTimer(self.device)
@@ -155,7 +166,7 @@ class ModelRunner:
                  kv_scales=scales.source if scales else None, quantization=self.quantization,
                  weight_gib=round(self.weight_bytes / 2**30, 3), kernels=kernels or None,
                  context_length=self.context_length, attention=self.backend, tp_rank=self.tp.rank,
-                 tp_size=self.tp.size, cuda_graph_bs=self.graphs.batch_sizes if self.graphs else [])
+                 tp_size=self.tp.size, cuda_graph_bs=self.graphs.batch_sizes if self.graphs else [], startup_s=lap.s)
 
     @property
     def kv_cache_dtype(self) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+import structlog
 import torch
 from tests.worker.test_models import KVTable, hf_logits, random_seqs, save_tiny_model, tiny_config
 
@@ -237,3 +238,35 @@ def test_the_step_in_flight_is_answered_while_the_next_is_being_queued(tiny_llam
     assert all(t["recv"] <= t["queued"] <= t["answered"] for t in trace)
     assert trace[2]["turnaround_ms"] == pytest.approx(trace[2]["recv"] - trace[0]["answered"])
     assert "| decode_eager | 2 |" in step_trace.summary(trace, "decode_eager", 3)
+
+
+def test_cpu_pool_starts_zeroed_without_writing_its_zeros() -> None:
+    """The CPU pool is anonymous memory (zeros from the OS, faulted in when written): every byte reads 0,
+    each pool is its own memory, and the FP8 pool's view of it works too."""
+    from services.worker.kv_pool import KVPool, zeroed
+
+    a = KVPool(2, 4096, 2, 16, torch.bfloat16, "cpu")
+    b = KVPool(2, 4096, 2, 16, torch.bfloat16, "cpu", kv_dtype=torch.float8_e4m3fn)
+    assert a.buf.shape == (2, 2, 4096, 2, 16) and a.buf.dtype == torch.bfloat16 and a.buf.is_contiguous()
+    assert b.buf.dtype == torch.float8_e4m3fn and not b.buf.float().any() and not a.buf.any()
+    a.k[1][7] = 1.5
+    assert float(a.buf.sum()) == 1.5 * 32 and not b.buf.float().any()
+    c = zeroed((3, 5), torch.float32, torch.device("cpu"))
+    c += 2
+    assert torch.equal(c, torch.full((3, 5), 2.0)) and zeroed((0, 4), torch.int32, torch.device("cpu")).numel() == 0
+
+
+def test_start_up_phases_are_timed(tiny_llama) -> None:
+    """``Laps``: seconds by phase, in order, repeated names summed; the runner's start-up goes through it."""
+    from services.worker.laps import Laps
+
+    lap = Laps()
+    for name in ("load", "kernels", "pool", "kernels"):
+        lap(name)
+    assert list(lap.s)[-3:] == ["load", "kernels", "pool"] and all(v >= 0 for v in lap.s.values())
+    assert lap.s.get("process", 0) > 0  # (Linux: this process's age when the laps began)
+    path, _ = tiny_llama
+    with structlog.testing.capture_logs() as logs:
+        ModelRunner(WorkerConfig(model=str(path), max_total_tokens=64), str(path))
+    phases = next(r["startup_s"] for r in logs if r["event"] == "model_loaded")
+    assert {"load", "kernels", "pool", "attention", "cuda_graphs", "piecewise"} <= set(phases), phases
