@@ -11,6 +11,7 @@ worker brings another vocabulary. A worker with a host KV tier gets the hierarch
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from shared.config import SchedulerConfig
@@ -49,7 +50,7 @@ class EngineSession:
 
     @classmethod
     def start(cls, cfg: SchedulerConfig, w: WorkerReady, counters: Counters,
-              grammar: GrammarBackend | None) -> EngineSession:
+              grammar: GrammarBackend | None, tokenizer: Future | None = None) -> EngineSession:
         running = cfg.max_running_requests or auto_max_running(w)
         kv = KVManager(w.pool_size, running, cfg.page_size, not cfg.disable_radix_cache, counters)
         hicache = None
@@ -75,7 +76,7 @@ class EngineSession:
                          context_length=w.context_length, pool_size=kv.pool_size,
                          max_running_requests=running, eos_token_ids=w.eos_token_ids,
                          device=w.device, dtype=w.dtype)
-        return cls(info, kv, batcher, grammar_for(cfg, w, grammar), Sessions(kv, budget, w.context_length),
+        return cls(info, kv, batcher, grammar_for(cfg, w, grammar, tokenizer), Sessions(kv, budget, w.context_length),
                    Pins(kv, budget), hicache=hicache)
 
     @property
@@ -105,15 +106,16 @@ def auto_max_running(w: WorkerReady) -> int:
     return 1024 if w.device.startswith("cuda") else 256
 
 
-def grammar_for(cfg: SchedulerConfig, w: WorkerReady, old: GrammarBackend | None) -> GrammarBackend:
+def grammar_for(cfg: SchedulerConfig, w: WorkerReady, old: GrammarBackend | None,
+                tokenizer: Future | None = None) -> GrammarBackend:
     """The grammar backend for ``w``'s vocabulary: ``old`` when it matches (a restarted worker of the
     same model), else a new one, built before serving (building it later would contend with the
-    loop)."""
+    loop), from ``tokenizer`` (``early_tokenizer``'s) where given."""
     if old is not None and (old.vocab_size, old.stop_ids) == (w.vocab_size, list(w.eos_token_ids)):
         return old
     if old is not None:
         old.close()
-    grammar = GrammarBackend(resolve_model(cfg.model)[0], w.vocab_size, w.eos_token_ids)
+    grammar = GrammarBackend(resolve_model(cfg.model)[0], w.vocab_size, w.eos_token_ids, tokenizer=tokenizer)
     grammar.wait_ready()
     # the start-up heap (torch, transformers, xgrammar, the vocabulary) lives as long as the process:
     # out of the collector's sight, a full collection no longer walks it (ms per step, under load)

@@ -20,6 +20,7 @@ import numpy as np
 
 from shared.logging import get_logger
 from shared.messages.common import Constraint
+from shared.model_path import resolve_model
 
 log = get_logger("scheduler")
 
@@ -70,10 +71,29 @@ def _bits_except(vocab_size: int, stop_ids: list[int]) -> np.ndarray:
     return np.packbits(bits, bitorder="little").view(np.int32)
 
 
+def load_tokenizer(model_dir: str):
+    """The HF tokenizer the grammar compiler is built from (xgrammar imported on the way: ~2 s of the two imports
+    and the load, which the scheduler starts while the worker loads the model: ``early_tokenizer``)."""
+    import xgrammar  # noqa: F401
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def early_tokenizer(model: str) -> Future:
+    """``load_tokenizer`` of ``model`` (``--model``: resolved as the engine resolves it) in a thread of its own,
+    started now (a failure shows when its result is taken)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
+    future = pool.submit(lambda: load_tokenizer(resolve_model(model)[0]))
+    pool.shutdown(wait=False)
+    return future
+
+
 class GrammarBackend:
     def __init__(self, model_dir: str, vocab_size: int, stop_ids: list[int], threads: int = 2,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, tokenizer: Future | None = None) -> None:
         self.model_dir, self.vocab_size, self.stop_ids = model_dir, vocab_size, list(stop_ids)
+        self._tokenizer = tokenizer  # (loading since the scheduler started, or None: loaded by the compiler's build)
         self.timeout_s = timeout_s
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar")
         # The compiler (tokenizer vocab → xgrammar) is built at start-up (``wait_ready``), before the
@@ -96,9 +116,14 @@ class GrammarBackend:
         """Built once, in the pool (loads the tokenizer vocab)."""
         t0 = time.perf_counter()
         import xgrammar as xgr
-        from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        tok = None
+        if self._tokenizer is not None:
+            try:
+                tok = self._tokenizer.result()
+            except Exception:  # (loaded again below: the error, if it is one, is the compiler's)
+                log.warning("early_tokenizer_failed", exc_info=True)
+        tok = tok if tok is not None else load_tokenizer(self.model_dir)
         self.tokenizer = tok  # encodes jump-forward strings
         info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
         compiler = xgr.GrammarCompiler(info, max_threads=2)

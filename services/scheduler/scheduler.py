@@ -30,7 +30,7 @@ from shared.tracing import make_tracer
 from services.scheduler.batcher import Scheduled
 from services.scheduler.counters import Counters
 from services.scheduler.engine import EngineSession
-from services.scheduler.grammar import GrammarBackend
+from services.scheduler.grammar import GrammarBackend, early_tokenizer
 from services.scheduler.intake import Intake, load_of, num_waiting
 from services.scheduler.kv_events import KvEventPublisher, flush_cache
 from services.scheduler.metrics import SchedulerMetrics
@@ -66,6 +66,7 @@ class Scheduler:
         self.engine: EngineSession | None = None  # None: not serving (no worker ready yet, or it was lost)
         self.applier: StepApplier | None = None  # (the engine's)
         self.grammar: GrammarBackend | None = None  # outlives engines (rebuilt for another vocabulary)
+        self.tokenizer = early_tokenizer(cfg.model)  # (the grammar compiler's: loading while the worker starts)
         self.down = ""  # why not serving, once a worker was lost
         self.stopping = False
         self.kv_events = KvEventPublisher(cfg.page_size, self.tok.send, cfg.kv_events_block_size,
@@ -226,7 +227,7 @@ class Scheduler:
         restarted = self.grammar is not None
         if self.worker.attached:  # a new worker while the old one looked alive: the old one's state is gone
             self._detach("the worker process restarted")
-        e = self.engine = EngineSession.start(self.cfg, w, self.counters, self.grammar)
+        e = self.engine = EngineSession.start(self.cfg, w, self.counters, self.grammar, self.tokenizer)
         self.grammar = e.grammar
         self.applier = StepApplier(self.table, e, self.counters, self.worker.send, not self.cfg.disable_jump_forward)
         if self.cfg.enable_priority_scheduling:

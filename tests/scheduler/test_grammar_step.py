@@ -10,7 +10,7 @@ import pytest
 
 from services.scheduler import grammar as grammar_mod
 from services.scheduler.batcher import Scheduled
-from services.scheduler.grammar import GrammarBackend
+from services.scheduler.grammar import GrammarBackend, early_tokenizer
 from services.scheduler.request import Req, Status
 from services.scheduler.step_io import deferred_mask
 from shared.messages.common import Constraint, SamplingParams, i32
@@ -26,10 +26,24 @@ PREFIXES = ['', '{"name": "ab', '{"name": "ab"', '{"name": "ab", "role": "a']
 @pytest.fixture(scope="module")
 def backend(demo_dir):
     cfg = json.load(open(f"{demo_dir}/config.json"))
-    g = GrammarBackend(demo_dir, cfg["vocab_size"], cfg["eos_token_id"])
+    g = GrammarBackend(demo_dir, cfg["vocab_size"], cfg["eos_token_id"], tokenizer=early_tokenizer(demo_dir))
     g.wait_ready()
     yield g
     g.close()
+
+
+def test_a_failed_early_tokenizer_is_loaded_again(demo_dir, tmp_path):
+    """The scheduler's early tokenizer load (``early_tokenizer``, started before the worker is ready) failing
+    costs nothing but the time: the compiler's build loads it itself, and compiles work."""
+    cfg = json.load(open(f"{demo_dir}/config.json"))
+    early = early_tokenizer(str(tmp_path / "nowhere"))
+    g = GrammarBackend(demo_dir, cfg["vocab_size"], cfg["eos_token_id"], tokenizer=early)
+    try:
+        g.wait_ready()
+        assert early.exception() is not None and g.tokenizer is not None
+        assert compiled(g, "regex", "[ab]{2}") is not None
+    finally:
+        g.close()
 
 
 def compiled(g: GrammarBackend, kind: str, value: str):
