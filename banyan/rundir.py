@@ -15,17 +15,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+from shared.entry import process_start
+
 PREFIX = "banyan-"
 OWNER = "owner"
-
-
-def process_start(pid: int) -> str:
-    """The start time of process ``pid`` (Linux: clock ticks since boot; "" where unknown or gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def alive(pid: int, start: str = "") -> bool:

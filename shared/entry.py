@@ -35,6 +35,24 @@ PR_SET_PDEATHSIG = 1
 T = TypeVar("T")
 
 
+def process_start(pid: int) -> str:
+    """The start time of process ``pid`` (Linux: clock ticks since boot; "" where unknown or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux; None where unknown)."""
+    try:
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - int(process_start(os.getpid())) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+
+
 def tie_to_launcher(poll_s: float = 0.5) -> str:
     """Die with the launcher named in ``BANYAN_LAUNCHER_PID`` (removed from the environment: the
     service's own children are not the launcher's). Returns how: "prctl", "watch" or "" (not started

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import time
+
+from shared.entry import process_age
 
 
 class Laps:
@@ -13,12 +14,9 @@ class Laps:
     def __init__(self) -> None:
         self.t = time.perf_counter()
         self.s: dict[str, float] = {}
-        try:
-            with open("/proc/self/stat") as f, open("/proc/uptime") as u:
-                started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-                self.s["process"] = round(float(u.read().split()[0]) - started, 2)
-        except (OSError, ValueError, IndexError):
-            pass
+        age = process_age()
+        if age is not None:
+            self.s["process"] = round(age, 2)
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
