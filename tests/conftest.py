@@ -8,6 +8,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# the start-up tunings time every shape in tests (no decisions from an earlier run); tests/gpu/test_tuning_cache_gpu.py
+# turns the cache on in a folder of its own
+os.environ["BANYAN_TUNING_CACHE"] = "0"
 
 
 @pytest.fixture(scope="session")

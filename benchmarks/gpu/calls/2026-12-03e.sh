@@ -21,7 +21,7 @@
 # · w2q, w2q<letters> (W2 with FP8 weights; a: + BANYAN_FP8_FAST_ACCUM=1; 0: BANYAN_FP8_FUSED_QUANT=0; g:
 # BANYAN_GEMM=0, e.g. w2q0g = as before 2026-12-05) · w2g (bf16 W2 with BANYAN_GEMM=0: the library only) · w6 (W6,
 # variants $W6V, default off,host: issue 19's ratio) · qtest (the fused quantization's, fast accumulation's and
-# our FP8 GEMM's GPU tests, the small-M GPU tests) · fchk (fp8_check's accuracy with fast accumulation)
+# our FP8 GEMM's GPU tests, the small-M GPU tests, the tuning cache's) · fchk (fp8_check's accuracy with fast accumulation)
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
 # FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12; w5t@N: N ms, into $OUT/w5t_N) · grid (the decode by batch × context:
@@ -175,7 +175,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           suite "$step" 170 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"  # (the FP8 GEMM tuning: +~30 s)
           unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT BANYAN_GEMM ;;
     qtest) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_gemm_gpu.py \
-             tests/gpu/test_small_m_gpu.py \
+             tests/gpu/test_small_m_gpu.py tests/gpu/test_tuning_cache_gpu.py \
              -p no:cacheprovider >"$OUT/qtest.log" 2>&1; echo "qtest (rc $?)"; tail -3 "$OUT/qtest.log" ;;
     fchk)  # (fp8_check's accuracy on the conditioned model with fast accumulation: top-1 vs bf16 at margin >= 0.1)
           timeout 100 python3 -m benchmarks.gpu.make_model --out /tmp/llama8b-cond --tokenizer .assets/llama3 \
@@ -225,6 +225,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     *) echo "unknown step $step" ;;
   esac
 done
+[ -d "$BANYAN_TUNING_CACHE" ] && cp -r "$BANYAN_TUNING_CACHE" "$OUT/tuning"  # (for .kcache/tuning here)
 cd "$OUT" || exit 1
 rm -rf ./*/server_w7_plain.log ./*/steps_w7_plain.jsonl ./*/*.ready
 grep -h '^\[suite\]\|^| W' ./*.log 2>/dev/null | head -40; head -16 ./*_stages.txt ./*_itl.txt 2>/dev/null

@@ -11,3 +11,6 @@ export PYTHONPATH=/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DI
 export BANYAN_KERNEL_CACHE=${BANYAN_KERNEL_CACHE:-$PWD/.kcache}
 python3 -c "from services.worker.kernels import cuda_gemv as g; print('cuda gemv:', 'ready' if g.library(True) \
 else g.unavailable(True))"
+# The start-up tunings' decisions (kernels/tuning_cache.py) kept in .kcache/tuning: a second server of the same
+# shapes skips the timing; the call scripts put them in $OUT/tuning to carry to the next call (copy them to .kcache).
+export BANYAN_TUNING_CACHE=${BANYAN_TUNING_CACHE:-$PWD/.kcache/tuning}

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from services.worker import kernels
+from services.worker.kernels import tuning_cache
 from services.worker.quant.fp8 import FP8, fast_accum
 
 Tensor = torch.Tensor
@@ -132,6 +133,7 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
     from services.worker.quant import fp8
 
     report: dict[str, str] = {}
+    disk = tuning_cache.Decisions.on("gemm", weights[0][0].device) if weights else None
     for w, s in weights:
         n, k = w.shape
         key, name = (n, k, w.dtype), f"{n}x{k} {str(w.dtype).removeprefix('torch.')}"
@@ -145,24 +147,33 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
         wc = [w] + [w.clone() for _ in range(copies - 1)]
         deq = w.float() * s.float()[:, None] if scaled else w.float()
         tops = [b for b in BUCKETS if (n < 65536 or b <= LOGITS_MAX_M) and (scaled or b <= PLAIN_MAX_M)]
-        picks, said = [], []
+        picks, said, reused, cached = [], [], 0, disk.get(name, dtype, (GemmConfig,))
         for top in tops:
             x = torch.randn(top, k, dtype=dtype, device=w.device)
             if scaled:
                 xa = fp8.quantize_activation(x)
                 want = (xa.q.float() * xa.scale) @ deq.t()
-                base = _time(lambda i: fp8.library_gemm(xa, wc[i], s), copies)
+                lib = lambda i: fp8.library_gemm(xa, wc[i], s)  # noqa: E731
                 run = lambda cfg, wi: matmul(xa.q, wi, dtype, cfg, xa.scale, s)  # noqa: E731
             else:
                 want = x.float() @ deq.t()
-                base = _time(lambda i: F.linear(x, wc[i]), copies)
+                lib = lambda i: F.linear(x, wc[i])  # noqa: E731
                 run = lambda cfg, wi: matmul(x, wi, dtype, cfg)  # noqa: E731
+            if tuning_cache.reuse(cached.get(top), lambda cfg: _close(run(cfg, w).float(), want)):
+                picks.append((top, cached[top][0]))
+                said.append(cached[top][1])
+                reused += 1
+                continue
+            base = _time(lib, copies)
             best, best_t = fastest(CONFIGS if scaled else PLAIN_CONFIGS, base,
                                    lambda cfg: _close(run(cfg, w).float(), want),
                                    lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
             picks.append((top, best))
             said.append(verdict(top, best, best_t, base))
-        report[name] = record(kernels.gemm_choices, kernels.gemm_tuned, key, picks, said)
+        report[name] = record(kernels.gemm_choices, kernels.gemm_tuned, key, picks, said, disk, name, dtype,
+                              reused)
+    if disk is not None:
+        disk.save()
     return report
 
 

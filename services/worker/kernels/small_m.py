@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from services.worker import kernels
-from services.worker.kernels import BUCKETS, MAX_M, cuda_gemv
+from services.worker.kernels import BUCKETS, MAX_M, cuda_gemv, tuning_cache
 
 Tensor = torch.Tensor
 
@@ -248,6 +248,7 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
     makes it as it stores (``act_out``) against the library then ``act_out``.
     → {"NxK dtype": what won, per M range}."""
     report: dict[str, str] = {}
+    disk = tuning_cache.Decisions.on("small_m", weights[0][0].device) if weights else None
     for w, s in weights:
         n, k = w.shape
         key = (n, k, w.dtype) + (("silu_mul",) if act is not None else ()) + (("act_out",) if act_out else ())
@@ -265,13 +266,12 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
         lib = library if act is None else (lambda x, w, s: library(act(x), w, s))
         if act_out is not None:
             lib = lambda x, w, s, plain=lib: act_out(plain(x, w, s))  # noqa: E731
-        picks, said = [], []
+        picks, said, reused, cached = [], [], 0, disk.get(name, dtype, (Config, cuda_gemv.CudaConfig))
         for top in BUCKETS:
             x = torch.randn(top, 2 * k if act is not None else k, dtype=dtype, device=w.device) / k**0.5
             want = (x if act is None else act(x)).float() @ deq.t()
             if act_out is not None:
                 want = torch.nn.functional.silu(want[:, : n // 2]) * want[:, n // 2:]
-            base = _time(lambda i: lib(x, ws[i], s), copies)
 
             def check(cfg) -> bool:
                 got = linear(x, w, s, cfg, act is not None, act_out is not None)
@@ -283,11 +283,19 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], library, dtype: torch.dtyp
                 again = (linear(x, w, s, cfg, act is not None, act_out is not None) for _ in range(16))
                 return not repeats or all(torch.equal(y, got) for y in again)
 
+            if tuning_cache.reuse(cached.get(top), check):
+                picks.append((top, cached[top][0]))
+                said.append(cached[top][1])
+                reused += 1
+                continue
+            base = _time(lambda i: lib(x, ws[i], s), copies)
             best, best_t = fastest(CONFIGS + cuda_gemv.configs_for(w, x), base, check, lambda cfg: _time(
                 lambda i: linear(x, ws[i], s, cfg, act is not None, act_out is not None), copies))
             picks.append((top, best))
             said.append(verdict(top, best, best_t, base))
-        report[name] = record(kernels.choices, kernels.tuned, key, picks, said)
+        report[name] = record(kernels.choices, kernels.tuned, key, picks, said, disk, name, dtype, reused)
+    if disk is not None:
+        disk.save()
     return report
 
 
@@ -308,12 +316,16 @@ def fastest(configs, base: float, check, timed) -> tuple[object | None, float]:
     return best, best_t
 
 
-def record(choices: dict, tuned: dict, key: tuple, picks: list, said: list[str]) -> str:
+def record(choices: dict, tuned: dict, key: tuple, picks: list, said: list[str], disk, name: str,
+           dtype: torch.dtype, reused: int) -> str:
     """A shape's decisions kept for the process: its (top M, config or None) ranges where any config won, and the
-    report line (also when none did: decided once) → the report line."""
+    report line (also when none did: decided once) → the report line. They go to ``disk`` (``tuning_cache``)
+    unless all were ``reused`` from it (then the line says so)."""
     if any(cfg is not None for _, cfg in picks):
         choices[key] = tuple(picks)
-    tuned[key] = "; ".join(said)
+    if reused < len(picks):
+        disk.put(name, dtype, picks, said)
+    tuned[key] = "; ".join(said) + (" (cached)" if picks and reused == len(picks) else "")
     return tuned[key]
 
 
