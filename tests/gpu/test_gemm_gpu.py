@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from benchmarks.driver import Driver
+from tests.gpu.test_fp8_fused_quant_gpu import fp8_error
 from tests.gpu.test_gpu_parity import REPORT, _schedule, models, rel_err, runner  # noqa: F401 (fixtures)
 from services.worker import kernels
 from services.worker.kernels import gemm as fg
@@ -94,4 +95,7 @@ def test_a_worker_on_our_gemm_matches_the_library(models, quantization) -> None:
         kernels.gemm_choices.update(saved)
     errs = [rel_err(a, b) for a, b in zip(got, want, strict=True)]
     REPORT[f"gemm_worker_vs_library_{quantization or 'bf16'}"] = max(errs)
-    assert max(errs) < 1e-2, errs
+    # (FP8: another accumulation order re-rounds the next layer's e4m3 activations; held to half of what FP8 weights
+    # move the logits from bf16's, as the fused quantization is — 1e-2 failed on an H100 at 0.0124)
+    bound = 0.5 * fp8_error(models["small"], want) if quantization else 1e-2
+    assert max(errs) < bound, (errs, bound)

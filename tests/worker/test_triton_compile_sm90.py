@@ -99,11 +99,11 @@ def test_the_gemm_compiles_to_wgmma_without_spills() -> None:
     """Every config ``gemm.tune`` may pick, as a launch specializes it (aligned, K a multiple of the tile): Hopper's
     tensor-core instruction on e4m3 (FP8) or bf16 operands (``wgmma`` — the point of the kernel), no local memory
     (spills), shared memory within the H200's 227 KiB a block; the FP8 tensor cores' sums promoted to float32 a tile
-    at a time (as cuBLAS without fast accumulation), and not with ``BANYAN_FP8_FAST_ACCUM``."""
+    at a time (as cuBLAS without fast accumulation: ``BANYAN_FP8_FAST_ACCUM=0``), and not by default."""
     backend_or_skip()
     from services.worker.kernels import gemm
 
-    cases = ([(c, "fp8e4nv", True) for c in gemm.CONFIGS] + [(gemm.CONFIGS[0], "fp8e4nv", False)]
+    cases = ([(c, "fp8e4nv", precise) for c in gemm.CONFIGS for precise in (True, False)]
              + [(c, "bf16", False) for c in gemm.PLAIN_CONFIGS])
     for cfg, dt, precise in cases:
         types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16",

@@ -18,7 +18,8 @@
 # contexts, $SPREAD shapes, by split count and min_part) · pprof (a 16k-token prefill's kernels; the GEMMs alone)
 # · pprof8 (pprof with FP8 weights, and the served FP8 linear at M = 16k) · fp8m (the FP8 linear at decode batches of
 # 64-1,024 rows: as served, its GEMM alone row-/tensor-wise, cuBLAS bf16, fast accumulation, our FP8 GEMM's configs)
-# · w2q, w2q<letters> (W2 with FP8 weights; a: + BANYAN_FP8_FAST_ACCUM=1; 0: BANYAN_FP8_FUSED_QUANT=0; g:
+# · w2q, w2q<letters> (W2 with FP8 weights; a: + BANYAN_FP8_FAST_ACCUM=1 (the default since 2026-12-05), p: =0
+# (fp32-promoted sums); 0: BANYAN_FP8_FUSED_QUANT=0; g:
 # BANYAN_GEMM=0, e.g. w2q0g = as before 2026-12-05) · w2g (bf16 W2 with BANYAN_GEMM=0: the library only) · w6 (W6,
 # variants $W6V, default off,host: issue 19's ratio) · qtest (the fused quantization's, fast accumulation's and
 # our FP8 GEMM's GPU tests, the small-M GPU tests, the tuning cache's) · fchk (fp8_check's accuracy with fast accumulation)
@@ -166,13 +167,15 @@ t = {w: r.get(f'triton_fp8_64_4w3s_f16_{w}_us') for w in ('cvt', 'int', 'asm')}
 print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null || echo asm)
           export BANYAN_FP8_WIDEN; echo "pick: BANYAN_FP8_WIDEN=$BANYAN_FP8_WIDEN" ;;
     w1q8) suite w1q8 240 --workloads W1,W2 -- --quantization fp8 --kv-cache-dtype fp8_e4m3 "${fast[@]}" ;;
-    w2q|w2q[a0g]*)  # W2 with FP8 weights as served (activations quantized by the norm / activation kernels, our FP8
+    w2q|w2q[ap0g]*)  # W2 with FP8 weights as served (activations quantized by the norm / activation kernels, our FP8
           # GEMM where its start-up tuning chose it); letters after w2q: a = BANYAN_FP8_FAST_ACCUM=1, 0 =
           # BANYAN_FP8_FUSED_QUANT=0 (each linear quantizes its input), g = BANYAN_GEMM=0 (torch._scaled_mm only)
           [[ ${step#w2q} == *a* ]] && export BANYAN_FP8_FAST_ACCUM=1
+          [[ ${step#w2q} == *p* ]] && export BANYAN_FP8_FAST_ACCUM=0
           [[ ${step#w2q} == *0* ]] && export BANYAN_FP8_FUSED_QUANT=0
           [[ ${step#w2q} == *g* ]] && export BANYAN_GEMM=0
-          suite "$step" 170 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"  # (the FP8 GEMM tuning: +~30 s)
+          # (a cold start: 147 s on an H100 on 2026-12-05, the tunings 85 and Triton's compiles 43; ~22 s cached)
+          suite "$step" 240 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"
           unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT BANYAN_GEMM ;;
     qtest) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_gemm_gpu.py \
              tests/gpu/test_small_m_gpu.py tests/gpu/test_tuning_cache_gpu.py \

@@ -15,7 +15,7 @@ times it). A program computes a ``block_m`` × ``block_n`` tile over the whole K
 run), programs ordered in groups of ``group_m`` row tiles so that neighbours share a weight tile (read from HBM
 once, from L2 by the rest). Both operands are loaded K-major, as Hopper's FP8 ``wgmma`` needs them. The tensor
 cores' reduced-precision FP8 accumulation is promoted to the float32 sums every ``block_k`` products, as cuBLAS
-does without fast accumulation — or never with ``BANYAN_FP8_FAST_ACCUM=1``, the library's setting followed.
+does without fast accumulation — with ``BANYAN_FP8_FAST_ACCUM=0``; by default never, the library's setting followed.
 ``BANYAN_GEMM=0``: none of it; ``=fp8``: FP8 weights only.
 """
 
