@@ -47,7 +47,7 @@ def test_saved_decisions_are_read_back_and_kinds_merge(tmp_path) -> None:
     assert tc.Decisions("gemm", path).get("6144x4096 float8_e4m3fn", torch.bfloat16, (Tile,)) == {
         64: (None, "M≤64: library 30.0 us")}
     assert sorted(json.loads(path.read_text())) == ["gemm", "small_m"]
-    assert [p.name for p in path.parent.iterdir()] == ["abc.json"]  # (no temporary file left)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["abc.json", "abc.lock"]  # (no temporary file left)
 
 
 def test_a_pick_whose_type_is_gone_is_timed_again(tmp_path) -> None:
@@ -93,3 +93,28 @@ def test_off_the_gpu_or_turned_off_nothing_is_kept(tmp_path, monkeypatch) -> Non
     monkeypatch.delenv("BANYAN_TUNING_CACHE")
     monkeypatch.setenv("BANYAN_CACHE_DIR", str(tmp_path / "c"))
     assert tc.directory() == tmp_path / "c" / "tuning"
+
+
+def test_ranks_saving_at_once_keep_every_rank_s_shapes(tmp_path) -> None:
+    """Tensor-parallel ranks tune their own shards' shapes and save together: none is lost to another's write."""
+    import multiprocessing as mp
+
+    ctx, path = mp.get_context("spawn"), tmp_path / "f.json"
+    go = ctx.Barrier(4)
+    procs = [ctx.Process(target=_save_as_rank, args=(path, rank, go)) for rank in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    got = tc.Decisions("gemm", path)
+    assert all(got.get(f"rank{r} shape{i}", torch.bfloat16, (Tile,)) == {1: (None, "x")} for r in range(4)
+               for i in range(40))
+
+
+def _save_as_rank(path, rank: int, go) -> None:
+    go.wait(30)  # (all ranks imported: their saves overlap)
+    for i in range(40):
+        d = tc.Decisions("gemm", path)
+        d.put(f"rank{rank} shape{i}", torch.bfloat16, [(1, None)], ["x"])
+        d.save()

@@ -12,6 +12,7 @@ Anything else and the decisions are not reused. A cached choice is checked for c
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -122,16 +123,19 @@ class Decisions:
         self.dirty = True
 
     def save(self) -> None:
-        """Merge this tuning's decisions into the file (written whole, then renamed: a reader never sees half)."""
+        """Merge this tuning's decisions into the file (written whole, then renamed: a reader never sees half), under
+        a lock: the ranks of a tensor-parallel worker save theirs at the same time, each its own shard's shapes."""
         if self.path is None or not self.dirty:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            doc = self._read()
-            doc[self.kind] = {**(doc[self.kind] if isinstance(doc.get(self.kind), dict) else {}), **self.entries}
-            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, suffix=".tmp", delete=False) as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
-            os.replace(f.name, self.path)
+            with open(self.path.with_suffix(".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # (released when closed)
+                doc = self._read()
+                doc[self.kind] = {**(doc[self.kind] if isinstance(doc.get(self.kind), dict) else {}), **self.entries}
+                with tempfile.NamedTemporaryFile("w", dir=self.path.parent, suffix=".tmp", delete=False) as f:
+                    json.dump(doc, f, indent=1, sort_keys=True)
+                os.replace(f.name, self.path)
             self.dirty = False
         except OSError:  # (a read-only home: the next start times again)
             pass
