@@ -286,10 +286,14 @@ def test_compose_variants_are_valid(composes, flavour) -> None:
               for v in worker["volumes"]]
     assert "/srv/models/some-model:/model:ro" in mounts, mounts
     # the compiled kernels outlive the container, where the image's unprivileged user may write them
-    assert {m.split(":")[1] for m in mounts} >= {"/var/cache/flashinfer", "/var/cache/triton"}, mounts
+    # (and Banyan's: the CUDA decode linear nvcc builds, the start-up tunings' decisions)
+    assert {m.split(":")[1] for m in mounts} >= {"/var/cache/flashinfer", "/var/cache/triton", "/var/cache/banyan"}, \
+        mounts
     dockerfile = (ROOT / "Dockerfile.gpu").read_text()
-    assert "TRITON_CACHE_DIR=/var/cache/triton" in dockerfile and "chown banyan /var/cache/flashinfer /var/cache/triton" \
-        in dockerfile
+    assert "TRITON_CACHE_DIR=/var/cache/triton" in dockerfile and \
+        "chown banyan /var/cache/flashinfer /var/cache/triton /var/cache/banyan" in dockerfile
+    assert "BANYAN_KERNEL_CACHE=/var/cache/banyan/kernels" in dockerfile and \
+        "BANYAN_TUNING_CACHE=/var/cache/banyan/tuning" in dockerfile
     r = run([*compose, "--profile", "monitoring", "config", "--services"], timeout=60, env=base)
     assert r.returncode == 0, explain(r)
     assert {"prometheus", "grafana", "otel-collector"} <= set(r.stdout.split()), r.stdout
