@@ -23,6 +23,7 @@ import sys
 import urllib.request
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 MIN_PYTHON = (3, 11)
 SHM_ADVISED = 1 << 30  # NCCL (--tp > 1 on GPUs) and torch's shared tensors want more than Docker's 64 MiB
@@ -227,11 +228,53 @@ def check_shm(path: str = "/dev/shm") -> Row:
     return Row("shared memory", "ok", detail)
 
 
+def _writable(path: Path) -> bool:
+    """Whether ``path`` (a directory) is or can be made writable: its nearest existing ancestor is a directory this
+    process may write into."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def check_caches(gpu: bool) -> list[Row]:
+    """Banyan's own caches on disk: the CUDA decode linear nvcc builds at the first GPU start
+    (``$BANYAN_KERNEL_CACHE``) and the start-up tunings' decisions (``$BANYAN_TUNING_CACHE``). Not writable, a GPU
+    worker serves without the CUDA kernel / times its kernels again at every start (tens of seconds)."""
+    from services.worker.kernels import tuning_cache
+    from services.worker.kernels.cuda_gemv import cache_dir
+
+    rows, kernels, tuning = [], cache_dir(), tuning_cache.directory()
+    built = sorted(kernels.glob("gemv_*.so")) if kernels.is_dir() else []
+    if not gpu:
+        rows.append(Row("kernel cache", "info", f"{kernels}: not used without a GPU"))
+    elif built:
+        rows.append(Row("kernel cache", "ok", f"{len(built)} built CUDA decode libraries in {kernels}"))
+    elif _writable(kernels):
+        rows.append(Row("kernel cache", "ok", f"{kernels}: empty, the first start builds the CUDA decode linear"))
+    else:
+        rows.append(Row("kernel cache", "warn", f"{kernels} is not writable: the CUDA decode linear cannot be built "
+                        "(slower batch-1 decode); set BANYAN_KERNEL_CACHE to a writable directory"))
+    if tuning is None:
+        rows.append(Row("tuning cache", "info", "off (BANYAN_TUNING_CACHE=0): every GPU start times its kernels"))
+    elif not gpu:
+        rows.append(Row("tuning cache", "info", f"{tuning}: not used without a GPU"))
+    elif not _writable(tuning):
+        rows.append(Row("tuning cache", "warn", f"{tuning} is not writable: every start times its kernels again "
+                        "(tens of seconds); set BANYAN_TUNING_CACHE to a writable directory"))
+    else:
+        kept = sorted(tuning.glob("*.json")) if tuning.is_dir() else []
+        rows.append(Row("tuning cache", "ok", f"{tuning}: " + (f"{len(kept)} decision files" if kept else
+                        "empty, the first start times the kernels and keeps its decisions")))
+    return rows
+
+
 def run_checks(model: str, host: str, grpc_port: int, http_port: int) -> list[Row]:
     rows = [check_python()]
     rows += check_torch()
     gpu = any(r.check == "cuda" and r.status == "ok" for r in rows)
     rows += check_flashinfer(gpu)
+    if any(r.check == "torch" and r.status == "ok" for r in rows):
+        rows += check_caches(gpu)
     rows.append(check_package("xgrammar", "xgrammar", "xgrammar", "structured output"))
     rows.append(check_grpc())
     rows.append(check_package("zmq", "zmq", "pyzmq", "the services' links"))
@@ -271,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="banyan check-env", description=(
         "Check that this host can serve: Python, torch, CUDA/driver/GPUs, FlashInfer and its compiled kernels, "
-        "xgrammar, gRPC, the model and its tokenizer, the serving ports, /dev/shm. Exit 0 when everything "
+        "Banyan's kernel and tuning caches, xgrammar, gRPC, the model and its tokenizer, the serving ports, /dev/shm. Exit 0 when everything "
         "needed to serve is there (no GPU is fine: CPU serving works), 1 otherwise."))
     ap.add_argument("--model", default=env("BANYAN_MODEL", ""),
                     help="model to check (as banyan serve --model; empty: the demo model) [env BANYAN_MODEL]")

@@ -1,6 +1,6 @@
 """Pieces of `banyan check-env` and `banyan top` that need no server: histogram quantiles and
-deltas from Prometheus text, the ready-file layout, FlashInfer kernel detection, port checks, and
-`banyan --help` / `--version`."""
+deltas from Prometheus text, the ready-file layout, FlashInfer kernel detection, Banyan's kernel and tuning caches,
+port checks, and `banyan --help` / `--version`."""
 
 from __future__ import annotations
 
@@ -83,6 +83,30 @@ def test_flashinfer_kernel_sources(tmp_path) -> None:
     (tmp_path / "90a" / "cached_ops" / "batch_decode" / "batch_decode.so").write_bytes(b"\x7fELF")
     row = check_env.flashinfer_kernels(str(tmp_path), None, None)
     assert row.status == "ok" and "1 compiled kernels" in row.detail
+
+
+def test_cache_rows_warn_where_a_gpu_worker_could_not_write(tmp_path, monkeypatch) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # (a path under a file: not writable, even for root)
+    monkeypatch.setenv("BANYAN_KERNEL_CACHE", str(blocked / "kernels"))
+    monkeypatch.setenv("BANYAN_TUNING_CACHE", str(blocked / "tuning"))
+    rows = {r.check: r for r in check_env.check_caches(gpu=True)}
+    assert rows["kernel cache"].status == "warn" and "BANYAN_KERNEL_CACHE" in rows["kernel cache"].detail
+    assert rows["tuning cache"].status == "warn" and "BANYAN_TUNING_CACHE" in rows["tuning cache"].detail
+    assert {r.status for r in check_env.check_caches(gpu=False)} == {"info"}  # (a CPU host uses neither)
+    monkeypatch.setenv("BANYAN_KERNEL_CACHE", str(tmp_path / "k" / "kernels"))
+    monkeypatch.setenv("BANYAN_TUNING_CACHE", str(tmp_path / "t"))
+    rows = {r.check: r for r in check_env.check_caches(gpu=True)}
+    assert rows["kernel cache"].status == rows["tuning cache"].status == "ok"
+    assert "empty" in rows["kernel cache"].detail and "empty" in rows["tuning cache"].detail
+    (tmp_path / "k" / "kernels").mkdir(parents=True)
+    (tmp_path / "k" / "kernels" / "gemv_sm_90a_bf16_0.so").write_bytes(b"\x7fELF")
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "0123.json").write_text("{}")
+    rows = {r.check: r for r in check_env.check_caches(gpu=True)}
+    assert "1 built" in rows["kernel cache"].detail and "1 decision files" in rows["tuning cache"].detail
+    monkeypatch.setenv("BANYAN_TUNING_CACHE", "0")
+    assert {r.check: r for r in check_env.check_caches(gpu=True)}["tuning cache"].status == "info"
 
 
 def test_port_check_sees_a_listening_socket_even_with_reuseport() -> None:
