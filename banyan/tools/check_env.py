@@ -314,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="banyan check-env", description=(
         "Check that this host can serve: Python, torch, CUDA/driver/GPUs, FlashInfer and its compiled kernels, "
-        "Banyan's kernel and tuning caches, xgrammar, gRPC, the model and its tokenizer, the serving ports, /dev/shm. Exit 0 when everything "
-        "needed to serve is there (no GPU is fine: CPU serving works), 1 otherwise."))
+        "Banyan's kernel and tuning caches, xgrammar, gRPC, the model and its tokenizer, the serving ports, /dev/shm. "
+        "Exit 0 when everything needed to serve is there (no GPU is fine: CPU serving works), 1 otherwise."))
     ap.add_argument("--model", default=env("BANYAN_MODEL", ""),
                     help="model to check (as banyan serve --model; empty: the demo model) [env BANYAN_MODEL]")
     ap.add_argument("--host", default=env("BANYAN_HOST", "0.0.0.0"), help="listen host of the ports [env BANYAN_HOST]")

@@ -159,14 +159,14 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
                 want = x.float() @ deq.t()
                 lib = lambda i: F.linear(x, wc[i])  # noqa: E731
                 run = lambda cfg, wi: matmul(x, wi, dtype, cfg)  # noqa: E731
-            if tuning_cache.reuse(cached.get(top), lambda cfg: _close(run(cfg, w).float(), want)):
+            check = lambda cfg: _close(run(cfg, w).float(), want)  # noqa: E731
+            if tuning_cache.reuse(cached.get(top), check):
                 picks.append((top, cached[top][0]))
                 said.append(cached[top][1])
                 reused += 1
                 continue
             base = _time(lib, copies)
-            best, best_t = fastest(CONFIGS if scaled else PLAIN_CONFIGS, base,
-                                   lambda cfg: _close(run(cfg, w).float(), want),
+            best, best_t = fastest(CONFIGS if scaled else PLAIN_CONFIGS, base, check,
                                    lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
             picks.append((top, best))
             said.append(verdict(top, best, best_t, base))
