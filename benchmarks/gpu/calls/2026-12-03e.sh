@@ -204,7 +204,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w2) suite w2 150 --workloads W2 --step-trace -- "${fast[@]}" ;;  # (the start-up GEMM tuning: + ~20 s)
     w6) pool=60000; [[ $step == *@* ]] && pool=$cap  # (issue 19: GPU tier vs host; w6@N: a pool of N tokens)
         suite "w6_$pool" 420 --workloads W6 --w6-variants "${W6V:-off,host}" --w6-pool "$pool" -- "${fast[@]}" ;;
-    w1old)  # W1 FP8 (+ $W1F) on an older tree carried in .oldtree (git archive of it), on this machine: before/after
+    w1old)  # W1 FP8 (+ $W1F) on an older tree carried in .oldtree (git archive incl. tests/), this machine: before/after
         read -r -a w1f <<<"${W1F:-}"; t0=$SECONDS
         (cd .oldtree && PYTHONPATH=$PWD:$PYTHONPATH timeout -k 15 240 python3 -m benchmarks.gpu.suite \
           --model /tmp/llama8b --out "$OUT/w1old" --tag w1old --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}" >"$OUT/w1old.log" 2>&1)
