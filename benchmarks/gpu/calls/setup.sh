@@ -1,5 +1,5 @@
 # Sourced by the device-call scripts here: $OUT, the restored GPU bundle (.gpucache) and the wheels
-# the bundle lacks (.whl) on the path, NVLink multicast off.
+# the bundle lacks (.whl) on the path, NVLink multicast off. (prepare.sh, run on the host, makes the carried folders.)
 set -uo pipefail
 OUT=${OUT:-/tmp/banyan-gpu}
 mkdir -p "$OUT"
