@@ -22,7 +22,8 @@
 # (fp32-promoted sums); 0: BANYAN_FP8_FUSED_QUANT=0; g:
 # BANYAN_GEMM=0, e.g. w2q0g = as before 2026-12-05) · w2g (bf16 W2 with BANYAN_GEMM=0: the library only) · w6 (W6,
 # variants $W6V, default off,host: issue 19's ratio; w6@N: pool N) · w1old (W1 FP8 on the tree in .oldtree)
-# · qtest (the fused quantization's, fast accumulation's and our FP8 GEMM's GPU tests, the small-M GPU tests, the tuning cache's) · fchk (fp8_check's accuracy with fast accumulation)
+# · qtest (the fused quantization's, fast accumulation's and our FP8 GEMM's GPU tests, the small-M GPU tests, the
+# tuning cache's) · fchk (fp8_check's accuracy with fast accumulation)
 # · ftest (the Triton decode on an FP8 pool and cascade GPU tests) · ptest (the prefill attention and rope + write
 # GPU tests: strided q/k/v, token-blocked rope) · casc (cascade_cost's 32 × 32 shared-prefix step profiled, bf16 and
 # FP8 pools) · w5t (W5 with --step-time-target-ms $STEP_MS, default 12; w5t@N: N ms, into $OUT/w5t_N) · grid (the decode by batch × context:
@@ -204,10 +205,11 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w2) suite w2 150 --workloads W2 --step-trace -- "${fast[@]}" ;;  # (the start-up GEMM tuning: + ~20 s)
     w6) pool=60000; [[ $step == *@* ]] && pool=$cap  # (issue 19: GPU tier vs host; w6@N: a pool of N tokens)
         suite "w6_$pool" 420 --workloads W6 --w6-variants "${W6V:-off,host}" --w6-pool "$pool" -- "${fast[@]}" ;;
-    w1old)  # W1 FP8 (+ $W1F) on an older tree carried in .oldtree (git archive incl. tests/), this machine: before/after
+    w1old)  # W1 FP8 (+ $W1F) on an older tree carried in .oldtree (git archive incl. tests/): before/after
         read -r -a w1f <<<"${W1F:-}"; t0=$SECONDS
         (cd .oldtree && PYTHONPATH=$PWD:$PYTHONPATH timeout -k 15 240 python3 -m benchmarks.gpu.suite \
-          --model /tmp/llama8b --out "$OUT/w1old" --tag w1old --workloads W1 -- --quantization fp8 "${w1f[@]}" "${fast[@]}" >"$OUT/w1old.log" 2>&1)
+          --model /tmp/llama8b --out "$OUT/w1old" --tag w1old --workloads W1 -- --quantization fp8 "${w1f[@]}" \
+          "${fast[@]}" >"$OUT/w1old.log" 2>&1)
         echo "w1old (rc $?): $((SECONDS - t0)) s" ;;
     w2g) export BANYAN_GEMM=0; suite w2g 125 --workloads W2 --step-trace -- "${fast[@]}"; unset BANYAN_GEMM ;;
     w34base) suite w34base 220 --workloads W3,W4 --w3-baselines= --w3-extra= ;;
