@@ -1,7 +1,8 @@
 """Our GEMM (``kernels/gemm.py``) in Triton's interpreter on the CPU, against float32 on the (dequantized)
 operands: FP8 with per-token and per-channel scales, and plain (float32 here, standing for bf16/fp16); tiles that
 do not divide M, N or K, several row tiles in a group and groups cut short (the program → tile mapping covers every
-tile once); and ``kernels.try_gemm``'s choice by weight shape, dtype and range of M. Its compilation for sm_90 (FP8
+tile once); K in parts added by a second kernel (a part ending inside a tile; fewer parts than asked); and
+``kernels.try_gemm``'s choice by weight shape, dtype and range of M. Its compilation for sm_90 (FP8
 and bf16 ``wgmma``, no spills) is in test_triton_compile_sm90.py; its speed is chosen on the GPU at start-up.
 Skipped visibly where Triton is not installed."""
 
@@ -20,6 +21,9 @@ from services.worker.quant.fp8 import quantize_per_token, quantize_rows
 g = torch.Generator().manual_seed(0)
 for m, n, k, cfg in ((5, 40, 96, gemm.GemmConfig(16, 16, 32, group_m=2)),     # K not a multiple of the tile
                      (37, 72, 64, gemm.GemmConfig(16, 32, 32, group_m=2)),    # 3 row tiles: a group cut short
+                     (5, 40, 100, gemm.GemmConfig(16, 16, 32, split=2)),      # K in 2 parts: 64 + 36 (masked)
+                     (37, 72, 96, gemm.GemmConfig(16, 32, 32, group_m=2, split=3)),  # 3 parts of a tile each
+                     (9, 24, 64, gemm.GemmConfig(16, 16, 32, split=4)),       # 4 asked: 2 parts of whole tiles
                      (70, 48, 128, gemm.GemmConfig(32, 16, 64, group_m=8))):  # M and N not multiples of the tile
     x = torch.randn(m, k, generator=g) * torch.logspace(-1, 1, m)[:, None]
     w = torch.randn(n, k, generator=g) * torch.logspace(-1, 1, n)[:, None]

@@ -106,17 +106,23 @@ def test_the_gemm_compiles_to_wgmma_without_spills() -> None:
     cases = ([(c, "fp8e4nv", precise) for c in gemm.CONFIGS for precise in (True, False)]
              + [(c, "bf16", False) for c in gemm.PLAIN_CONFIGS])
     for cfg, dt, precise in cases:
-        types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16",
-                 "K": "i32"}
+        partial = cfg.split > 1  # (K in parts: float32 sums out, unscaled)
+        types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
+                 "c_ptr": "*fp32" if partial else "*bf16", "K": "i32"}
         k = compile_sm90(gemm._gemm_kernel, {"SCALED": dt != "bf16", "EVEN_K": True, "PRECISE": precise,
                                              "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                                             "GROUP_M": cfg.group_m},
+                                             "GROUP_M": cfg.group_m, "PARTIAL": partial},
                          "*bf16", num_warps=cfg.warps, num_stages=cfg.stages, aligned=True, pointers=types)
         ptx = k.asm["ptx"]
         assert re.search(r"wgmma\.mma_async\S*" + ("e4m3" if dt != "bf16" else "bf16"), ptx), (cfg, dt)
         assert ".local" not in ptx and k.metadata.shared <= 227 << 10, (cfg, dt)
         # promoted to float32 every tile (a float32 add per accumulator) unless fast accumulation
         assert bool(re.search(r"add(\.rn)?\.f32", ptx)) == precise, (cfg, dt, precise)
+    assert any(c.split > 1 for c in gemm.CONFIGS) and any(c.split > 1 for c in gemm.PLAIN_CONFIGS)
+    for parts, scaled in ((2, True), (4, False)):  # (the parts' sum, in order)
+        k = compile_sm90(gemm._add_parts, {"PARTS": parts, "SCALED": scaled, "BLOCK": gemm.ADD_BLOCK}, "*bf16",
+                         pointers={"part_ptr": "*fp32", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16"})
+        assert ".local" not in k.asm["ptx"], (parts, scaled)
 
 
 SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, rope inside, prefetching the o

@@ -11,8 +11,9 @@ never slower:
 Why: in W2 with FP8 weights the decode steps gained nothing over bf16 (~90-row graphs 9.8 vs 10.3 ms, ~600-row
 piecewise steps 42.0 vs 40.9 ms; docs/perf.md 2026-12-05) where half the weight bytes and twice the tensor-core
 rate should save ~1.8 and ~6 ms: the library's kernel at those M is the suspect (``small_m_bench --library-only``
-times it). A program computes a ``block_m`` × ``block_n`` tile over the whole K (no split: the same bits every
-run), programs ordered in groups of ``group_m`` row tiles so that neighbours share a weight tile (read from HBM
+times it). A program computes a ``block_m`` × ``block_n`` tile over the whole K, or with ``split`` over a part of
+it, writing float32 sums that a second kernel adds in a fixed order (the same bits every run; no atomics);
+programs are ordered in groups of ``group_m`` row tiles so that neighbours share a weight tile (read from HBM
 once, from L2 by the rest). Both operands are loaded K-major, as Hopper's FP8 ``wgmma`` needs them. The tensor
 cores' reduced-precision FP8 accumulation is promoted to the float32 sums every ``block_k`` products, as cuBLAS
 does without fast accumulation — with ``BANYAN_FP8_FAST_ACCUM=0``; by default never, the library's setting followed.
@@ -39,10 +40,10 @@ LOGITS_MAX_M = 1024  # (a vocabulary-wide weight multiplies a step's sampled row
 
 
 @triton.jit(do_not_specialize=["M"])  # (one compiled kernel for every M: start-up compiles what a step will run)
-def _gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, SCALED: tl.constexpr,
-                 EVEN_K: tl.constexpr, PRECISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
+def _gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, k_per_split, stride_a, stride_b, stride_c,
+                 SCALED: tl.constexpr, EVEN_K: tl.constexpr, PRECISE: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PARTIAL: tl.constexpr = False):
+    pid, pid_s = tl.program_id(0), tl.program_id(1)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     in_group = GROUP_M * tiles_n
     first_m = (pid // in_group) * GROUP_M
@@ -51,11 +52,13 @@ def _gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, stride_a, stride_
     pid_n = (pid % in_group) // group_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = pid_s * k_per_split  # (this program's part of K: a multiple of BLOCK_K; one part unless PARTIAL)
+    k_hi = tl.minimum(K, k_lo + k_per_split)
     rk = tl.arange(0, BLOCK_K)
-    a_at = a_ptr + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
-    b_at = b_ptr + rn[:, None].to(tl.int64) * stride_b + rk[None, :]
+    a_at = a_ptr + rm[:, None].to(tl.int64) * stride_a + k_lo + rk[None, :]
+    b_at = b_ptr + rn[:, None].to(tl.int64) * stride_b + k_lo + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_at, mask=rm[:, None] < M, other=0.0)
             b = tl.load(b_at, mask=rn[:, None] < N, other=0.0)
@@ -68,11 +71,32 @@ def _gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, stride_a, stride_
             acc = tl.dot(a, tl.trans(b), acc)
         a_at += BLOCK_K
         b_at += BLOCK_K
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if PARTIAL:  # (float32 sums of this part of K, unscaled: _add_parts adds the parts in order)
+        at = c_ptr + pid_s.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(at, acc, mask=mask)
+    else:
+        if SCALED:
+            acc = acc * tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
+            acc = acc * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
+        tl.store(c_ptr + rm[:, None].to(tl.int64) * stride_c + rn[None, :], acc.to(c_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _add_parts(part_ptr, sa_ptr, sb_ptr, c_ptr, M, N, stride_c, PARTS: tl.constexpr, SCALED: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """c = the sum of ``PARTS`` float32 (M, N) partial products, part 0 first (a fixed order: the same bits every
+    run), times the row and column scales when ``SCALED``."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < M * N
+    acc = tl.load(part_ptr + i, mask=ok, other=0.0)
+    for p in tl.static_range(1, PARTS):
+        acc += tl.load(part_ptr + p * M * N + i, mask=ok, other=0.0)
+    r, c = i // N, i % N
     if SCALED:
-        acc = acc * tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
-        acc = acc * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
-    tl.store(c_ptr + rm[:, None].to(tl.int64) * stride_c + rn[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+        acc = acc * tl.load(sa_ptr + r, mask=ok, other=0.0) * tl.load(sb_ptr + c, mask=ok, other=0.0)
+    tl.store(c_ptr + r * stride_c + c, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
 @dataclass(frozen=True)
@@ -83,9 +107,11 @@ class GemmConfig:
     warps: int = 4
     stages: int = 4
     group_m: int = 8
+    split: int = 1  # (K in this many parts, each a program's, added by a second kernel in a fixed order)
 
     def __str__(self) -> str:
-        return f"gemm_{self.block_m}x{self.block_n}x{self.block_k}w{self.warps}s{self.stages}g{self.group_m}"
+        name = f"gemm_{self.block_m}x{self.block_n}x{self.block_k}w{self.warps}s{self.stages}g{self.group_m}"
+        return name + (f"k{self.split}" if self.split > 1 else "")
 
 
 # 64-row tiles (one warpgroup's wgmma) for decode batches, where the weight read dominates — narrow ones for the
@@ -95,10 +121,16 @@ CONFIGS = (GemmConfig(64, 64, 128), GemmConfig(64, 128, 128), GemmConfig(64, 64,
            GemmConfig(64, 64, 128, stages=6),  # (deeper: more weight bytes in flight an SM, for the memory-bound rows)
            GemmConfig(64, 32, 256),  # (N = 4,096 at ≤ 64 rows: 128 programs, not 64 — every SM streaming weight)
            GemmConfig(64, 128, 256, warps=8, stages=3), GemmConfig(128, 64, 128), GemmConfig(128, 128, 128, warps=8),
-           GemmConfig(128, 256, 128, warps=8, stages=3), GemmConfig(128, 128, 64, warps=8, stages=5))
-PLAIN_CONFIGS = (GemmConfig(64, 64, 64), GemmConfig(64, 128, 64), GemmConfig(64, 32, 128), GemmConfig(64, 64, 128,
-                 stages=3), GemmConfig(64, 64, 64, stages=6), GemmConfig(64, 128, 64, stages=5), GemmConfig(128, 64, 64),
-                 GemmConfig(128, 128, 64, warps=8, stages=3))
+           GemmConfig(128, 256, 128, warps=8, stages=3), GemmConfig(128, 128, 64, warps=8, stages=5),
+           # K in parts (decode batches only, SPLIT_MAX_M): 2-4× the programs for the 4,096- and 6,144-row weights
+           # and half the K loop of the 14,336-wide one — more of the weight in flight at once
+           GemmConfig(64, 64, 128, stages=6, split=2), GemmConfig(64, 128, 128, split=4))
+PLAIN_CONFIGS = (GemmConfig(64, 64, 64), GemmConfig(64, 128, 64), GemmConfig(64, 32, 128),
+                 GemmConfig(64, 64, 128, stages=3), GemmConfig(64, 64, 64, stages=6), GemmConfig(64, 128, 64, stages=5),
+                 GemmConfig(128, 64, 64), GemmConfig(128, 128, 64, warps=8, stages=3),
+                 GemmConfig(64, 64, 64, stages=6, split=2), GemmConfig(64, 128, 64, stages=5, split=4))
+SPLIT_MAX_M = 128  # (configs with K in parts are timed for the ranges up to here: above, the tiles fill the GPU)
+ADD_BLOCK = 1024  # (elements a program of _add_parts)
 
 
 def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig = CONFIGS[0], xs: Tensor | None = None,
@@ -113,11 +145,18 @@ def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig = CONFI
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m:
         scaled = xs is not None
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-        _gemm_kernel[grid](x, w, xs if scaled else x, ws if scaled else w, y, m, n, k, x.stride(0), w.stride(0),
-                           y.stride(0), SCALED=scaled, EVEN_K=k % cfg.block_k == 0, PRECISE=not fast_accum(),
-                           BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        sa, sb = (xs, ws) if scaled else (x, w)
+        per = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k  # (K a part: whole tiles)
+        parts = triton.cdiv(k, per)
+        out = y if parts == 1 else torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), parts)
+        _gemm_kernel[grid](x, w, sa, sb, out, m, n, k, per, x.stride(0), w.stride(0), y.stride(0), SCALED=scaled,
+                           EVEN_K=k % cfg.block_k == 0, PRECISE=not fast_accum(), BLOCK_M=cfg.block_m,
+                           BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, PARTIAL=parts > 1,
                            num_warps=cfg.warps, num_stages=cfg.stages)
+        if parts > 1:
+            _add_parts[(triton.cdiv(m * n, ADD_BLOCK),)](out, sa, sb, y, m, n, y.stride(0), PARTS=parts,
+                                                         SCALED=scaled, BLOCK=ADD_BLOCK, num_warps=4)
     return y
 
 
@@ -166,7 +205,8 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
                 reused += 1
                 continue
             base = _time(lib, copies)
-            best, best_t = fastest(CONFIGS if scaled else PLAIN_CONFIGS, base, check,
+            cands = [c for c in (CONFIGS if scaled else PLAIN_CONFIGS) if c.split == 1 or top <= SPLIT_MAX_M]
+            best, best_t = fastest(cands, base, check,
                                    lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
             picks.append((top, best))
             said.append(verdict(top, best, best_t, base))
