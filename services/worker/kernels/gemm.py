@@ -129,7 +129,8 @@ PLAIN_CONFIGS = (GemmConfig(64, 64, 64), GemmConfig(64, 128, 64), GemmConfig(64,
                  GemmConfig(64, 64, 128, stages=3), GemmConfig(64, 64, 64, stages=6), GemmConfig(64, 128, 64, stages=5),
                  GemmConfig(128, 64, 64), GemmConfig(128, 128, 64, warps=8, stages=3),
                  GemmConfig(64, 64, 64, stages=6, split=2), GemmConfig(64, 128, 64, stages=5, split=4))
-SPLIT_MAX_M = 128  # (configs with K in parts are timed for the ranges up to here: above, the tiles fill the GPU)
+SPLIT_MAX_M = 128  # (configs with K in parts are timed for the ranges up to here, not for the vocabulary-wide
+# weight: above, or there, the tiles fill the GPU; their float32 parts take parts × M × N × 4 bytes a call)
 ADD_BLOCK = 1024  # (elements a program of _add_parts)
 
 
@@ -205,7 +206,8 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
                 reused += 1
                 continue
             base = _time(lib, copies)
-            cands = [c for c in (CONFIGS if scaled else PLAIN_CONFIGS) if c.split == 1 or top <= SPLIT_MAX_M]
+            split_ok = top <= SPLIT_MAX_M and n < 65536  # (not the vocabulary-wide weight: see SPLIT_MAX_M)
+            cands = [c for c in (CONFIGS if scaled else PLAIN_CONFIGS) if c.split == 1 or split_ok]
             best, best_t = fastest(cands, base, check,
                                    lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
             picks.append((top, best))
