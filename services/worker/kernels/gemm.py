@@ -52,8 +52,12 @@ def _gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, k_per_split, stri
     pid_n = (pid % in_group) // group_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = pid_s * k_per_split  # (this program's part of K: a multiple of BLOCK_K; one part unless PARTIAL)
-    k_hi = tl.minimum(K, k_lo + k_per_split)
+    if PARTIAL:  # (this program's part of K: whole BLOCK_K tiles)
+        k_lo = pid_s * k_per_split
+        k_hi = tl.minimum(K, k_lo + k_per_split)
+    else:  # (the whole of K: the kernel as it was before parts, measured in W1-W6)
+        k_lo = 0
+        k_hi = K
     rk = tl.arange(0, BLOCK_K)
     a_at = a_ptr + rm[:, None].to(tl.int64) * stride_a + k_lo + rk[None, :]
     b_at = b_ptr + rn[:, None].to(tl.int64) * stride_b + k_lo + rk[None, :]
@@ -71,16 +75,15 @@ def _gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, k_per_split, stri
             acc = tl.dot(a, tl.trans(b), acc)
         a_at += BLOCK_K
         b_at += BLOCK_K
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
     if PARTIAL:  # (float32 sums of this part of K, unscaled: _add_parts adds the parts in order)
         at = c_ptr + pid_s.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
-        tl.store(at, acc, mask=mask)
+        tl.store(at, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
     else:
         if SCALED:
             acc = acc * tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
             acc = acc * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
         tl.store(c_ptr + rm[:, None].to(tl.int64) * stride_c + rn[None, :], acc.to(c_ptr.dtype.element_ty),
-                 mask=mask)
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @triton.jit(do_not_specialize=["M"])
