@@ -147,6 +147,7 @@ def main() -> int:
     ap.add_argument("--model", default="/tmp/llama8b")
     ap.add_argument("--batch", default="1,64", help="decode batch sizes")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--prompt", type=int, default=128, help="prompt tokens a request (its context when decoding)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/decode_profile.json"))
     ap.add_argument("worker_args", nargs="*", help="WorkerConfig fields as --name value (after --), e.g. "
                     "--quantization fp8")
@@ -160,7 +161,8 @@ def main() -> int:
     for b in (int(x) for x in args.batch.split(",")):
         rids = [f"b{b}_{i}" for i in range(b)]
         g = torch.Generator().manual_seed(b)
-        driver.run([(r, torch.randint(0, runner.spec.vocab_size, (128,), generator=g).tolist(), True) for r in rids])
+        driver.run([(r, torch.randint(0, runner.spec.vocab_size, (args.prompt,), generator=g).tolist(), True)
+                    for r in rids])
         res = {"graph_step_ms": graph_ms(driver, runner, rids, args.steps),
                "graph": profile_graph(driver, runner, rids, args.steps)}
         graphs, runner.graphs = runner.graphs, None  # eager: every kernel launched where the profiler sees it

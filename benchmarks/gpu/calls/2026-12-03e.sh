@@ -32,7 +32,8 @@
 # rows, BANYAN_TRITON_FROM=256; run as w3fi with 65537 on 2026-12-04 when that was the default) · mprof (a W2-like
 # mixed step's kernels: 6k prompt tokens beside 525 decodes of ~1.5k) · hprof (step_host_profile: 64 / 256 / 1,150
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
-# · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates) · hprofab (hprof with
+# · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates; wbenchtr: with
+# BANYAN_TRITON_FROM=64) · $PROF_PROMPT: prof's prompt tokens (128) · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
 # · l2test (the 2026-12-04 twentieth session's GPU tests: the decode's L2 prefetch and one-load merge, Triton PDL, the
 # norm kernel, FP8 pool, cascade and graph parity) · oprobe (overlap_probe: decode attention beside GEMMs on two streams) · w1fe (w1f with
@@ -135,8 +136,10 @@ for step in ${STEPS:-fp8}; do
     hproffi) BANYAN_MIXED_TRITON=0 hprof hprof_fidec 7 ;;  # (mixed steps' decode part through FlashInfer's decode)
     hproftr) BANYAN_MIXED_TRITON=1 hprof hprof_tridec 7 ;;  # (... through Triton's: the default before 8d01e40)
     hprof1) BANYAN_MIXED_ONE_PLAN=64 hprof hprof_one 7 ;;  # (a mixed step's decodes in its paged prefill plan)
-    wbench) timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/wbench.json" \
-              >"$OUT/wbench.log" 2>&1; echo "wbench (rc $?)"; tail -12 "$OUT/wbench.log" ;;  # (64 × 1k decode step)
+    wbench|wbenchtr)  # (64 × 1k decode step; wbenchtr: bf16 decode plans from 64 rows through the Triton decode)
+            [ "$step" = wbenchtr ] && export BANYAN_TRITON_FROM=64
+            timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/$step.json" \
+              >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; tail -8 "$OUT/$step.log"; unset BANYAN_TRITON_FROM ;;
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
     oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --green "${GREEN:-}" --out "$OUT/oprobe.json" \
@@ -219,7 +222,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           [ "$step" = profc ] && export BANYAN_GEMV_L2_CHAIN=${CHAIN_MIB:-4}
           read -r -a pa <<<"${PROF:---quantization fp8 --fp8-vocab true --decode-attention triton}"
           timeout 200 python3 -m benchmarks.gpu.decode_profile --model /tmp/llama8b --batch "${PROF_BATCH:-1}" \
-            --out "$OUT/$step.json" -- "${pa[@]}" >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"
+            --prompt "${PROF_PROMPT:-128}" --out "$OUT/$step.json" -- "${pa[@]}" >"$OUT/$step.log" 2>&1
+          echo "$step (rc $?)"
           grep -A12 '^graph replay' "$OUT/$step.log" | head -14; grep 'graph step' "$OUT/$step.log"
           unset BANYAN_GEMV_L2_CHAIN BANYAN_CUDA_NORM ;;
     gtest) timeout ${GTEST_T:-300} python3 -m pytest -q -m gpu tests/gpu/test_cuda_norm_gpu.py tests/gpu/test_cuda_gemv_gpu.py \
