@@ -94,11 +94,13 @@ def run(shapes: list[tuple[int, int]], spread: float = 0.0, splits: tuple[int, .
                         q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, f16=h, new=nw), LAYERS), 2)
                 except Exception as e:  # (recorded, as a configuration that does not compile)
                     row[key] = f"{type(e).__name__}: {e}"[:120]
-            for n, part in ((n, part) for n in splits for part in min_parts) if name == "fp8" else ():
+            for n, part in ((n, part) for n in splits for part in min_parts
+                            if not only or re.search(only, f"triton_{name}_served_{n}splits")):
                 # the served configuration at other split counts, with parts of at least ``part`` tokens
-                row[f"triton_fp8_served_{n}splits_min{part}_us"] = round(graph_time(lambda i, c=caches, n=n, m=part:
-                    td.decode(q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, splits=n, f16=True,
-                              min_part=m), LAYERS), 2)
+                row[f"triton_{name}_served_{n}splits_min{part}_us"] = round(graph_time(
+                    lambda i, c=caches, n=n, m=part, h=name == "fp8": td.decode(
+                        q, c[i][0], c[i][1], table, rows_dev, prefix, scale, 0.5, 2.0, splits=n, f16=h, min_part=m),
+                    LAYERS), 2)
             if name == "fp8":  # the decode steps' variant: the rope and the new token's K/V write inside
                 kn, vn = (torch.randn(bs, HKV, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
                 inv = torch.full((HKV,), 2.0, device=dev)
@@ -153,12 +155,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def splits_table(rows: list[dict]) -> str:
+    """µs a layer of the served configurations at each ``--splits`` count (min part 0) beside FlashInfer's."""
+    counts = sorted({int(k.split("_")[3].removesuffix("splits")) for r in rows for k in r if "splits_min0" in k})
+    out = ["| batch × context | pool | FlashInfer | Triton served | "
+           + " | ".join(f"{n} splits" for n in counts) + " |",
+           "| --- | --- | ---: | ---: |" + " ---: |" * len(counts)]
+    for r in rows:
+        for name in ("bf16", "fp8"):
+            got = [r.get(f"triton_{name}_served_{n}splits_min0_us") for n in counts]
+            if any(isinstance(v, float) for v in got):
+                out.append(f"| {r['batch']} × {r['context']} | {name} | {r[f'flashinfer_{name}_us']} | "
+                           f"{r.get(f'triton_{name}_served_us')} | " + " | ".join(str(v) for v in got) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default=SHAPES, help="batch x context, comma-separated")
     ap.add_argument("--spread", type=float, default=0.0, help="contexts uniform in [context (1 - spread), context]")
-    ap.add_argument("--splits", default="", help="also time the served FP8 configuration at these split counts")
+    ap.add_argument("--splits", default="", help="also time the served configurations (bf16, FP8) at these split "
+                    "counts")
     ap.add_argument("--min-parts", default="0", help="with --splits: the kernel's min_part values to time")
     ap.add_argument("--only", default="", help="time only the Triton variants whose key matches this regex")
     a = ap.parse_args()
@@ -168,6 +186,8 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"rows": rows, "configs": CONFIGS}, indent=1))
     print(table(rows))
+    if a.splits:
+        print(splits_table(rows))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@
 # mixed step's kernels: 6k prompt tokens beside 525 decodes of ~1.5k) · hprof (step_host_profile: 64 / 256 / 1,150
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
 # · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates; wbenchtr: with
-# BANYAN_TRITON_FROM=64) · $PROF_PROMPT: prof's prompt tokens (128) · hprofab (hprof with
+# BANYAN_TRITON_ROWS=$TROWS, default 255) · w2tr, w5tr (W2, W5 with it) · bsplit (the bf16 Triton decode by split
+# count beside FlashInfer's, $BSPLIT shapes) · $PROF_PROMPT: prof's prompt tokens (128) · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
 # · l2test (the 2026-12-04 twentieth session's GPU tests: the decode's L2 prefetch and one-load merge, Triton PDL, the
 # norm kernel, FP8 pool, cascade and graph parity) · oprobe (overlap_probe: decode attention beside GEMMs on two streams) · w1fe (w1f with
@@ -136,10 +137,10 @@ for step in ${STEPS:-fp8}; do
     hproffi) BANYAN_MIXED_TRITON=0 hprof hprof_fidec 7 ;;  # (mixed steps' decode part through FlashInfer's decode)
     hproftr) BANYAN_MIXED_TRITON=1 hprof hprof_tridec 7 ;;  # (... through Triton's: the default before 8d01e40)
     hprof1) BANYAN_MIXED_ONE_PLAN=64 hprof hprof_one 7 ;;  # (a mixed step's decodes in its paged prefill plan)
-    wbench|wbenchtr)  # (64 × 1k decode step; wbenchtr: bf16 decode plans from 64 rows through the Triton decode)
-            [ "$step" = wbenchtr ] && export BANYAN_TRITON_FROM=64
+    wbench|wbenchtr)  # (64 × 1k decode step; wbenchtr: bf16 decode plans up to $TROWS rows through the Triton decode)
+            [ "$step" = wbenchtr ] && export BANYAN_TRITON_ROWS=${TROWS:-255}
             timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/$step.json" \
-              >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; tail -8 "$OUT/$step.log"; unset BANYAN_TRITON_FROM ;;
+              >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; tail -8 "$OUT/$step.log"; unset BANYAN_TRITON_ROWS ;;
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
     oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --green "${GREEN:-}" --out "$OUT/oprobe.json" \
@@ -214,6 +215,14 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           --model /tmp/llama8b --out "$OUT/w1old" --tag w1old --workloads W1 -- --quantization fp8 "${w1f[@]}" \
           "${fast[@]}" >"$OUT/w1old.log" 2>&1)
         echo "w1old (rc $?): $((SECONDS - t0)) s" ;;
+    w2tr) export BANYAN_TRITON_ROWS=${TROWS:-255}; suite w2tr 150 --workloads W2 --step-trace -- "${fast[@]}"
+          unset BANYAN_TRITON_ROWS ;;  # (bf16 W2, decode plans up to $TROWS rows through the Triton decode)
+    w5tr) export BANYAN_TRITON_ROWS=${TROWS:-255}
+          suite w5tr "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}"
+          unset BANYAN_TRITON_ROWS ;;
+    bsplit) timeout 200 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bsplit.json" --only bf16_served \
+              --shapes "${BSPLIT:-32x1024,64x1024,96x1024,128x1024,192x1024,64x2048,96x2048,128x2048,255x1024}" \
+              --splits 1,2,4 >"$OUT/bsplit.log" 2>&1; echo "bsplit (rc $?)"; grep '^| ' "$OUT/bsplit.log" ;;
     w2g) export BANYAN_GEMM=0; suite w2g 125 --workloads W2 --step-trace -- "${fast[@]}"; unset BANYAN_GEMM ;;
     w34base) suite w34base 220 --workloads W3,W4 --w3-baselines= --w3-extra= ;;
     lof) suite lof 110 --workloads W2 -- --schedule-policy lof "${fast[@]}" ;;

@@ -76,20 +76,21 @@ AUTO_TRITON_FROM = 1 << 17  # ... and from which it takes it again: never by def
 
 
 def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[int, int]:
-    """(up to, from): the flashinfer backend sends a decode plan of r rows here when r <= up to or r >= from —
-    every plan with ``decode_kernel`` "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool
+    """(up to, from): the flashinfer backend sends a decode plan of r rows here when r <= up to or r >= from — every
+    plan with ``decode_kernel`` "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool
     (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % on the H200) and, on a
-    bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (the context split over several programs a request: W1
-    4.43 → 4.29–4.38 ms). ``BANYAN_TRITON_FROM=N``: bf16/fp16 plans from N rows too. In isolation this kernel
-    beats FlashInfer's from 256 rows (256 × 1,536 268 µs a layer vs 290, 1,024 × 384 270 vs 394), but served
-    from 256 rows W2's >512-row eager decodes ran 6 % slower a row and W3 was level (14,523 vs 14,589 tok/s), so
-    it is off by default (docs/perf.md, 2026-12-04 seventeenth session). None off CUDA."""
+    bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (``BANYAN_TRITON_ROWS``; the context split over several programs
+    a request: W1 4.43 → 4.29–4.38 ms). ``BANYAN_TRITON_FROM=N``: bf16/fp16 plans from N rows too. In isolation this
+    kernel beats FlashInfer's from 256 rows (256 × 1,536 268 µs a layer vs 290, 1,024 × 384 270 vs 394), but served
+    from 256 rows W2's >512-row eager decodes ran 6 % slower a row and W3 was level (14,523 vs 14,589 tok/s), so it
+    is off by default (docs/perf.md, 2026-12-04 seventeenth session). None off CUDA."""
     if decode_kernel not in ("flashinfer", "triton", "auto"):
         raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
     every, none = (MAX_PAIRS, 1), (0, MAX_PAIRS + 1)
     if decode_kernel == "auto":
         from_ = int(os.environ.get("BANYAN_TRITON_FROM", AUTO_TRITON_FROM))  # (an A/B knob: 65537 turns it off)
-        return none if device_type != "cuda" else every if quantized else (AUTO_TRITON_ROWS, from_)
+        upto = int(os.environ.get("BANYAN_TRITON_ROWS", AUTO_TRITON_ROWS))  # (an A/B knob: the rows up to)
+        return none if device_type != "cuda" else every if quantized else (upto, from_)
     return every if decode_kernel == "triton" else none
 
 
