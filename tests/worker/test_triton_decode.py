@@ -150,10 +150,11 @@ def test_which_decode_plans_auto_sends_to_the_triton_kernel(monkeypatch) -> None
     every, none = (td.MAX_PAIRS, 1), (0, td.MAX_PAIRS + 1)
     assert td.row_bounds("flashinfer", "cuda", True) == none
     assert td.row_bounds("triton", "cuda", False) == every
-    # bf16/fp16 pool: small batches (splits over the context); large ones only with BANYAN_TRITON_FROM
-    assert td.row_bounds("auto", "cuda", False) == (td.AUTO_TRITON_ROWS, td.AUTO_TRITON_FROM) == (16, 1 << 17)
+    # bf16/fp16 pool: batches up to 255 rows (the decode graphs'); large ones only with BANYAN_TRITON_FROM
+    assert td.row_bounds("auto", "cuda", False) == (td.AUTO_TRITON_ROWS, td.AUTO_TRITON_FROM) == (255, 1 << 17)
     assert td.AUTO_TRITON_FROM > td.MAX_PAIRS  # (no plan reaches it: MAX_PAIRS bounds a launch's rows)
     monkeypatch.setenv("BANYAN_TRITON_FROM", "256")
+    monkeypatch.setenv("BANYAN_TRITON_ROWS", "16")  # (as before 2026-12-05: the A/B knob)
     assert td.row_bounds("auto", "cuda", False) == (16, 256)
     assert td.row_bounds("auto", "cuda", True) == every  # FP8 pool: every decode
     assert td.row_bounds("auto", "cpu", True) == none  # (no Triton launches off CUDA)
@@ -164,9 +165,10 @@ def test_which_decode_plans_auto_sends_to_the_triton_kernel(monkeypatch) -> None
 def test_launch_configurations_by_batch() -> None:
     from services.worker.attention import triton_decode as td
 
-    # bf16/fp16 pools: the split count alone changes (a power of two filling the GPU), 64-token blocks, 4 warps
-    assert [td.launch_config(b, 8, False) for b in (1, 16, 64, 96, 1024)] == [
-        (16, 64, 4), (4, 64, 4), (2, 64, 4), (1, 64, 4), (1, 64, 4)]
+    # bf16/fp16 pools: the split count alone changes (a power of two filling the GPU; two up to 96 rows of 8 KV
+    # heads), 64-token blocks, 4 warps
+    assert [td.launch_config(b, 8, False) for b in (1, 16, 64, 96, 97, 128, 1024)] == [
+        (16, 64, 4), (4, 64, 4), (2, 64, 4), (2, 64, 4), (1, 64, 4), (1, 64, 4), (1, 64, 4)]
     # FP8 pools: two splits up to 128 rows of 8 KV heads; 128-token blocks at <= 2 splits; 64 on 2 warps from 512
     assert [td.launch_config(b, 8, True) for b in (1, 16, 96, 128, 129, 256, 511, 512, 4096)] == [
         (16, 64, 4), (4, 64, 4), (2, 128, 4), (2, 128, 4), (1, 128, 4), (1, 128, 4), (1, 128, 4), (1, 64, 2),

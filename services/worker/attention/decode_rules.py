@@ -24,9 +24,10 @@ def num_splits(batch: int, kv_heads: int, fp8: bool = False) -> int:
     """Splits per request: enough programs to fill the GPU at small batches, one at large ones; a
     power of two (each count is a kernel of its own, compiled by ``warm_up`` before serving). A
     function of the batch size only (a graph's launch grid is fixed at capture). ``fp8`` (an FP8 pool
-    read in fp16): two splits up to ``FP8_TWO_SPLIT_PAIRS`` (request, KV head) pairs."""
+    read in fp16): two splits up to ``FP8_TWO_SPLIT_PAIRS`` (request, KV head) pairs; a bf16/fp16 pool's up to
+    ``TWO_SPLIT_PAIRS``."""
     want = min(MAX_SPLITS, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads)))
-    if fp8 and batch * kv_heads <= FP8_TWO_SPLIT_PAIRS:
+    if batch * kv_heads <= (FP8_TWO_SPLIT_PAIRS if fp8 else TWO_SPLIT_PAIRS):
         want = max(want, 2)
     return 1 << (max(1, want).bit_length() - 1)  # (the power of two at or below)
 
@@ -36,6 +37,10 @@ def num_splits(batch: int, kv_heads: int, fp8: bool = False) -> int:
 # 64-token blocks on 2 warps beat 128 on 4 from 512 rows (512 × 768: 202 vs 219, 1,024 × 384: 213 vs 252,
 # 1,024 × 1,536: 724 vs 780), level at 256 rows, lose at 128 (217 vs 191).
 FP8_TWO_SPLIT_PAIRS = 1024
+# bf16 pool (fp8_decode_bench --splits 1,2,4, H200, 8 KV heads, µs a layer; docs/perf.md 2026-12-05 twenty-seventh):
+# two splits beat one at 96 rows (96 × 1,024: 110 vs 118; 96 × 2,048: 206 vs 236), are level at 64 and 192, lose at
+# 128 (145 vs 130).
+TWO_SPLIT_PAIRS = 768
 FP8_NARROW_PAIRS = 4096
 
 
@@ -71,7 +76,7 @@ def min_part_tokens() -> int:
     return knobs()[2]
 
 
-AUTO_TRITON_ROWS = 16  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
+AUTO_TRITON_ROWS = 255  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
 AUTO_TRITON_FROM = 1 << 17  # ... and from which it takes it again: never by default (``BANYAN_TRITON_FROM``)
 
 
@@ -79,11 +84,14 @@ def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[i
     """(up to, from): the flashinfer backend sends a decode plan of r rows here when r <= up to or r >= from — every
     plan with ``decode_kernel`` "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool
     (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % on the H200) and, on a
-    bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (``BANYAN_TRITON_ROWS``; the context split over several programs
-    a request: W1 4.43 → 4.29–4.38 ms). ``BANYAN_TRITON_FROM=N``: bf16/fp16 plans from N rows too. In isolation this
-    kernel beats FlashInfer's from 256 rows (256 × 1,536 268 µs a layer vs 290, 1,024 × 384 270 vs 394), but served
-    from 256 rows W2's >512-row eager decodes ran 6 % slower a row and W3 was level (14,523 vs 14,589 tok/s), so it
-    is off by default (docs/perf.md, 2026-12-04 seventeenth session). None off CUDA."""
+    bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (``BANYAN_TRITON_ROWS``): at up to 16 rows the context split
+    over several programs a request (W1 4.43 → 4.29–4.38 ms); at 32–255 rows × 1,024 4–13 % faster a layer than
+    FlashInfer's tensor-core decode, and no FlashInfer plan to make on the host (H200: the 64 × 1k decode step 7.57
+    → 7.33 ms, W2 level; docs/perf.md, 2026-12-05 twenty-seventh session). ``BANYAN_TRITON_FROM=N``: bf16/fp16
+    plans from N rows too. In isolation this kernel beats FlashInfer's from 256 rows (256 × 1,536 268 µs a layer vs
+    290, 1,024 × 384 270 vs 394), but served from 256 rows W2's >512-row eager decodes ran 6 % slower a row and W3
+    was level (14,523 vs 14,589 tok/s), so it is off by default (docs/perf.md, 2026-12-04 seventeenth session).
+    None off CUDA."""
     if decode_kernel not in ("flashinfer", "triton", "auto"):
         raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
     every, none = (MAX_PAIRS, 1), (0, MAX_PAIRS + 1)
