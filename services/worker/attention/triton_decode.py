@@ -17,7 +17,8 @@ planned on the host: the programs read each request's table row and prefix lengt
 (the graph buffers or the eager batch), and the split count depends only on the batch size, so a
 CUDA graph captured at a batch size replays for any context lengths.
 
-Works for any pool dtype (bf16 pools too; the tests run float32 in Triton's interpreter)."""
+Works for any pool dtype: bf16/fp16 pools' decode-only steps take it up to 255 rows by default
+(``decode_rules.row_bounds``); the tests run float32 in Triton's interpreter."""
 
 from __future__ import annotations
 
