@@ -16,7 +16,9 @@ path, and its ``_scaled_mm`` alone on pre-quantized activations — row-wise sca
 scaling picks a faster GEMM; and both with fast accumulation (``scaled_mm_fp8_fast``,
 ``scaled_mm_fp8_gemm_rowwise_fast``: ``BANYAN_FP8_FAST_ACCUM``'s GEMM), and our FP8 GEMM's configs on the same
 quantized activations (``w8a8_<config>``, ``kernels/gemm.py``: what its start-up tuning chooses from) and its bf16
-configs on the bf16 weight (``bf16_<config>``, against cuBLAS); and the ops before an FP8 linear — add-RMSNorm or
+configs on the bf16 weight (``bf16_<config>``, against cuBLAS), and cuBLASLt's other algorithms for it
+(``cublaslt_lt<rank>``: the heuristic's first ``MAX_ALGOS``, ``kernels/cublaslt.py``; with ``BANYAN_GEMM_LT=1``);
+and the ops before an FP8 linear — add-RMSNorm or
 SiLU-and-multiply, then the per-token quantization — against the kernels that quantize as they write.
 """
 
@@ -37,6 +39,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 from services.worker import kernels  # noqa: E402
 from services.worker.kernels import small_m as sm  # noqa: E402
 from services.worker.kernels import cuda_gemv  # noqa: E402
+from services.worker.kernels import cublaslt  # noqa: E402
 from services.worker.kernels import gemm as fg  # noqa: E402
 from services.worker.quant import enable_cuda_kernels, fp8  # noqa: E402
 from services.worker.quant.fp8 import library_fp8_linear, quantize_per_token, quantize_rows  # noqa: E402
@@ -150,7 +153,9 @@ def main() -> int:
                              *[(f"w8a8_{c}", lambda i, c=c: fg.matmul(xq, qs[i], torch.bfloat16, c, xs, s), q.numel(),
                                 len(qs)) for c in fg.CONFIGS],
                              *[(f"bf16_{c}", lambda i, c=c: fg.matmul(x, ws[i], torch.bfloat16, c), w.numel() * 2,
-                                len(ws)) for c in fg.PLAIN_CONFIGS]]
+                                len(ws)) for c in fg.PLAIN_CONFIGS],
+                             *[(f"cublaslt_{c}", lambda i, c=c: fg.matmul(x, ws[i], torch.bfloat16, c), w.numel() * 2,
+                                len(ws)) for c in cublaslt.candidates(m, n, k, torch.bfloat16)]]
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
@@ -191,16 +196,18 @@ def main() -> int:
               f"{kf[1].removeprefix('kernel_fp8_')} |")
     if args.library_only:
         print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs · fast accum. | its GEMM alone: row-wise · "
-              "tensor-wise · row-wise fast µs | our FP8 GEMM, best µs (config) | our bf16 GEMM, best µs (config) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+              "tensor-wise · row-wise fast µs | our FP8 GEMM, best µs (config) | our bf16 GEMM, best µs (config) | "
+              "cuBLASLt's bf16 candidates, best µs (rank) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         us = lambda r, k: r.get(k, {}).get("us", float("nan"))  # noqa: E731
         for r in rows:
-            ours, ours16 = best(r, "w8a8_"), best(r, "bf16_")
+            ours, ours16, lt = best(r, "w8a8_"), best(r, "bf16_"), best(r, "cublaslt_")
             print(f"| {r['shape']} | {r['m']} | {us(r, 'cublas_bf16'):.1f} | {us(r, 'scaled_mm_fp8'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_fast'):.1f} | {us(r, 'scaled_mm_fp8_gemm_rowwise'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_rowwise_fast'):.1f} | "
                   f"{ours[0]:.1f} ({ours[1].removeprefix('w8a8_')}) | "
-                  f"{ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) |")
+                  f"{ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) | "
+                  f"{lt[0]:.1f} ({lt[1].removeprefix('cublaslt_')}) |")
     if fused:
         print("\n| M | add-RMSNorm, then quantization µs | quantized by the norm µs | SiLU-and-multiply (14,336), then "
               "quantization µs | quantized by it µs |\n| ---: | ---: | ---: | ---: | ---: |")

@@ -34,7 +34,9 @@
 # prompt tokens beside 16 decodes: the host time to queue a step, its device time, the heaviest Python; $HPROF)
 # · wbench (bench_worker without HF: batch-1 decode, the 64 × 1k decode step, prefill rates; wbenchtr: with
 # BANYAN_TRITON_ROWS=$TROWS, default 255) · w2tr, w5tr (W2, W5 with it) · bsplit (the bf16 Triton decode by split
-# count beside FlashInfer's, $BSPLIT shapes) · $PROF_PROMPT: prof's prompt tokens (128) · hprofab (hprof with
+# count beside FlashInfer's, $BSPLIT shapes) · $PROF_PROMPT: prof's prompt tokens (128) · lttest (cuBLASLt's
+# algorithms' GPU tests) · wbenchlt, w2lt (wbench, bf16 W2 with BANYAN_GEMM_LT=1: cuBLASLt's algorithms tuned)
+# · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
 # · l2test (the 2026-12-04 twentieth session's GPU tests: the decode's L2 prefetch and one-load merge, Triton PDL, the
 # norm kernel, FP8 pool, cascade and graph parity) · oprobe (overlap_probe: decode attention beside GEMMs on two streams) · w1fe (w1f with
@@ -137,10 +139,13 @@ for step in ${STEPS:-fp8}; do
     hproffi) BANYAN_MIXED_TRITON=0 hprof hprof_fidec 7 ;;  # (mixed steps' decode part through FlashInfer's decode)
     hproftr) BANYAN_MIXED_TRITON=1 hprof hprof_tridec 7 ;;  # (... through Triton's: the default before 8d01e40)
     hprof1) BANYAN_MIXED_ONE_PLAN=64 hprof hprof_one 7 ;;  # (a mixed step's decodes in its paged prefill plan)
-    wbench|wbenchtr)  # (64 × 1k decode step; wbenchtr: bf16 decode plans up to $TROWS rows through the Triton decode)
+    wbench|wbenchtr|wbenchlt)  # (64 × 1k decode step; wbenchtr: bf16 decode plans up to $TROWS rows through the
+            # Triton decode; wbenchlt: BANYAN_GEMM_LT=1, cuBLASLt's algorithms in the start-up GEMM tuning)
             [ "$step" = wbenchtr ] && export BANYAN_TRITON_ROWS=${TROWS:-255}
+            [ "$step" = wbenchlt ] && export BANYAN_GEMM_LT=1
             timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/$step.json" \
-              >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; tail -8 "$OUT/$step.log"; unset BANYAN_TRITON_ROWS ;;
+              >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; tail -8 "$OUT/$step.log"
+            unset BANYAN_TRITON_ROWS BANYAN_GEMM_LT ;;
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
     oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --green "${GREEN:-}" --out "$OUT/oprobe.json" \
@@ -159,7 +164,7 @@ for step in ${STEPS:-fp8}; do
              -p no:cacheprovider >"$OUT/ptest.log" 2>&1; echo "ptest (rc $?)"; tail -3 "$OUT/ptest.log" ;;
     pprof) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof.json" \
              >"$OUT/pprof.log" 2>&1; echo "pprof (rc $?)"; tail -24 "$OUT/pprof.log" ;;
-    fp8m) timeout 240 python3 -m benchmarks.gpu.small_m_bench --library-only --ms "${FP8M_MS:-64,96,128,256,512,600,1024}" \
+    fp8m) BANYAN_GEMM_LT=1 timeout 240 python3 -m benchmarks.gpu.small_m_bench --library-only --ms "${FP8M_MS:-64,96,128,256,512,600,1024}" \
             --out "$OUT/fp8m.json" >"$OUT/fp8m.log" 2>&1; echo "fp8m (rc $?)"; grep -A48 "FP8 as served" "$OUT/fp8m.log" ;;
     pprof8) timeout 150 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --out "$OUT/pprof8.json" \
               -- --quantization fp8 >"$OUT/pprof8.log" 2>&1; echo "pprof8 (rc $?)"; tail -24 "$OUT/pprof8.log" ;;
@@ -182,6 +187,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           # (a cold start: 147 s on an H100 on 2026-12-05, the tunings 85 and Triton's compiles 43; ~22 s cached)
           suite "$step" 240 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"
           unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT BANYAN_GEMM ;;
+    lttest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_cublaslt_gpu.py -p no:cacheprovider \
+              >"$OUT/lttest.log" 2>&1; echo "lttest (rc $?)"; tail -3 "$OUT/lttest.log" ;;
     qtest) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_gemm_gpu.py \
              tests/gpu/test_small_m_gpu.py tests/gpu/test_tuning_cache_gpu.py \
              -p no:cacheprovider >"$OUT/qtest.log" 2>&1; echo "qtest (rc $?)"; tail -3 "$OUT/qtest.log" ;;
@@ -223,6 +230,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     bsplit) timeout 200 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bsplit.json" --only bf16_served \
               --shapes "${BSPLIT:-32x1024,64x1024,96x1024,128x1024,192x1024,64x2048,96x2048,128x2048,255x1024}" \
               --splits 1,2,4 >"$OUT/bsplit.log" 2>&1; echo "bsplit (rc $?)"; grep '^| ' "$OUT/bsplit.log" ;;
+    w2lt) export BANYAN_GEMM_LT=1; suite w2lt 150 --workloads W2 --step-trace -- "${fast[@]}"
+          unset BANYAN_GEMM_LT ;;  # (bf16 W2 with cuBLASLt's algorithms in the GEMM tuning)
     w2g) export BANYAN_GEMM=0; suite w2g 125 --workloads W2 --step-trace -- "${fast[@]}"; unset BANYAN_GEMM ;;
     w34base) suite w34base 220 --workloads W3,W4 --w3-baselines= --w3-extra= ;;
     lof) suite lof 110 --workloads W2 -- --schedule-policy lof "${fast[@]}" ;;

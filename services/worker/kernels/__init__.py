@@ -2,7 +2,8 @@
 correct and faster than the library path it would replace.
 
 - ``small_m.py``: linear layers at decode batch sizes (weight-streaming, bf16 or weight-only FP8).
-- ``gemm.py``: GEMMs above them (decode batches, mixed steps): FP8 on quantized activations, and bf16/fp16.
+- ``gemm.py``: GEMMs above them (decode batches, mixed steps): FP8 on quantized activations, and bf16/fp16 — for
+  these also cuBLASLt's other algorithms (``cublaslt.py``, ``lt.cu``).
 - ``rope_store.py``: the rotary embedding and the K/V write in one launch.
 
 This module is the light part the layers call on every step (no Triton import: CPU installs may

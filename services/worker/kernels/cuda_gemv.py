@@ -12,18 +12,13 @@ kernels and the library paths stand, as before.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from shared.model_path import cache_root
+from services.worker.kernels.nvcc import arch_flag, build_library, cache_dir, find_nvcc  # noqa: F401 (re-exported)
 
 Tensor = torch.Tensor
 log = logging.getLogger(__name__)
@@ -63,49 +58,13 @@ CONFIGS = tuple(CudaConfig(w, u, a, pdl) for pdl in (False, True)
 NORM_CONFIG = CudaConfig(8, 2, 0, True, True)
 
 
-def cache_dir() -> Path:
-    if os.environ.get("BANYAN_KERNEL_CACHE"):
-        return Path(os.environ["BANYAN_KERNEL_CACHE"]).expanduser()
-    return cache_root() / "kernels"
-
-
-def find_nvcc() -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc") or (str(p) if (p := Path("/usr/local/cuda/bin/nvcc")).is_file() else None)
-
-
-def arch_flag(capability: tuple[int, int]) -> str:
-    major, minor = capability
-    return f"sm_{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
-
-
 def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None, bf16: bool = True) -> Path:
     """The shared library for ``arch`` (e.g. ``sm_90a``) and one activation type (bf16, else fp16),
     compiled unless the cache has it → its path. Raises RuntimeError with nvcc's message when the
     build fails."""
-    nvcc = nvcc or find_nvcc()
-    if nvcc is None:
-        raise RuntimeError("nvcc not found (CUDA_HOME, PATH)")
-    src = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
     act = "bf16" if bf16 else "fp16"
-    key = hashlib.sha256(src + arch.encode() + act.encode() + version.encode()).hexdigest()[:16]
-    out_dir = out_dir or cache_dir()
-    lib = out_dir / f"gemv_{arch}_{act}_{key}.so"
-    if lib.is_file():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        tmp_lib = Path(tmp) / lib.name
-        cmd = [nvcc, "-O3", f"-arch={arch}", f"-DBANYAN_GEMV_BF16={int(bf16)}", "-shared", "-Xcompiler", "-fPIC",
-               "-o", str(tmp_lib), *map(str, SOURCES)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({done.returncode}): {(done.stderr or done.stdout)[-800:]}")
-        os.replace(tmp_lib, lib)  # (atomic: another process building the same finds a whole file)
-    return lib
+    return build_library(SOURCES, f"gemv_{arch}_{act}", arch.encode() + act.encode(),
+                         [f"-arch={arch}", f"-DBANYAN_GEMV_BF16={int(bf16)}"], nvcc, out_dir, HEADERS)
 
 
 def library(bf16: bool = True) -> ctypes.CDLL | None:

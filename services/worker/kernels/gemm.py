@@ -6,7 +6,8 @@ never slower:
   applied in the epilogue, against ``torch._scaled_mm`` (cuBLASLt's row-wise scaled kernels);
 - bf16/fp16: y = x w^T against cuBLAS (``F.linear``), up to ``PLAIN_MAX_M`` rows (decode batches: a read of the
   weight at ~79 % of HBM bandwidth by cuBLAS at M = 64 — docs/perf.md; above, the GEMMs are compute-bound and
-  cuBLAS's).
+  cuBLAS's) — and there cuBLASLt's other algorithms too (``cublaslt.LtConfig``: the Triton configs did not beat
+  cuBLAS at these shapes on the H100 or the H200, docs/perf.md 2026-12-05 twenty-seventh session).
 
 Why: in W2 with FP8 weights the decode steps gained nothing over bf16 (~90-row graphs 9.8 vs 10.3 ms, ~600-row
 piecewise steps 42.0 vs 40.9 ms; docs/perf.md 2026-12-05) where half the weight bytes and twice the tensor-core
@@ -29,7 +30,8 @@ import triton
 import triton.language as tl
 
 from services.worker import kernels
-from services.worker.kernels import tuning_cache
+from services.worker.kernels import cublaslt, tuning_cache
+from services.worker.kernels.cublaslt import LtConfig
 from services.worker.quant.fp8 import FP8, fast_accum
 
 Tensor = torch.Tensor
@@ -137,10 +139,13 @@ SPLIT_MAX_M = 128  # (configs with K in parts are timed for the ranges up to her
 ADD_BLOCK = 1024  # (elements a program of _add_parts)
 
 
-def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig = CONFIGS[0], xs: Tensor | None = None,
-           ws: Tensor | None = None) -> Tensor:
+def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig | LtConfig = CONFIGS[0],
+           xs: Tensor | None = None, ws: Tensor | None = None) -> Tensor:
     """x (M, K) @ w (N, K)^T → (M, N): bf16/fp16 operands, or e4m3 ones with xs (M, 1) and ws (N,) float32 scales
-    (then (x·xs)(w·ws)^T)."""
+    (then (x·xs)(w·ws)^T). An ``LtConfig``: cuBLASLt's algorithm (bf16/fp16), the library's where it refuses."""
+    if isinstance(cfg, LtConfig):
+        y = cublaslt.matmul(x, w, cfg)
+        return y if y is not None else torch.nn.functional.linear(x, w)
     m, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.stride(1) == 1 and (xs is None) == (ws is None)
@@ -190,8 +195,8 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
         wc = [w] + [w.clone() for _ in range(copies - 1)]
         deq = w.float() * s.float()[:, None] if scaled else w.float()
         tops = [b for b in BUCKETS if (n < 65536 or b <= LOGITS_MAX_M) and (scaled or b <= PLAIN_MAX_M)]
-        picks, said, reused, cached = [], [], 0, disk.get(name, dtype, (GemmConfig,))
-        for top in tops:
+        picks, said, reused, cached = [], [], 0, disk.get(name, dtype, (GemmConfig, LtConfig))
+        for low, top in zip((1, *(t + 1 for t in tops)), tops):
             x = torch.randn(top, k, dtype=dtype, device=w.device)
             if scaled:
                 xa = fp8.quantize_activation(x)
@@ -211,6 +216,7 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
             base = _time(lib, copies)
             split_ok = top <= SPLIT_MAX_M and n < 65536  # (not the vocabulary-wide weight: see SPLIT_MAX_M)
             cands = [c for c in (CONFIGS if scaled else PLAIN_CONFIGS) if c.split == 1 or split_ok]
+            cands += [] if scaled else cublaslt.candidates(top, n, k, dtype, lowest_m=low)
             best, best_t = fastest(cands, base, check,
                                    lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
             picks.append((top, best))

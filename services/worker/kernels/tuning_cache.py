@@ -23,7 +23,7 @@ import torch
 
 from shared.model_path import cache_root
 
-KNOBS = ("BANYAN_GEMM", "BANYAN_FP8_FAST_ACCUM", "BANYAN_FP8_FUSED_QUANT", "BANYAN_TRITON_PDL",
+KNOBS = ("BANYAN_GEMM", "BANYAN_GEMM_LT", "BANYAN_FP8_FAST_ACCUM", "BANYAN_FP8_FUSED_QUANT", "BANYAN_TRITON_PDL",
          "BANYAN_GEMV_L2_CHAIN", "BANYAN_CUDA_NORM", "BANYAN_FUSED_NORM")
 _HERE = Path(__file__).resolve().parent
 SOURCES = (*sorted(p for p in _HERE.iterdir() if p.suffix in (".py", ".cu", ".cuh")), _HERE.parent / "quant" / "fp8.py")

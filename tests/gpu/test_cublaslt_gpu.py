@@ -1,0 +1,61 @@
+"""cuBLASLt's other algorithms (``kernels/cublaslt.py``) on the GPU (skipped without CUDA): the heuristic offers
+some for the 8B shapes at decode rows, each computes what cuBLAS's F.linear does at a range's both ends and between
+(and on rows of a wider tensor), inside a CUDA graph as eagerly, and ``gemm.matmul`` runs them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.worker.kernels import cublaslt
+from services.worker.kernels import gemm as fg
+from tests.gpu.test_gpu_parity import rel_err
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(autouse=True)
+def library(monkeypatch):
+    monkeypatch.setenv("BANYAN_GEMM_LT", "1")  # (opt-in)
+    if cublaslt.library() is None:
+        pytest.fail(f"cuBLASLt's calls did not load: {cublaslt.unavailable()}")  # (on a GPU host they must)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_candidate_matches_cublas_across_its_range(dtype) -> None:
+    g = torch.Generator(device="cpu").manual_seed(3)
+    shapes = ((4096, 4096), (6144, 4096), (4096, 14336), (1000, 520)) if dtype == torch.bfloat16 else ((4096, 4096),)
+    for n, k in shapes:
+        w = (torch.randn(n, k, generator=g) * 0.02).to(dtype).cuda()
+        x = torch.randn(128, k + 8, generator=g).to(dtype).cuda()
+        for low, top in ((17, 32), (33, 64), (65, 128)):
+            cands = cublaslt.candidates(top, n, k, dtype, lowest_m=low)
+            assert cands and all(c.rank < cublaslt.MAX_ALGOS for c in cands), (n, k, top)
+            for cfg in cands:
+                for m in (low, (low + top) // 2, top):
+                    for rows in (x[:m, :k].contiguous(), x[:m, :k]):  # (and rows k + 8 apart)
+                        want = F.linear(rows, w).float()
+                        got = fg.matmul(rows, w, dtype, cfg)
+                        assert rel_err(got, want) < 1e-2, (n, k, m, cfg, rows.stride())
+
+
+def test_a_candidate_replays_from_a_cuda_graph_as_it_runs_eagerly() -> None:
+    g = torch.Generator(device="cpu").manual_seed(4)
+    w = (torch.randn(14336, 4096, generator=g) * 0.02).bfloat16().cuda()
+    x = torch.randn(64, 4096, generator=g).bfloat16().cuda()
+    for cfg in cublaslt.candidates(64, 14336, 4096, torch.bfloat16):
+        eager = cublaslt.matmul(x, w, cfg)
+        assert eager is not None, cfg
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            cublaslt.matmul(x, w, cfg)  # (warm: descriptors made outside the capture)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = cublaslt.matmul(x, w, cfg)
+        x.copy_(torch.randn(64, 4096, generator=g).bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, cublaslt.matmul(x, w, cfg)), cfg  # (the same algorithm: the same bits)
