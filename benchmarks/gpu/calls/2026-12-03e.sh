@@ -36,6 +36,7 @@
 # BANYAN_TRITON_ROWS=$TROWS, default 255) · w2tr, w5tr (W2, W5 with it) · bsplit (the bf16 Triton decode by split
 # count beside FlashInfer's, $BSPLIT shapes) · $PROF_PROMPT: prof's prompt tokens (128) · lttest (cuBLASLt's
 # algorithms' GPU tests) · wbenchlt, w2lt (wbench, bf16 W2 with BANYAN_GEMM_LT=1: cuBLASLt's algorithms tuned)
+# · wbenchl2 (wbench, the o projection prefetched into L2 by the decode attention up to 255 rows, $L2MIB MiB)
 # · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
 # · l2test (the 2026-12-04 twentieth session's GPU tests: the decode's L2 prefetch and one-load merge, Triton PDL, the
@@ -139,13 +140,15 @@ for step in ${STEPS:-fp8}; do
     hproffi) BANYAN_MIXED_TRITON=0 hprof hprof_fidec 7 ;;  # (mixed steps' decode part through FlashInfer's decode)
     hproftr) BANYAN_MIXED_TRITON=1 hprof hprof_tridec 7 ;;  # (... through Triton's: the default before 8d01e40)
     hprof1) BANYAN_MIXED_ONE_PLAN=64 hprof hprof_one 7 ;;  # (a mixed step's decodes in its paged prefill plan)
-    wbench|wbenchtr|wbenchlt)  # (64 × 1k decode step; wbenchtr: bf16 decode plans up to $TROWS rows through the
-            # Triton decode; wbenchlt: BANYAN_GEMM_LT=1, cuBLASLt's algorithms in the start-up GEMM tuning)
+    wbench|wbenchtr|wbenchlt|wbenchl2)  # (64 × 1k decode step; wbenchtr: bf16 decode plans up to $TROWS rows through
+            # the Triton decode; wbenchlt: BANYAN_GEMM_LT=1, cuBLASLt's algorithms in the start-up GEMM tuning;
+            # wbenchl2: the decode graphs up to 255 rows prefetch $L2MIB MiB (32: all) of the o projection into L2)
             [ "$step" = wbenchtr ] && export BANYAN_TRITON_ROWS=${TROWS:-255}
             [ "$step" = wbenchlt ] && export BANYAN_GEMM_LT=1
+            [ "$step" = wbenchl2 ] && export BANYAN_L2_ATTN_MIB=${L2MIB:-32} BANYAN_L2_ATTN_ROWS=255
             timeout 240 python3 benchmarks/bench_worker.py --model /tmp/llama8b --skip-hf --out "$OUT/$step.json" \
               >"$OUT/$step.log" 2>&1; echo "$step (rc $?)"; tail -8 "$OUT/$step.log"
-            unset BANYAN_TRITON_ROWS BANYAN_GEMM_LT ;;
+            unset BANYAN_TRITON_ROWS BANYAN_GEMM_LT BANYAN_L2_ATTN_MIB BANYAN_L2_ATTN_ROWS ;;
     mprof) timeout 200 python3 -m benchmarks.gpu.prefill_profile --model /tmp/llama8b --rows 3 --length 2048 \
              --decode-rows 525 --out "$OUT/mprof.json" >"$OUT/mprof.log" 2>&1; echo "mprof (rc $?)"; tail -24 "$OUT/mprof.log" ;;
     oprobe) timeout 200 python3 -m benchmarks.gpu.overlap_probe --green "${GREEN:-}" --out "$OUT/oprobe.json" \
