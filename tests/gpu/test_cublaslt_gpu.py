@@ -44,7 +44,9 @@ def test_a_candidate_replays_from_a_cuda_graph_as_it_runs_eagerly() -> None:
     g = torch.Generator(device="cpu").manual_seed(4)
     w = (torch.randn(14336, 4096, generator=g) * 0.02).bfloat16().cuda()
     x = torch.randn(64, 4096, generator=g).bfloat16().cuda()
-    for cfg in cublaslt.candidates(64, 14336, 4096, torch.bfloat16):
+    cands = cublaslt.candidates(64, 14336, 4096, torch.bfloat16)
+    assert cands
+    for cfg in cands:
         eager = cublaslt.matmul(x, w, cfg)
         assert eager is not None, cfg
         stream = torch.cuda.Stream()
