@@ -105,6 +105,8 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, lowest_m: int = 1) ->
         return []
     algos, sizes = ctypes.create_string_buffer(64 * MAX_ALGOS), (ctypes.c_int64 * MAX_ALGOS)()
     got = lib.banyan_lt_algos(m, n, k, DTYPES[dtype], MAX_WORKSPACE, MAX_ALGOS, algos, sizes)
+    if got < 0:
+        log.info("cublaslt heuristic failed for %dx%dx%d (status %d): no candidates", m, n, k, -got)
     out = []
     for rank in range(max(0, got)):
         blob = algos.raw[64 * rank:64 * (rank + 1)]
