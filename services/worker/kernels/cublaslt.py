@@ -14,6 +14,7 @@ device time was spent). No CUDA, no nvcc or no headers: none, and the rest stand
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -116,6 +117,11 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, lowest_m: int = 1) ->
     return out
 
 
+@functools.cache
+def _descriptor(algo: str) -> bytes:
+    return bytes.fromhex(algo)  # (once a config, not every call)
+
+
 def matmul(x: Tensor, w: Tensor, cfg: LtConfig) -> Tensor | None:
     """x (M, K) @ w (N, K)^T with ``cfg``'s algorithm on the current stream; None where cuBLASLt refuses it (the
     caller runs the library's)."""
@@ -129,7 +135,7 @@ def matmul(x: Tensor, w: Tensor, cfg: LtConfig) -> Tensor | None:
         return y
     space = torch.empty(cfg.workspace, dtype=torch.uint8, device=x.device) if cfg.workspace else None
     status = lib.banyan_lt_matmul(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, x.stride(0), w.stride(0), n,
-                                  DTYPES[x.dtype], bytes.fromhex(cfg.algo), None if space is None else space.data_ptr(),
+                                  DTYPES[x.dtype], _descriptor(cfg.algo), None if space is None else space.data_ptr(),
                                   cfg.workspace, torch.cuda.current_stream(x.device).cuda_stream)
     if status == 0:
         return y
