@@ -74,6 +74,7 @@ hprof() {  # name lines: step_host_profile (a W5-like mixed step's host time: la
 }
 for step in ${STEPS:-fp8}; do
   cap=$CAP; [[ $step == *@* ]] && cap=${step#*@}
+  if [ "$SECONDS" -gt "$END" ]; then echo "$step: skipped (time, \$END)"; continue; fi
   case ${step%@*} in
     w7) w7step "w7_$cap" "$cap" -- ;;
     w7t2) w7step "w7t2_$cap" "$cap" --w7-connections 4 -- --num-tokenizers 2 ;;
