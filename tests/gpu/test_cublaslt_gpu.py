@@ -61,3 +61,22 @@ def test_a_candidate_replays_from_a_cuda_graph_as_it_runs_eagerly() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, cublaslt.matmul(x, w, cfg)), cfg  # (the same algorithm: the same bits)
+
+
+def test_prompt_sized_ranges_and_calls_past_the_plan_cache() -> None:
+    """A prompt-sized range's candidates (``gemm.LT_MAX_M``) compute what F.linear does at its both ends; calls at
+    more distinct M than ``lt.cu`` caches plans for (4,096) still do (their descriptors made and released per call)."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    w = (torch.randn(1024, 512, generator=g) * 0.02).bfloat16().cuda()
+    x = torch.randn(4200 + 4, 512, generator=g).bfloat16().cuda()
+    cands = cublaslt.candidates(4096, 1024, 512, torch.bfloat16, lowest_m=2049)
+    assert cands
+    for cfg in cands:
+        for m in (2049, 4096):
+            assert rel_err(fg.matmul(x[:m], w, torch.bfloat16, cfg), F.linear(x[:m], w).float()) < 1e-2, (cfg, m)
+    cfg = min(cands, key=lambda c: c.workspace)  # (one that needs no split-K workspace runs at any M)
+    for m in range(1, 4200):  # (past the bound whatever ran before)
+        y = cublaslt.matmul(x[:m], w, cfg)
+        assert y is not None, m
+    assert rel_err(y, F.linear(x[:4199], w).float()) < 1e-2
+    assert rel_err(cublaslt.matmul(x[:4204], w, cfg), F.linear(x[:4204], w).float()) < 1e-2

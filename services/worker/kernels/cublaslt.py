@@ -99,10 +99,15 @@ def unavailable() -> str | None:
     return _state.get("error")
 
 
+def enabled() -> bool:
+    """``BANYAN_GEMM_LT=1``: the tuning offers cuBLASLt's algorithms (read at start-up, not per call)."""
+    return os.environ.get("BANYAN_GEMM_LT", "0") == "1"
+
+
 def candidates(m: int, n: int, k: int, dtype: torch.dtype, lowest_m: int = 1) -> list[LtConfig]:
     """The heuristic's algorithms for (M, N, K) that also run at ``lowest_m`` rows (a range's both ends), best-ranked
     first; [] without the library, for another dtype or unless ``BANYAN_GEMM_LT=1``."""
-    if dtype not in DTYPES or os.environ.get("BANYAN_GEMM_LT", "0") != "1" or (lib := library()) is None:
+    if dtype not in DTYPES or not enabled() or (lib := library()) is None:
         return []
     algos, sizes = ctypes.create_string_buffer(64 * MAX_ALGOS), (ctypes.c_int64 * MAX_ALGOS)()
     got = lib.banyan_lt_algos(m, n, k, DTYPES[dtype], MAX_WORKSPACE, MAX_ALGOS, algos, sizes)

@@ -7,7 +7,9 @@ never slower:
 - bf16/fp16: y = x w^T against cuBLAS (``F.linear``), up to ``PLAIN_MAX_M`` rows (decode batches: a read of the
   weight at ~79 % of HBM bandwidth by cuBLAS at M = 64 — docs/perf.md; above, the GEMMs are compute-bound and
   cuBLAS's) — and there cuBLASLt's other algorithms too (``cublaslt.LtConfig``: the Triton configs did not beat
-  cuBLAS at these shapes on the H100 or the H200, docs/perf.md 2026-12-05 twenty-seventh session).
+  cuBLAS at these shapes on the H100 or the H200, docs/perf.md 2026-12-05 twenty-seventh session); with those on,
+  prompt chunks up to ``LT_MAX_M`` rows get a choice among cuBLASLt's algorithms as well (W2's ~27 s of prompt
+  GEMMs run at ~87 % of the measured peak).
 
 Why: in W2 with FP8 weights the decode steps gained nothing over bf16 (~90-row graphs 9.8 vs 10.3 ms, ~600-row
 piecewise steps 42.0 vs 40.9 ms; docs/perf.md 2026-12-05) where half the weight bytes and twice the tensor-core
@@ -37,7 +39,8 @@ from services.worker.quant.fp8 import FP8, fast_accum
 Tensor = torch.Tensor
 # M ranges with a choice of their own, each timed at its top (above the last: the library)
 BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
-PLAIN_MAX_M = 1024  # (bf16/fp16 weights: cuBLAS above)
+PLAIN_MAX_M = 1024  # (bf16/fp16 weights: cuBLAS above, or with cuBLASLt's candidates on, theirs up to LT_MAX_M)
+LT_MAX_M = 16384  # (prompt chunks: cuBLASLt's other algorithms only — our configs are decode-sized tiles)
 LOGITS_MAX_M = 1024  # (a vocabulary-wide weight multiplies a step's sampled rows only: its ranges stop here)
 
 
@@ -194,7 +197,8 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
         copies = max(1, min(16, -(-L2_SPAN // (w.numel() * w.element_size()))))
         wc = [w] + [w.clone() for _ in range(copies - 1)]
         deq = w.float() * s.float()[:, None] if scaled else w.float()
-        tops = [b for b in BUCKETS if (n < 65536 or b <= LOGITS_MAX_M) and (scaled or b <= PLAIN_MAX_M)]
+        plain_max = LT_MAX_M if n < 65536 and cublaslt.enabled() else PLAIN_MAX_M
+        tops = [b for b in BUCKETS if (n < 65536 or b <= LOGITS_MAX_M) and (scaled or b <= plain_max)]
         picks, said, reused, cached = [], [], 0, disk.get(name, dtype, (GemmConfig, LtConfig))
         for low, top in zip((1, *(t + 1 for t in tops)), tops):
             x = torch.randn(top, k, dtype=dtype, device=w.device)
@@ -215,7 +219,8 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
                 continue
             base = _time(lib, copies)
             split_ok = top <= SPLIT_MAX_M and n < 65536  # (not the vocabulary-wide weight: see SPLIT_MAX_M)
-            cands = [c for c in (CONFIGS if scaled else PLAIN_CONFIGS) if c.split == 1 or split_ok]
+            ours = () if not scaled and top > PLAIN_MAX_M else CONFIGS if scaled else PLAIN_CONFIGS
+            cands = [c for c in ours if c.split == 1 or split_ok]
             cands += [] if scaled else cublaslt.candidates(top, n, k, dtype, lowest_m=low)
             best, best_t = fastest(cands, base, check,
                                    lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))

@@ -9,7 +9,9 @@
 // dlsym, so nothing links against a cuBLAS of another version. Row-major x (M, K), w (N, K), y (M, N) are
 // column-major x^T (K, M), w^T (K, N), y^T (N, M): y^T = op(w^T) x^T with op = transpose, the layout cuBLAS itself
 // runs F.linear in. Descriptors are cached per (M, N, K, leading dimensions, dtype): a call inside a CUDA graph's
-// capture or an eager step costs one map lookup and the launch.
+// capture or an eager step costs one map lookup and the launch. Past ``kMaxPlans`` shapes (eager prompt chunks come
+// in every M) a call makes its descriptors and destroys them after the launch (a few microseconds on a call of
+// milliseconds), so the cache stays bounded.
 #include <cublasLt.h>
 #include <dlfcn.h>
 
@@ -48,14 +50,27 @@ struct Plan {
 };
 
 using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int>;
+constexpr size_t kMaxPlans = 4096;
 std::mutex mu;
 std::map<Key, Plan> plans;
 cublasLtHandle_t handle = nullptr;
 
 cudaDataType_t data_type(int dtype) { return dtype == 0 ? CUDA_R_16BF : CUDA_R_16F; }
 
-// The handle and the descriptors of one shape (created once); status of the first failure, else 0.
-int plan_for(int m, int n, int k, int64_t ldx, int64_t ldw, int64_t ldy, int dtype, Plan** out) {
+// A plan's descriptors destroyed (one made past the cache's bound, or one whose making failed half way).
+void release(Plan& p) {
+  LT(cublasLtMatmulDescDestroy);
+  LT(cublasLtMatrixLayoutDestroy);
+  if (!p_cublasLtMatmulDescDestroy || !p_cublasLtMatrixLayoutDestroy) return;
+  if (p.desc) p_cublasLtMatmulDescDestroy(p.desc);
+  for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+    if (l) p_cublasLtMatrixLayoutDestroy(l);
+  p = Plan{};
+}
+
+// The handle and the descriptors of one shape: the cached ones, else made and cached, else (the cache full) made
+// into ``*scratch``, which the caller releases. Status of the first failure, else 0.
+int plan_for(int m, int n, int k, int64_t ldx, int64_t ldw, int64_t ldy, int dtype, Plan* scratch, Plan** out) {
   LT(cublasLtCreate);
   LT(cublasLtMatmulDescCreate);
   LT(cublasLtMatmulDescSetAttribute);
@@ -76,15 +91,36 @@ int plan_for(int m, int n, int k, int64_t ldx, int64_t ldw, int64_t ldy, int dty
   Plan p;
   cudaDataType_t t = data_type(dtype);
   cublasOperation_t trans = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  if (int s = p_cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) return s;
-  if (int s = p_cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans))) return s;
-  if (int s = p_cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep))) return s;
-  if (int s = p_cublasLtMatrixLayoutCreate(&p.a, t, k, n, ldw)) return s;  // w^T stored (K, N): op = T → (N, K)
-  if (int s = p_cublasLtMatrixLayoutCreate(&p.b, t, k, m, ldx)) return s;  // x^T (K, M)
-  if (int s = p_cublasLtMatrixLayoutCreate(&p.c, t, n, m, ldy)) return s;  // y^T (N, M)
-  *out = &plans.emplace(key, p).first->second;
+  int s = p_cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (!s) s = p_cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans));
+  if (!s) s = p_cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+  if (!s) s = p_cublasLtMatrixLayoutCreate(&p.a, t, k, n, ldw);  // w^T stored (K, N): op = T → (N, K)
+  if (!s) s = p_cublasLtMatrixLayoutCreate(&p.b, t, k, m, ldx);  // x^T (K, M)
+  if (!s) s = p_cublasLtMatrixLayoutCreate(&p.c, t, n, m, ldy);  // y^T (N, M)
+  if (s) {
+    release(p);
+    return s;
+  }
+  if (plans.size() >= kMaxPlans) {
+    *scratch = p;
+    *out = scratch;
+  } else {
+    *out = &plans.emplace(key, p).first->second;
+  }
   return 0;
 }
+
+// A plan for one call: the cached one, or its own (released when it goes out of scope).
+struct CallPlan {
+  Plan scratch;
+  Plan* plan = nullptr;
+  int status;
+  CallPlan(int m, int n, int k, int64_t ldx, int64_t ldw, int64_t ldy, int dtype)
+      : status(plan_for(m, n, k, ldx, ldw, ldy, dtype, &scratch, &plan)) {}
+  ~CallPlan() {
+    if (plan == &scratch) release(scratch);
+  }
+};
 
 }  // namespace
 
@@ -101,8 +137,9 @@ int banyan_lt_algos(int m, int n, int k, int dtype, int64_t workspace, int max, 
   if (!p_cublasLtMatmulPreferenceCreate || !p_cublasLtMatmulPreferenceSetAttribute ||
       !p_cublasLtMatmulPreferenceDestroy || !p_cublasLtMatmulAlgoGetHeuristic || max <= 0 || max > 64)
     return -1;
-  Plan* p = nullptr;
-  if (int s = plan_for(m, n, k, k, k, n, dtype, &p)) return -s;
+  CallPlan call(m, n, k, k, k, n, dtype);
+  if (call.status) return -call.status;
+  Plan* p = call.plan;
   cublasLtMatmulPreference_t pref = nullptr;
   if (int s = p_cublasLtMatmulPreferenceCreate(&pref)) return -s;
   uint64_t bytes = static_cast<uint64_t>(workspace);
@@ -128,8 +165,9 @@ int banyan_lt_check(int m, int n, int k, int64_t ldx, int64_t ldw, int64_t ldy, 
                     int64_t* size) {
   LT(cublasLtMatmulAlgoCheck);
   if (!p_cublasLtMatmulAlgoCheck) return -1;
-  Plan* p = nullptr;
-  if (int s = plan_for(m, n, k, ldx, ldw, ldy, dtype, &p)) return s;
+  CallPlan call(m, n, k, ldx, ldw, ldy, dtype);
+  if (call.status) return call.status;
+  Plan* p = call.plan;
   cublasLtMatmulHeuristicResult_t result;
   std::memset(&result, 0, sizeof(result));
   int s = p_cublasLtMatmulAlgoCheck(handle, p->desc, p->a, p->b, p->c, p->c,
@@ -145,8 +183,9 @@ int banyan_lt_matmul(const void* x, const void* w, void* y, int m, int n, int k,
                      void* stream) {
   LT(cublasLtMatmul);
   if (!p_cublasLtMatmul) return -1;
-  Plan* p = nullptr;
-  if (int s = plan_for(m, n, k, ldx, ldw, ldy, dtype, &p)) return s;
+  CallPlan call(m, n, k, ldx, ldw, ldy, dtype);
+  if (call.status) return call.status;
+  Plan* p = call.plan;
   const float one = 1.0f, zero = 0.0f;
   return p_cublasLtMatmul(handle, p->desc, &one, w, p->a, x, p->b, &zero, y, p->c, y, p->c,
                           static_cast<const cublasLtMatmulAlgo_t*>(algo), workspace,
