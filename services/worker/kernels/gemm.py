@@ -205,25 +205,27 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
             if scaled:
                 xa = fp8.quantize_activation(x)
                 want = (xa.q.float() * xa.scale) @ deq.t()
-                lib = lambda i: fp8.library_gemm(xa, wc[i], s)  # noqa: E731
-                run = lambda cfg, wi: matmul(xa.q, wi, dtype, cfg, xa.scale, s)  # noqa: E731
+                lib = lambda i, r=top: fp8.library_gemm(xa, wc[i], s)  # noqa: E731
+                run = lambda cfg, wi, r=top: matmul(xa.q, wi, dtype, cfg, xa.scale, s)  # noqa: E731
             else:
                 want = x.float() @ deq.t()
-                lib = lambda i: F.linear(x, wc[i])  # noqa: E731
-                run = lambda cfg, wi: matmul(x, wi, dtype, cfg)  # noqa: E731
+                lib = lambda i, r=top: F.linear(x[:r], wc[i])  # noqa: E731
+                run = lambda cfg, wi, r=top: matmul(x[:r], wi, dtype, cfg)  # noqa: E731
             check = lambda cfg: _close(run(cfg, w).float(), want)  # noqa: E731
             if tuning_cache.reuse(cached.get(top), check):
                 picks.append((top, cached[top][0]))
                 said.append(cached[top][1])
                 reused += 1
                 continue
-            base = _time(lib, copies)
+            # (a prompt range is timed at its middle too: tiles and waves change with M; a choice must not lose there)
+            points = (top,) if scaled or top <= PLAIN_MAX_M else (top, (low + top) // 2)
+            bases = [_time(lambda i, r=r: lib(i, r), copies) for r in points]
+            base = sum(bases)
             split_ok = top <= SPLIT_MAX_M and n < 65536  # (not the vocabulary-wide weight: see SPLIT_MAX_M)
             ours = () if not scaled and top > PLAIN_MAX_M else CONFIGS if scaled else PLAIN_CONFIGS
             cands = [c for c in ours if c.split == 1 or split_ok]
             cands += [] if scaled else cublaslt.candidates(top, n, k, dtype, lowest_m=low)
-            best, best_t = fastest(cands, base, check,
-                                   lambda cfg: _time(lambda i: run(cfg, wc[i]), copies))
+            best, best_t = fastest(cands, base, check, lambda cfg: _timed(run, cfg, wc, copies, points, bases))
             picks.append((top, best))
             said.append(verdict(top, best, best_t, base))
         report[name] = record(kernels.gemm_choices, kernels.gemm_tuned, key, picks, said, disk, name, dtype,
@@ -231,6 +233,15 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
     if disk is not None:
         disk.save()
     return report
+
+
+def _timed(run, cfg, wc: list[Tensor], copies: int, points: tuple[int, ...], bases: list[float]) -> float:
+    """``cfg``'s seconds summed over the rows ``points`` (``run(cfg, weight, rows)``); infinite where it is slower than
+    the library (``bases``) at any point but the first (that one ``fastest`` weighs against the sum)."""
+    from services.worker.kernels.small_m import _time
+
+    times = [_time(lambda i, r=r: run(cfg, wc[i], r), copies) for r in points]
+    return sum(times) if all(t <= b for t, b in zip(times[1:], bases[1:])) else float("inf")
 
 
 def tune_model(model: torch.nn.Module, dtype: torch.dtype, fp8_only: bool = False) -> dict[str, str]:
