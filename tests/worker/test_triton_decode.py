@@ -324,5 +324,17 @@ def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
         dr.knobs.cache_clear()
         with pytest.raises(ValueError, match="BANYAN_DECODE_BLOCK"):
             dr.knobs()
+        monkeypatch.delenv("BANYAN_DECODE_STAGES", raising=False)
+        dr.plain_stages.cache_clear()
+        assert dr.plain_stages() == 2
+        monkeypatch.setenv("BANYAN_DECODE_STAGES", "3")
+        assert dr.plain_stages() == 2  # (read once)
+        dr.plain_stages.cache_clear()
+        assert dr.plain_stages() == 3
+        monkeypatch.setenv("BANYAN_DECODE_STAGES", "9")
+        dr.plain_stages.cache_clear()
+        with pytest.raises(ValueError, match="BANYAN_DECODE_STAGES"):
+            dr.plain_stages()
     finally:
         dr.knobs.cache_clear()
+        dr.plain_stages.cache_clear()

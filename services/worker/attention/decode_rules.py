@@ -58,6 +58,16 @@ def knobs() -> tuple[int, int, int, bool]:
     return block, warps, part, os.environ.get("BANYAN_DECODE_WARM", "1") != "0"
 
 
+@functools.cache
+def plain_stages() -> int:
+    """Software-pipeline stages of a launch on a bf16/fp16 pool (or an FP8 one not read in fp16): 2 unless
+    ``BANYAN_DECODE_STAGES`` (a measurement knob, as ``knobs``; read once a process)."""
+    stages = int(os.environ.get("BANYAN_DECODE_STAGES", 2))
+    if not 1 <= stages <= 6:
+        raise ValueError(f"BANYAN_DECODE_STAGES={stages} (1-6)")
+    return stages
+
+
 def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> tuple[int, int, int]:
     """(splits, block, warps) of a launch of ``batch`` requests (``fp8``: an FP8 pool read in fp16) — functions
     of the batch size (fixed at a graph's capture); ``splits`` overrides the count."""

@@ -29,7 +29,8 @@ import torch
 
 from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
     AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
-    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, row_bounds)
+    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, plain_stages,
+    row_bounds)
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -314,7 +315,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     writes the rotated k and v (quantized with ``k_inv`` / ``v_inv`` (Hkv,) unless None) at ``slots``
     of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``splits``,
     ``block``, ``num_warps`` (None: ``launch_config``'s), ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else
-    2): the launch configuration, and
+    ``plain_stages()``): the launch configuration, and
     ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py).
     ``out`` / ``lse_out``: where to write them ((B, Hq, D) in q's dtype, (B, Hq) float32; views of larger
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
@@ -343,7 +344,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     assert new is None or (block_d == d and kn.stride(2) == vn.stride(2) == 1 and cos_sin.shape[1] == d)
     mode = WIDEN_MODES[widen_mode(q.device, widen) if e4m3 else "cvt"]
     if num_stages is None:
-        num_stages = 3 if e4m3 else 2  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
+        num_stages = 3 if e4m3 else plain_stages()  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     warm = knobs()[3]
     asm = q.is_cuda and not _interpreting()  # (inline assembly: not in the interpreter)
