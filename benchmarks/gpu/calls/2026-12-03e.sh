@@ -232,7 +232,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w5tr) export BANYAN_TRITON_ROWS=${TROWS:-255}
           suite w5tr "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}"
           unset BANYAN_TRITON_ROWS ;;
-    bknob) for kn in ${BKNOB:-64:4:2 64:4:3 64:4:4 128:4:2 128:4:3 128:8:3 32:4:3}; do  # (block:warps:stages)
+    bknob) for kn in ${BKNOB:-64:4:2 32:4:2 32:4:3 32:2:2 64:4:3 64:8:2 128:4:2}; do  # (block:warps:stages)
              [ $((SECONDS + 90)) -gt "$END" ] && { echo "bknob $kn: skipped (time)"; continue; }
              IFS=: read -r kb kw ks <<<"$kn"
              BANYAN_DECODE_BLOCK=$kb BANYAN_DECODE_WARPS=$kw BANYAN_DECODE_STAGES=$ks timeout 120 python3 -m \
