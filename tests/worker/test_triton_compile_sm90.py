@@ -140,6 +140,9 @@ SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, r
     # (BANYAN_TRITON_FROM)
     "fp8_narrow_own_level": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=64, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                                  HAS_START=True, WRITE_LSE=True, stages=3, warps=2),
+    # BANYAN_DECODE_PIPE=1: blocks double-buffered in registers, Triton's pipeliner off (1 stage), 32-token blocks
+    "bf16_pipe_rope": dict(pool="*bf16", SPLITS=2, BLOCK=32, F16=False, WIDEN=0, ROPE=True, QUANT=False, PIPE=True,
+                           stages=1),
     "bf16_one_split_own_level": dict(pool="*bf16", SPLITS=1, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False,
                                      HAS_START=True, WRITE_LSE=True, stages=2),
 }
@@ -153,7 +156,7 @@ def compile_decode(name: str, aligned: bool = False, **over):
     splits = cfg["SPLITS"]
     constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
                       WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0, PF=False, PF_WARPS=warps, BLOCK_G=4,
-                      WARM=cfg.get("ROPE", False))  # (as ``decode`` sets them on CUDA, G = 4, D = 128)
+                      WARM=cfg.get("ROPE", False), PIPE=False)  # (as ``decode`` sets them on CUDA, G = 4, D = 128)
     constexprs.update(cfg)
     return compile_sm90(td._partial_kernel, constexprs, pool, num_warps=warps, num_stages=stages, aligned=aligned)
 

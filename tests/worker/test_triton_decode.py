@@ -112,6 +112,20 @@ for b in range(len(rows)):
 for splits in (16, 8, 3):
     o = td.decode(q2, kc2, vc2, table, rows, prefix, 1 / math.sqrt(d2), splits=splits)
     assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (splits, (o - torch.stack(want2)).abs().max())
+# BANYAN_DECODE_PIPE=1 (V with K, the next block's slots in the same iteration): the same bits, any split or block
+import os
+from services.worker.attention import decode_rules as dr
+for splits, block, st in ((1, 64, None), (3, 16, None), (16, 16, starts), (2, 32, starts)):
+    got = []
+    for pipe in ("0", "1"):
+        os.environ["BANYAN_DECODE_PIPE"] = pipe
+        dr.pipelined.cache_clear()
+        got.append(td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, block=block,
+                             return_lse=True, starts=st))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]), (splits, block)
+    assert torch.allclose(got[1][0], ref(q, 0.5, 2.0, st)[0], atol=1e-4, rtol=1e-4), (splits, block)
+os.environ.pop("BANYAN_DECODE_PIPE")
+dr.pipelined.cache_clear()
 assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)

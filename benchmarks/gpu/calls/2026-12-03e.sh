@@ -36,7 +36,7 @@
 # BANYAN_TRITON_ROWS=$TROWS, default 255) · w2tr, w5tr (W2, W5 with it) · bsplit (the bf16 Triton decode by split
 # count beside FlashInfer's, $BSPLIT shapes) · $PROF_PROMPT: prof's prompt tokens (128) · lttest (cuBLASLt's
 # algorithms' GPU tests) · wbenchlt, w2lt (wbench, bf16 W2 with BANYAN_GEMM_LT=1: cuBLASLt's algorithms tuned)
-# · bknob (the bf16 Triton decode by block:warps:stages, $BKNOB, at $BKSHAPES, splits 1 and 2)
+# · bknob (the bf16 Triton decode by block:warps:stages:pipe, $BKNOB, at $BKSHAPES, splits 1 and 2)
 # · wbenchl2 (wbench, the o projection prefetched into L2 by the decode attention up to 255 rows, $L2MIB MiB)
 # · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
@@ -232,13 +232,14 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w5tr) export BANYAN_TRITON_ROWS=${TROWS:-255}
           suite w5tr "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}"
           unset BANYAN_TRITON_ROWS ;;
-    bknob) for kn in ${BKNOB:-64:4:2 32:4:2 32:4:3 32:2:2 64:4:3 64:8:2 128:4:2}; do  # (block:warps:stages)
+    bknob) for kn in ${BKNOB:-64:4:2:0 32:4:2:0 16:2:2:0 64:8:2:0 32:4:1:1 16:2:1:1 16:4:1:1}; do
+             # (block:warps:stages:pipe — pipe 1: BANYAN_DECODE_PIPE=1, K/V double-buffered in registers, 1 stage)
              [ $((SECONDS + 90)) -gt "$END" ] && { echo "bknob $kn: skipped (time)"; continue; }
-             IFS=: read -r kb kw ks <<<"$kn"
-             BANYAN_DECODE_BLOCK=$kb BANYAN_DECODE_WARPS=$kw BANYAN_DECODE_STAGES=$ks timeout 120 python3 -m \
-               benchmarks.gpu.fp8_decode_bench --out "$OUT/bknob_${kb}_${kw}_$ks.json" --only bf16_served --splits 1,2 \
-               --shapes "${BKSHAPES:-32x1024,64x1024,128x1024}" >"$OUT/bknob_${kb}_${kw}_$ks.log" 2>&1
-             echo "bknob $kn (rc $?)"; grep '^| [0-9]' "$OUT/bknob_${kb}_${kw}_$ks.log" | tail -3
+             IFS=: read -r kb kw ks kp <<<"$kn"; tag=${kb}_${kw}_${ks}_${kp:-0}
+             BANYAN_DECODE_BLOCK=$kb BANYAN_DECODE_WARPS=$kw BANYAN_DECODE_STAGES=$ks BANYAN_DECODE_PIPE=${kp:-0} \
+               timeout 120 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bknob_$tag.json" --only bf16_served \
+               --splits 1,2 --shapes "${BKSHAPES:-32x1024,64x1024,128x1024}" >"$OUT/bknob_$tag.log" 2>&1
+             echo "bknob $kn (rc $?)"; grep '^| [0-9]' "$OUT/bknob_$tag.log" | tail -3
            done ;;
     bsplit) timeout 200 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bsplit.json" --only bf16_served \
               --shapes "${BSPLIT:-32x1024,64x1024,96x1024,128x1024,192x1024,64x2048,96x2048,128x2048,255x1024}" \

@@ -59,6 +59,15 @@ def knobs() -> tuple[int, int, int, bool]:
 
 
 @functools.cache
+def pipelined() -> bool:
+    """Whether a bf16/fp16 pool's launches load each block's V with its K and the next block's table slots in the
+    same iteration (``BANYAN_DECODE_PIPE=1``, a measurement knob: one wave of programs at 32-96 rows reads the pool
+    at 75-85 % of HBM bandwidth, 2 waves at 128 rows at 96 %; docs/perf.md 2026-12-05 twenty-eighth session). The
+    same products in the same order: the same bits."""
+    return os.environ.get("BANYAN_DECODE_PIPE", "0") == "1"
+
+
+@functools.cache
 def plain_stages() -> int:
     """Software-pipeline stages of a launch on a bf16/fp16 pool (or an FP8 one not read in fp16): 2 unless
     ``BANYAN_DECODE_STAGES`` (a measurement knob, as ``knobs``; read once a process)."""

@@ -29,8 +29,8 @@ import torch
 
 from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
     AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
-    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, plain_stages,
-    row_bounds)
+    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, pipelined,
+    plain_stages, row_bounds)
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -150,7 +150,8 @@ if triton is not None:
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
                         QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr,
-                        PF: tl.constexpr, PF_WARPS: tl.constexpr, BLOCK_G: tl.constexpr, WARM: tl.constexpr):
+                        PF: tl.constexpr, PF_WARPS: tl.constexpr, BLOCK_G: tl.constexpr, WARM: tl.constexpr,
+                        PIPE: tl.constexpr = False):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -211,13 +212,27 @@ if triton is not None:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        if PIPE:  # (blocks double-buffered in registers: block i+1's K/V in flight during block i's products)
+            slot = tl.load(Table + row * stride_tab + lo + offs_n, mask=lo + offs_n < hi, other=0).to(tl.int64)
+            kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
+            kv_mask = (lo + offs_n < hi)[:, None] & dmask[None, :]
+            k_nx, v_nx = tl.load(K + kv_off, mask=kv_mask, other=0.0), tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            at = lo + BLOCK + offs_n  # (slots a block ahead of the loads: their latency off the path)
+            slot = tl.load(Table + row * stride_tab + at, mask=at < hi, other=0).to(tl.int64)
         for start in range(lo, hi, BLOCK):
             idx = start + offs_n
             nmask = idx < hi
-            slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
-            kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-            kv_mask = nmask[:, None] & dmask[None, :]
-            k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+            if PIPE:
+                k, v = k_nx, v_nx
+                kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
+                kv_mask = (idx + BLOCK < hi)[:, None] & dmask[None, :]
+                k_nx, v_nx = tl.load(K + kv_off, mask=kv_mask, other=0.0), tl.load(V + kv_off, mask=kv_mask, other=0.0)
+                at = idx + 2 * BLOCK
+                slot = tl.load(Table + row * stride_tab + at, mask=at < hi, other=0).to(tl.int64)
+            else:
+                slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
+                kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
+                k = tl.load(K + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
             if WIDEN:
                 k = _widen_e4m3(k, WIDEN)
             else:
@@ -228,7 +243,8 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            if not PIPE:
+                v = tl.load(V + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
             if WIDEN:
                 v = _widen_e4m3(v, WIDEN)
             else:
@@ -343,8 +359,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     quant = k_inv is not None
     assert new is None or (block_d == d and kn.stride(2) == vn.stride(2) == 1 and cos_sin.shape[1] == d)
     mode = WIDEN_MODES[widen_mode(q.device, widen) if e4m3 else "cvt"]
-    if num_stages is None:
-        num_stages = 3 if e4m3 else plain_stages()  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
+    pipe = pipelined() and not e4m3
+    if num_stages is None:  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2; ``pipelined``: its own)
+        num_stages = 3 if e4m3 else 1 if pipe else plain_stages()
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     warm = knobs()[3]
     asm = q.is_cuda and not _interpreting()  # (inline assembly: not in the interpreter)
@@ -366,7 +383,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
         PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g),
-        WARM=warm and new is not None and asm,
+        WARM=warm and new is not None and asm, PIPE=pipe,
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
