@@ -140,9 +140,9 @@ SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, r
     # (BANYAN_TRITON_FROM)
     "fp8_narrow_own_level": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=64, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                                  HAS_START=True, WRITE_LSE=True, stages=3, warps=2),
-    # BANYAN_DECODE_PIPE=1: blocks double-buffered in registers, Triton's pipeliner off (1 stage), 32-token blocks
+    # BANYAN_DECODE_PIPE=1: the table slots a block ahead (3 stages, 32-token blocks)
     "bf16_pipe_rope": dict(pool="*bf16", SPLITS=2, BLOCK=32, F16=False, WIDEN=0, ROPE=True, QUANT=False, PIPE=True,
-                           stages=1),
+                           stages=3),
     "bf16_one_split_own_level": dict(pool="*bf16", SPLITS=1, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False,
                                      HAS_START=True, WRITE_LSE=True, stages=2),
 }
@@ -202,3 +202,14 @@ def test_with_the_rope_inside_the_first_slots_are_prefetched_before_the_ropes_ba
     assert l1 and max(l1) < first_bar
     assert "prefetch.global.L1" not in compile_decode("bf16_splits16_rope_prefetch", aligned=True,
                                                       WARM=False).asm["ptx"]
+
+
+@pytest.mark.timeout(300)
+def test_with_the_slots_a_block_ahead_the_kv_loads_stay_in_flight_across_iterations() -> None:
+    """``BANYAN_DECODE_PIPE=1``: the K/V copies wait for all but the newest groups (two buffers at 3 stages, in
+    shared memory), where the served bf16 launch waits for every copy at each iteration's top (one buffer)."""
+    backend_or_skip()
+    waits = lambda k: {int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", k.asm["ptx"])}  # noqa: E731
+    piped = compile_decode("bf16_pipe_rope", aligned=True)
+    assert max(waits(piped)) >= 2
+    assert waits(compile_decode("bf16_pipe_rope", aligned=True, PIPE=False)) == {0}

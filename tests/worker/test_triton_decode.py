@@ -112,7 +112,7 @@ for b in range(len(rows)):
 for splits in (16, 8, 3):
     o = td.decode(q2, kc2, vc2, table, rows, prefix, 1 / math.sqrt(d2), splits=splits)
     assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (splits, (o - torch.stack(want2)).abs().max())
-# BANYAN_DECODE_PIPE=1 (V with K, the next block's slots in the same iteration): the same bits, any split or block
+# BANYAN_DECODE_PIPE=1 (the table slots a block ahead, V loaded with K): the same bits, any split or block
 import os
 from services.worker.attention import decode_rules as dr
 for splits, block, st in ((1, 64, None), (3, 16, None), (16, 16, starts), (2, 32, starts)):

@@ -232,8 +232,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w5tr) export BANYAN_TRITON_ROWS=${TROWS:-255}
           suite w5tr "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}"
           unset BANYAN_TRITON_ROWS ;;
-    bknob) for kn in ${BKNOB:-64:4:2:0 32:4:2:0 16:2:2:0 64:8:2:0 32:4:1:1 16:2:1:1 16:4:1:1}; do
-             # (block:warps:stages:pipe — pipe 1: BANYAN_DECODE_PIPE=1, K/V double-buffered in registers, 1 stage)
+    bknob) for kn in ${BKNOB:-64:4:2:0 32:4:3:1 32:4:4:1 64:4:3:1 16:2:4:1 32:4:2:0 32:2:3:1}; do
+             # (block:warps:stages:pipe — pipe 1: BANYAN_DECODE_PIPE=1, the table slots a block ahead)
              [ $((SECONDS + 90)) -gt "$END" ] && { echo "bknob $kn: skipped (time)"; continue; }
              IFS=: read -r kb kw ks kp <<<"$kn"; tag=${kb}_${kw}_${ks}_${kp:-0}
              BANYAN_DECODE_BLOCK=$kb BANYAN_DECODE_WARPS=$kw BANYAN_DECODE_STAGES=$ks BANYAN_DECODE_PIPE=${kp:-0} \

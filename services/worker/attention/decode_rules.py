@@ -60,18 +60,21 @@ def knobs() -> tuple[int, int, int, bool]:
 
 @functools.cache
 def pipelined() -> bool:
-    """Whether a bf16/fp16 pool's launches load each block's V with its K and the next block's table slots in the
-    same iteration (``BANYAN_DECODE_PIPE=1``, a measurement knob: one wave of programs at 32-96 rows reads the pool
-    at 75-85 % of HBM bandwidth, 2 waves at 128 rows at 96 %; docs/perf.md 2026-12-05 twenty-eighth session). The
-    same products in the same order: the same bits."""
+    """Whether a bf16/fp16 pool's launches load each block's table slots in the iteration before and its V with
+    its K (``BANYAN_DECODE_PIPE=1``, a measurement knob). Why: one wave of programs at 32-96 rows reads the pool at
+    75-85 % of HBM bandwidth, two waves at 128 rows at 96 % (H200); the PTX shows Triton's pipeliner keeping one K/V
+    buffer and waiting for it at the top of every iteration (the addresses come from a load in the same
+    iteration), so a program has nothing in flight while it computes; with the slots a block ahead it keeps
+    ``stages`` - 1 buffers in flight (docs/perf.md 2026-12-05 twenty-eighth session). The same products in the
+    same order: the same bits."""
     return os.environ.get("BANYAN_DECODE_PIPE", "0") == "1"
 
 
 @functools.cache
 def plain_stages() -> int:
-    """Software-pipeline stages of a launch on a bf16/fp16 pool (or an FP8 one not read in fp16): 2 unless
-    ``BANYAN_DECODE_STAGES`` (a measurement knob, as ``knobs``; read once a process)."""
-    stages = int(os.environ.get("BANYAN_DECODE_STAGES", 2))
+    """Software-pipeline stages of a launch on a bf16/fp16 pool (or an FP8 one not read in fp16): 2 (3 with
+    ``pipelined``) unless ``BANYAN_DECODE_STAGES`` (a measurement knob, as ``knobs``; read once a process)."""
+    stages = int(os.environ.get("BANYAN_DECODE_STAGES", 3 if pipelined() else 2))
     if not 1 <= stages <= 6:
         raise ValueError(f"BANYAN_DECODE_STAGES={stages} (1-6)")
     return stages

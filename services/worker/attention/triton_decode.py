@@ -212,22 +212,18 @@ if triton is not None:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        if PIPE:  # (blocks double-buffered in registers: block i+1's K/V in flight during block i's products)
-            slot = tl.load(Table + row * stride_tab + lo + offs_n, mask=lo + offs_n < hi, other=0).to(tl.int64)
-            kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-            kv_mask = (lo + offs_n < hi)[:, None] & dmask[None, :]
-            k_nx, v_nx = tl.load(K + kv_off, mask=kv_mask, other=0.0), tl.load(V + kv_off, mask=kv_mask, other=0.0)
-            at = lo + BLOCK + offs_n  # (slots a block ahead of the loads: their latency off the path)
+        if PIPE:  # (slots a block ahead, carried: K/V addresses from no load of their own iteration — Triton's
+            # pipeliner then keeps stages - 1 K/V buffers in flight, not one it waits for at every iteration's top)
+            at = lo + offs_n
             slot = tl.load(Table + row * stride_tab + at, mask=at < hi, other=0).to(tl.int64)
         for start in range(lo, hi, BLOCK):
             idx = start + offs_n
             nmask = idx < hi
             if PIPE:
-                k, v = k_nx, v_nx
                 kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-                kv_mask = (idx + BLOCK < hi)[:, None] & dmask[None, :]
-                k_nx, v_nx = tl.load(K + kv_off, mask=kv_mask, other=0.0), tl.load(V + kv_off, mask=kv_mask, other=0.0)
-                at = idx + 2 * BLOCK
+                k = tl.load(K + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
+                v = tl.load(V + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
+                at = idx + BLOCK
                 slot = tl.load(Table + row * stride_tab + at, mask=at < hi, other=0).to(tl.int64)
             else:
                 slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
@@ -360,8 +356,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     assert new is None or (block_d == d and kn.stride(2) == vn.stride(2) == 1 and cos_sin.shape[1] == d)
     mode = WIDEN_MODES[widen_mode(q.device, widen) if e4m3 else "cvt"]
     pipe = pipelined() and not e4m3
-    if num_stages is None:  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2; ``pipelined``: its own)
-        num_stages = 3 if e4m3 else 1 if pipe else plain_stages()
+    if num_stages is None:  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
+        num_stages = 3 if e4m3 else plain_stages()
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     warm = knobs()[3]
     asm = q.is_cuda and not _interpreting()  # (inline assembly: not in the interpreter)
