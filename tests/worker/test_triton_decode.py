@@ -124,6 +124,13 @@ for splits, block, st in ((1, 64, None), (3, 16, None), (16, 16, starts), (2, 32
                              return_lse=True, starts=st))
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]), (splits, block)
     assert torch.allclose(got[1][0], ref(q, 0.5, 2.0, st)[0], atol=1e-4, rtol=1e-4), (splits, block)
+    fp8 = []  # (an FP8 pool widened in fp16: the same bits too)
+    for pipe in ("0", "1"):
+        os.environ["BANYAN_DECODE_PIPE"] = pipe
+        dr.pipelined.cache_clear()
+        fp8.append(td.decode(qs, k8, v8, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, block=block,
+                             f16=True, widen="int", starts=st))
+    assert torch.equal(fp8[0], fp8[1]), (splits, block)
 os.environ.pop("BANYAN_DECODE_PIPE")
 dr.pipelined.cache_clear()
 assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
@@ -215,7 +222,11 @@ cos_sin = torch.randn(width, d, generator=g)
 qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=g)
 caches = [torch.randn(b * width, hkv, d, generator=g) for _ in range(2)]
 inv = torch.tensor([0.5, 2.0])
-for splits in (1, 3, 16):
+import itertools, os
+from services.worker.attention import decode_rules as dr
+for pipe, splits in itertools.product(("0", "1"), (1, 3, 16)):  # (and with BANYAN_DECODE_PIPE=1)
+    os.environ["BANYAN_DECODE_PIPE"] = pipe
+    dr.pipelined.cache_clear()
     for scaled in (None, inv):
         outs = []
         for fused in (True, False):
@@ -239,6 +250,8 @@ for splits in (1, 3, 16):
         untouched = torch.ones(b * width, dtype=torch.bool)
         untouched[slots] = False
         assert torch.equal(kc[untouched], caches[0][untouched]) and not torch.equal(kc[slots], caches[0][slots])
+os.environ.pop("BANYAN_DECODE_PIPE")
+dr.pipelined.cache_clear()
 # the comparison tells a wrong rotation apart: the positions one off
 x, kv = qkv.clone(), [c.clone() for c in caches]
 q, k, v = (x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, hkv, d),

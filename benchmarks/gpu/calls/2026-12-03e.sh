@@ -36,7 +36,8 @@
 # BANYAN_TRITON_ROWS=$TROWS, default 255) · w2tr, w5tr (W2, W5 with it) · bsplit (the bf16 Triton decode by split
 # count beside FlashInfer's, $BSPLIT shapes) · $PROF_PROMPT: prof's prompt tokens (128) · lttest (cuBLASLt's
 # algorithms' GPU tests) · wbenchlt, w2lt (wbench, bf16 W2 with BANYAN_GEMM_LT=1: cuBLASLt's algorithms tuned)
-# · bknob (the bf16 Triton decode by block:warps:stages:pipe, $BKNOB, at $BKSHAPES, splits 1 and 2)
+# · bknob (the bf16 Triton decode by block:warps:stages:pipe, $BKNOB, at $BKSHAPES, splits 1 and 2) · fknob (the
+# FP8 pool's served decode with BANYAN_DECODE_PIPE=0 / 1 at $FKSHAPES)
 # · wbenchl2 (wbench, the o projection prefetched into L2 by the decode attention up to 255 rows, $L2MIB MiB)
 # · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
@@ -240,6 +241,15 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
                timeout 120 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bknob_$tag.json" --only bf16_served \
                --splits 1,2 --shapes "${BKSHAPES:-32x1024,64x1024,128x1024}" >"$OUT/bknob_$tag.log" 2>&1
              echo "bknob $kn (rc $?)"; grep '^| [0-9]' "$OUT/bknob_$tag.log" | tail -3
+           done ;;
+    fknob) for kp in 0 1; do  # (the FP8 pool's served decode with BANYAN_DECODE_PIPE off / on, µs a layer)
+             [ $((SECONDS + 90)) -gt "$END" ] && { echo "fknob $kp: skipped (time)"; continue; }
+             BANYAN_DECODE_PIPE=$kp timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fknob_$kp.json" \
+               --only "fp8_served_us|fp8_served_rope_us" --shapes "${FKSHAPES:-64x1024,128x2560,600x1536,1024x384}" \
+               >"$OUT/fknob_$kp.log" 2>&1; echo "fknob pipe=$kp (rc $?)"
+             python3 -c "import json,sys; [print(r['batch'], r['context'], r.get('flashinfer_fp8_us'),
+               r.get('triton_fp8_served_us'), r.get('triton_fp8_served_rope_us')) for r in json.load(open(sys.argv[1]))['rows']]" \
+               "$OUT/fknob_$kp.json" 2>&1 | tail -4
            done ;;
     bsplit) timeout 200 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bsplit.json" --only bf16_served \
               --shapes "${BSPLIT:-32x1024,64x1024,96x1024,128x1024,192x1024,64x2048,96x2048,128x2048,255x1024}" \

@@ -60,8 +60,8 @@ def knobs() -> tuple[int, int, int, bool]:
 
 @functools.cache
 def pipelined() -> bool:
-    """Whether a bf16/fp16 pool's launches load each block's table slots in the iteration before and its V with
-    its K (``BANYAN_DECODE_PIPE=1``, a measurement knob). Why: one wave of programs at 32-96 rows reads the pool at
+    """Whether the launches (any pool) load each block's table slots in the iteration before and its V with its K
+    (``BANYAN_DECODE_PIPE=1``, a measurement knob). Why: one wave of programs at 32-96 rows reads the pool at
     75-85 % of HBM bandwidth, two waves at 128 rows at 96 % (H200); the PTX shows Triton's pipeliner keeping one K/V
     buffer and waiting for it at the top of every iteration (the addresses come from a load in the same
     iteration), so a program has nothing in flight while it computes; with the slots a block ahead it keeps
