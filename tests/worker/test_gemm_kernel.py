@@ -55,3 +55,18 @@ print("gemm ok")
 def test_gemm_in_the_interpreter() -> None:
     pytest.importorskip("triton", reason="Triton is not installed")
     run_in_triton_interpreter(SCRIPT, "gemm ok", timeout=280)
+
+
+def test_the_tuning_checks_a_large_range_at_its_first_and_last_rows() -> None:
+    """Above 2 × ``EDGE_ROWS`` rows the start-up check compares the first and the last ``EDGE_ROWS`` rows (where a
+    tile's masks or the grouping of row tiles would go wrong) with float32; up to it, every row."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    import torch
+
+    from services.worker.kernels import gemm
+
+    assert gemm._edges(64) == slice(None) and gemm._edges(2 * gemm.EDGE_ROWS) == slice(None)
+    rows = gemm._edges(16384)
+    assert rows.tolist() == list(range(gemm.EDGE_ROWS)) + list(range(16384 - gemm.EDGE_ROWS, 16384))
+    x = torch.arange(2048.0)[:, None]
+    assert x[gemm._edges(2048)].shape == (2 * gemm.EDGE_ROWS, 1) and x[gemm._edges(2048)][-1, 0] == 2047

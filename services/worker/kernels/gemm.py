@@ -140,6 +140,7 @@ PLAIN_CONFIGS = (GemmConfig(64, 64, 64), GemmConfig(64, 128, 64), GemmConfig(64,
 SPLIT_MAX_M = 128  # (configs with K in parts are timed for the ranges up to here, not for the vocabulary-wide
 # weight: above, or there, the tiles fill the GPU; their float32 parts take parts × M × N × 4 bytes a call)
 ADD_BLOCK = 1024  # (elements a program of _add_parts)
+EDGE_ROWS = 256  # (above 1,024 rows the check compares the first and last this many rows with float32: the tiles repeat)
 
 
 def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig | LtConfig = CONFIGS[0],
@@ -201,17 +202,22 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
         tops = [b for b in BUCKETS if (n < 65536 or b <= LOGITS_MAX_M) and (scaled or b <= plain_max)]
         picks, said, reused, cached = [], [], 0, disk.get(name, dtype, (GemmConfig, LtConfig))
         for low, top in zip((1, *(t + 1 for t in tops)), tops):
+            if not _fits(top, n, k, w.device):  # (a small GPU: this range's operands and outputs would not fit)
+                picks.append((top, None))
+                said.append(f"M≤{top}: library (not timed: too little free memory)")
+                continue
             x = torch.randn(top, k, dtype=dtype, device=w.device)
+            edges = _edges(top)
             if scaled:
                 xa = fp8.quantize_activation(x)
-                want = (xa.q.float() * xa.scale) @ deq.t()
+                want = (xa.q[edges].float() * xa.scale[edges]) @ deq.t()
                 lib = lambda i, r=top: fp8.library_gemm(xa, wc[i], s)  # noqa: E731
                 run = lambda cfg, wi, r=top: matmul(xa.q, wi, dtype, cfg, xa.scale, s)  # noqa: E731
             else:
-                want = x.float() @ deq.t()
+                want = x[edges].float() @ deq.t()
                 lib = lambda i, r=top: F.linear(x[:r], wc[i])  # noqa: E731
                 run = lambda cfg, wi, r=top: matmul(x[:r], wi, dtype, cfg)  # noqa: E731
-            check = lambda cfg: _close(run(cfg, w).float(), want)  # noqa: E731
+            check = lambda cfg: _close(run(cfg, w)[edges].float(), want)  # noqa: E731
             if tuning_cache.reuse(cached.get(top), check):
                 picks.append((top, cached[top][0]))
                 said.append(cached[top][1])
@@ -233,6 +239,20 @@ def tune(weights: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype) -> dic
     if disk is not None:
         disk.save()
     return report
+
+
+def _edges(top: int) -> slice | Tensor:
+    """The rows of a range's check: all of them up to 2 × ``EDGE_ROWS``, else the first and the last that many."""
+    if top <= 2 * EDGE_ROWS:
+        return slice(None)
+    return torch.cat([torch.arange(EDGE_ROWS), torch.arange(top - EDGE_ROWS, top)])
+
+
+def _fits(top: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether timing a range at ``top`` rows (a graph of 8 calls' outputs, the activations, the checked rows in
+    float32) takes at most half the device's free memory."""
+    need = 8 * top * n * 2 + top * k * 4 + 2 * 2 * EDGE_ROWS * n * 4
+    return need <= torch.cuda.mem_get_info(device)[0] // 2
 
 
 def _timed(run, cfg, wc: list[Tensor], copies: int, points: tuple[int, ...], bases: list[float]) -> float:
