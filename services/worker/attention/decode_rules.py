@@ -144,3 +144,29 @@ def mixed_decode_triton(decode_kernel: str, quantized: bool) -> bool:
     through Triton, for the same device time (9.4 / 11.6 ms vs 12.5 / 12.0; docs/perf.md 2026-12-04 eighteenth).
     ``BANYAN_MIXED_TRITON=1``: Triton's there too (an A/B knob)."""
     return decode_kernel != "auto" or quantized or os.environ.get("BANYAN_MIXED_TRITON", "0") == "1"
+
+
+WIDEN_MODES = {"cvt": 0, "int": 1, "asm": 2}
+# (fp8_decode_bench, H200, µs a layer: 600 × 1,536 with 64-token blocks cvt 754, asm 767; with 128-token blocks —
+# then bound by the widening — cvt 735, asm 605; 256 × 512: 131 (64, cvt) → 100 (128, asm). docs/perf.md)
+WIDEN_DEFAULT = "asm"
+
+
+def widen_mode(device, mode: str | None = None) -> str:
+    """How an FP8 pool's e4m3 values become the fp16 products' operands (``f16``): "cvt", the conversion
+    instruction (one a pair, on the narrow conversion pipe); "int", integer operations on each value (the bit
+    pattern of value × 2^-8, exact, subnormals included); "asm", the same on four values at a time in 32-bit
+    registers (a byte permute, a shift, a mask: as ``kernels/gemv.cu`` widens FP8 weights). ``BANYAN_FP8_WIDEN``
+    overrides the default, ``mode`` both; Triton's interpreter (CPU tests) has no inline assembly: "int" there."""
+    mode = mode or os.environ.get("BANYAN_FP8_WIDEN", WIDEN_DEFAULT)
+    if mode not in WIDEN_MODES:
+        raise ValueError(f"BANYAN_FP8_WIDEN={mode!r} (cvt | int | asm)")
+    if mode == "asm" and (device.type != "cuda" or _interpreting()):
+        return "int"
+    return mode
+
+
+@functools.cache
+def _interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (read once a process: each decode launch asks)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"

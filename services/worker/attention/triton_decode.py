@@ -22,15 +22,12 @@ Works for any pool dtype: bf16/fp16 pools' decode-only steps take it up to 255 r
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 
 from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
     AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
     MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, pipelined,
-    plain_stages, row_bounds)
+    plain_stages, row_bounds, WIDEN_MODES, _interpreting, widen_mode)
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -81,26 +78,6 @@ def rope_enabled() -> bool:
 
 def set_rope(on: bool) -> None:
     _rope["on"] = on
-
-
-WIDEN_MODES = {"cvt": 0, "int": 1, "asm": 2}
-# (fp8_decode_bench, H200, µs a layer: 600 × 1,536 with 64-token blocks cvt 754, asm 767; with 128-token blocks —
-# then bound by the widening — cvt 735, asm 605; 256 × 512: 131 (64, cvt) → 100 (128, asm). docs/perf.md)
-WIDEN_DEFAULT = "asm"
-
-
-def widen_mode(device: torch.device, mode: str | None = None) -> str:
-    """How an FP8 pool's e4m3 values become the fp16 products' operands (``f16``): "cvt", the conversion
-    instruction (one a pair, on the narrow conversion pipe); "int", integer operations on each value (the bit
-    pattern of value × 2^-8, exact, subnormals included); "asm", the same on four values at a time in 32-bit
-    registers (a byte permute, a shift, a mask: as ``kernels/gemv.cu`` widens FP8 weights). ``BANYAN_FP8_WIDEN``
-    overrides the default, ``mode`` both; Triton's interpreter (CPU tests) has no inline assembly: "int" there."""
-    mode = mode or os.environ.get("BANYAN_FP8_WIDEN", WIDEN_DEFAULT)
-    if mode not in WIDEN_MODES:
-        raise ValueError(f"BANYAN_FP8_WIDEN={mode!r} (cvt | int | asm)")
-    if mode == "asm" and (device.type != "cuda" or _interpreting()):
-        return "int"
-    return mode
 
 
 if triton is not None:
@@ -384,12 +361,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         **({"launch_pdl": True} if pdl else {}),
     )
     return (out, lse) if return_lse else out
-
-
-@functools.cache
-def _interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernels (read once a process: each decode launch asks)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 _counts: dict[torch.device, torch.Tensor] = {}
