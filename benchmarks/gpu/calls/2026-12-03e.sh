@@ -36,7 +36,8 @@
 # BANYAN_TRITON_ROWS=$TROWS, default 255) · w2tr, w5tr (W2, W5 with it) · bsplit (the bf16 Triton decode by split
 # count beside FlashInfer's, $BSPLIT shapes) · $PROF_PROMPT: prof's prompt tokens (128) · lttest (cuBLASLt's
 # algorithms' GPU tests) · wbenchlt, w2lt (wbench, bf16 W2 with BANYAN_GEMM_LT=1: cuBLASLt's algorithms tuned)
-# · bknob (the bf16 Triton decode by block:warps:stages:pipe, $BKNOB, at $BKSHAPES, splits 1 and 2) · fknob (the
+# · bknob (the bf16 Triton decode by block:warps:stages:pipe, $BKNOB, at $BKSHAPES, splits 1 and 2; bknob@w: at W2's
+# decode shapes) · fknob (the
 # FP8 pool's served decode with BANYAN_DECODE_PIPE=0 / 1 at $FKSHAPES)
 # · wbenchl2 (wbench, the o projection prefetched into L2 by the decode attention up to 255 rows, $L2MIB MiB)
 # · hprofab (hprof with
@@ -233,14 +234,18 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
     w5tr) export BANYAN_TRITON_ROWS=${TROWS:-255}
           suite w5tr "${W5_LIMIT:-150}" --workloads W5 --scale "${W5_SCALE:-1}" -- "${fast[@]}"
           unset BANYAN_TRITON_ROWS ;;
-    bknob) for kn in ${BKNOB:-64:4:2:0 32:4:3:1 32:4:4:1 64:4:3:1 16:2:4:1 32:4:2:0 32:2:3:1}; do
-             # (block:warps:stages:pipe — pipe 1: BANYAN_DECODE_PIPE=1, the table slots a block ahead)
-             [ $((SECONDS + 90)) -gt "$END" ] && { echo "bknob $kn: skipped (time)"; continue; }
+    bknob)  # (bknob@w: W2's decode shapes, 256-1,024 rows, where FlashInfer's decode serves today)
+           pre=bknob; shapes=${BKSHAPES:-32x1024,64x1024,128x1024}; knobs=${BKNOB:-64:4:2:0 32:4:3:1 32:4:4:1 \
+             64:4:3:1 16:2:4:1 32:4:2:0 32:2:3:1}
+           [[ $step == *@w ]] && pre=bknob_w shapes=${BKSHAPES:-256x1536,600x1536,1024x384} \
+             knobs=${BKNOB:-64:4:2:0 32:4:3:1 64:4:3:1 32:4:4:1}
+           for kn in $knobs; do  # (block:warps:stages:pipe — pipe 1: BANYAN_DECODE_PIPE=1, the slots a block ahead)
+             [ $((SECONDS + 90)) -gt "$END" ] && { echo "$pre $kn: skipped (time)"; continue; }
              IFS=: read -r kb kw ks kp <<<"$kn"; tag=${kb}_${kw}_${ks}_${kp:-0}
              BANYAN_DECODE_BLOCK=$kb BANYAN_DECODE_WARPS=$kw BANYAN_DECODE_STAGES=$ks BANYAN_DECODE_PIPE=${kp:-0} \
-               timeout 120 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bknob_$tag.json" --only bf16_served \
-               --splits 1,2 --shapes "${BKSHAPES:-32x1024,64x1024,128x1024}" >"$OUT/bknob_$tag.log" 2>&1
-             echo "bknob $kn (rc $?)"; grep '^| [0-9]' "$OUT/bknob_$tag.log" | tail -3
+               timeout 120 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/${pre}_$tag.json" --only bf16_served \
+               --splits 1,2 --shapes "$shapes" >"$OUT/${pre}_$tag.log" 2>&1
+             echo "$pre $kn (rc $?)"; grep '^| [0-9]' "$OUT/${pre}_$tag.log" | tail -3
            done ;;
     fknob) for kp in 0 1; do  # (the FP8 pool's served decode with BANYAN_DECODE_PIPE off / on, µs a layer)
              [ $((SECONDS + 90)) -gt "$END" ] && { echo "fknob $kp: skipped (time)"; continue; }
