@@ -38,7 +38,7 @@
 # algorithms' GPU tests) · wbenchlt, w2lt (wbench, bf16 W2 with BANYAN_GEMM_LT=1: cuBLASLt's algorithms tuned)
 # · bknob (the bf16 Triton decode by block:warps:stages:pipe, $BKNOB, at $BKSHAPES, splits 1 and 2; bknob@w: at W2's
 # decode shapes) · fknob (the
-# FP8 pool's served decode with BANYAN_DECODE_PIPE=0 / 1 at $FKSHAPES)
+# FP8 pool's served decode with BANYAN_DECODE_PIPE=0 / 1 at $FKSHAPES) · pipetest (its GPU test: the same bits)
 # · wbenchl2 (wbench, the o projection prefetched into L2 by the decode attention up to 255 rows, $L2MIB MiB)
 # · hprofab (hprof with
 # BANYAN_MIXED_ONE_PLAN=0 BANYAN_PIECEWISE_WRITE=0, then with the first alone: before the 2026-12-04 changes)
@@ -194,6 +194,8 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
           # (a cold start: 147 s on an H100 on 2026-12-05, the tunings 85 and Triton's compiles 43; ~22 s cached)
           suite "$step" 240 --workloads W2 --step-trace -- --quantization fp8 "${fast[@]}"
           unset BANYAN_FP8_FAST_ACCUM BANYAN_FP8_FUSED_QUANT BANYAN_GEMM ;;
+    pipetest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_decode_pipe_gpu.py -p no:cacheprovider \
+                >"$OUT/pipetest.log" 2>&1; echo "pipetest (rc $?)"; tail -3 "$OUT/pipetest.log" ;;
     lttest) timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_cublaslt_gpu.py -p no:cacheprovider \
               >"$OUT/lttest.log" 2>&1; echo "lttest (rc $?)"; tail -3 "$OUT/lttest.log" ;;
     qtest) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_fp8_fused_quant_gpu.py tests/gpu/test_gemm_gpu.py \
