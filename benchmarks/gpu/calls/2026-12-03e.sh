@@ -249,13 +249,14 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
                --splits 1,2 --shapes "$shapes" >"$OUT/${pre}_$tag.log" 2>&1
              echo "$pre $kn (rc $?)"; grep '^| [0-9]' "$OUT/${pre}_$tag.log" | tail -3
            done ;;
-    fknob) for kp in 0 1; do  # (the FP8 pool's served decode with BANYAN_DECODE_PIPE off / on, µs a layer)
-             [ $((SECONDS + 90)) -gt "$END" ] && { echo "fknob $kp: skipped (time)"; continue; }
-             BANYAN_DECODE_PIPE=$kp timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fknob_$kp.json" \
-               --only "fp8_served_us|fp8_served_rope_us" --shapes "${FKSHAPES:-64x1024,128x2560,600x1536,1024x384}" \
-               >"$OUT/fknob_$kp.log" 2>&1; echo "fknob pipe=$kp (rc $?)"
-             python3 -c "import json,sys; [print(r['batch'], r['context'], r.get('flashinfer_fp8_us'),
-               r.get('triton_fp8_served_us'), r.get('triton_fp8_served_rope_us')) for r in json.load(open(sys.argv[1]))['rows']]" \
+    fknob) for kp in 0 1; do  # (the FP8 pool's decode, served and 32-128-token blocks, BANYAN_DECODE_PIPE off / on)
+             [ $((SECONDS + 100)) -gt "$END" ] && { echo "fknob $kp: skipped (time)"; continue; }
+             BANYAN_DECODE_PIPE=$kp timeout 180 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fknob_$kp.json" \
+               --only "fp8_served_us|fp8_served_rope_us|fp8_(128_4w3s|64_4w3s|64_2w3s|32_4w3s|64_4w4s)_f16_asm_us" \
+               --shapes "${FKSHAPES:-64x1024,128x2560,600x1536,1024x384}" >"$OUT/fknob_$kp.log" 2>&1
+             echo "fknob pipe=$kp (rc $?)"
+             python3 -c "import json,sys; [print(r['batch'], r['context'], {k[:-3]: v for k, v in r.items()
+               if k.startswith(('triton_fp8', 'flashinfer_fp8'))}) for r in json.load(open(sys.argv[1]))['rows']]" \
                "$OUT/fknob_$kp.json" 2>&1 | tail -4
            done ;;
     bsplit) timeout 200 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bsplit.json" --only bf16_served \
