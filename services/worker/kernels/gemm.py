@@ -140,7 +140,7 @@ PLAIN_CONFIGS = (GemmConfig(64, 64, 64), GemmConfig(64, 128, 64), GemmConfig(64,
 SPLIT_MAX_M = 128  # (configs with K in parts are timed for the ranges up to here, not for the vocabulary-wide
 # weight: above, or there, the tiles fill the GPU; their float32 parts take parts × M × N × 4 bytes a call)
 ADD_BLOCK = 1024  # (elements a program of _add_parts)
-EDGE_ROWS = 256  # (above 1,024 rows the check compares the first and last this many rows with float32: the tiles repeat)
+EDGE_ROWS = 256  # (above 512 rows the check compares the first and last this many with float32: the tiles repeat)
 
 
 def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig | LtConfig = CONFIGS[0],
