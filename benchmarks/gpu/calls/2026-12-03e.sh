@@ -248,7 +248,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
                timeout 120 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/${pre}_$tag.json" --only bf16_served \
                --splits 1,2 --shapes "$shapes" >"$OUT/${pre}_$tag.log" 2>&1
              echo "$pre $kn (rc $?)"; grep '^| [0-9]' "$OUT/${pre}_$tag.log" | tail -3
-           done ;;
+           done; python3 -m benchmarks.gpu.knob_table "$OUT" 2>&1 | tail -12 ;;
     fknob) for kp in 0 1; do  # (the FP8 pool's decode, served and 32-128-token blocks, BANYAN_DECODE_PIPE off / on)
              [ $((SECONDS + 100)) -gt "$END" ] && { echo "fknob $kp: skipped (time)"; continue; }
              BANYAN_DECODE_PIPE=$kp timeout 180 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/fknob_$kp.json" \
@@ -258,7 +258,7 @@ print(min((v, w) for w, v in t.items() if isinstance(v, float))[1])" 2>/dev/null
              python3 -c "import json,sys; [print(r['batch'], r['context'], {k[:-3]: v for k, v in r.items()
                if k.startswith(('triton_fp8', 'flashinfer_fp8'))}) for r in json.load(open(sys.argv[1]))['rows']]" \
                "$OUT/fknob_$kp.json" 2>&1 | tail -4
-           done ;;
+           done; python3 -m benchmarks.gpu.knob_table "$OUT" 2>&1 | tail -12 ;;
     bsplit) timeout 200 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/bsplit.json" --only bf16_served \
               --shapes "${BSPLIT:-32x1024,64x1024,96x1024,128x1024,192x1024,64x2048,96x2048,128x2048,255x1024}" \
               --splits 1,2,4 >"$OUT/bsplit.log" 2>&1; echo "bsplit (rc $?)"; grep '^| ' "$OUT/bsplit.log" ;;
