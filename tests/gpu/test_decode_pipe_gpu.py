@@ -1,7 +1,8 @@
-"""``BANYAN_DECODE_PIPE=1`` on the GPU (skipped without CUDA): the Triton decode with each block's table slots
-loaded an iteration ahead (Triton then keeps stages − 1 K/V copies in flight) gives the same bits as the served
-launch — bf16 and FP8 pools, at batch 1 (split contexts), 64 and 600 rows, with 32- and 64-token blocks at 3 and
-4 stages, eagerly and replayed from a CUDA graph.
+"""The pipelined Triton decode on the GPU (skipped without CUDA): each block's table slots loaded an iteration
+ahead (Triton then keeps stages − 1 K/V buffers in flight) gives the same bits as the same launch without —
+bf16 and FP8 pools, at batch 1 (split contexts), 64 (the pipelined band) and 600 rows, with 32- and 64-token
+blocks at 3 and 4 stages, eagerly and replayed from a CUDA graph — and the served launch in the band (one split
+on a bf16 pool) agrees with the launch before it (``BANYAN_DECODE_PIPE=0``) to rounding.
 
     python -m pytest -q -m gpu tests/gpu/test_decode_pipe_gpu.py
 """
@@ -17,23 +18,25 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.fixture
-def pipe(monkeypatch):
+def rule(monkeypatch):
     from services.worker.attention import decode_rules as dr
 
-    def turn(on: bool) -> None:
-        monkeypatch.setenv("BANYAN_DECODE_PIPE", "1" if on else "0")
+    def turn(pipe: str | None) -> None:
+        if pipe is None:
+            monkeypatch.delenv("BANYAN_DECODE_PIPE", raising=False)
+        else:
+            monkeypatch.setenv("BANYAN_DECODE_PIPE", pipe)
         dr.pipelined.cache_clear()
-        dr.plain_stages.cache_clear()
 
+    turn(None)
     yield turn
     monkeypatch.delenv("BANYAN_DECODE_PIPE", raising=False)
     dr.pipelined.cache_clear()
-    dr.plain_stages.cache_clear()
 
 
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("batch", [1, 64, 600])
-def test_the_slots_a_block_ahead_give_the_served_launchs_bits(pipe, batch, fp8) -> None:
+def test_the_slots_a_block_ahead_give_the_same_launchs_bits(rule, batch, fp8) -> None:
     from services.worker.attention import triton_decode as td
 
     dev, hq, hkv, d = torch.device("cuda"), 32, 8, 128
@@ -50,17 +53,22 @@ def test_the_slots_a_block_ahead_give_the_served_launchs_bits(pipe, batch, fp8) 
     def run(**kw):
         return td.decode(q, k, v, table, rows, prefix, 1 / math.sqrt(d), 0.7, 1.3, f16=fp8, return_lse=True, **kw)
 
-    for kw in ({}, {"block": 32, "num_stages": 3}, {"block": 64, "num_stages": 4}):  # (the same launch either way)
-        pipe(False)
-        want, want_lse = run(**kw)
-        pipe(True)
-        got, lse = run(**kw)
+    served = td.launch_config(batch, hkv, fp8)
+    assert served.pipe == (batch == 64)  # (the band: 32-96 rows of 8 KV heads, 32-128 on an FP8 pool)
+    for kw in ({"block": served.block, "num_stages": served.stages}, {"block": 32, "num_stages": 3},
+               {"block": 64, "num_stages": 4}):  # (the same launch either way)
+        want, want_lse = run(splits=served.splits, pipe=False, **kw)
+        got, lse = run(splits=served.splits, pipe=True, **kw)
         assert torch.equal(got, want) and torch.equal(lse, want_lse), (kw, (got.float() - want.float()).abs().max())
-    pipe(True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, _ = run()
+        out, _ = run()  # (the served launch)
     q.copy_((torch.randn(batch, hq, d, generator=g, device=dev) * 0.1).to(torch.bfloat16))
     graph.replay()
-    pipe(False)
-    assert torch.equal(out, run()[0])
+    assert torch.equal(out, run(pipe=not served.pipe, splits=served.splits, block=served.block,
+                                num_stages=served.stages)[0])
+    rule("0")  # (the launch before the band: another split count, so equal to rounding only)
+    before = td.launch_config(batch, hkv, fp8)
+    assert before.pipe is False and (before == served) == (batch != 64)
+    old = run()[0].float()
+    assert (out.float() - old).abs().max() <= 2e-2 * old.abs().max(), (out.float() - old).abs().max()

@@ -136,7 +136,8 @@ dr.pipelined.cache_clear()
 assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
-assert td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu")) == 3 * len(td.SPLIT_COUNTS)
+warmed = td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu"))
+assert warmed == 3 * (len(td.SPLIT_COUNTS) + 1)  # (each split count's launch and the pipelined band's)
 # one launch: each (request, KV head)'s last program merged its parts, and left its count zero for the next launch
 assert int(td._counts[torch.device("cpu")].abs().sum()) == 0
 print("triton decode ok")
@@ -183,21 +184,55 @@ def test_which_decode_plans_auto_sends_to_the_triton_kernel(monkeypatch) -> None
         td.row_bounds("fa3", "cuda", False)
 
 
-def test_launch_configurations_by_batch() -> None:
+def test_launch_configurations_by_batch(monkeypatch) -> None:
+    from services.worker.attention import decode_rules as dr
     from services.worker.attention import triton_decode as td
+    from services.worker.attention.decode_rules import Launch as L
 
-    # bf16/fp16 pools: the split count alone changes (a power of two filling the GPU; two up to 96 rows of 8 KV
-    # heads), 64-token blocks, 4 warps
-    assert [td.launch_config(b, 8, False) for b in (1, 16, 64, 96, 97, 128, 1024)] == [
-        (16, 64, 4), (4, 64, 4), (2, 64, 4), (2, 64, 4), (1, 64, 4), (1, 64, 4), (1, 64, 4)]
-    # FP8 pools: two splits up to 128 rows of 8 KV heads; 128-token blocks at <= 2 splits; 64 on 2 warps from 512
-    assert [td.launch_config(b, 8, True) for b in (1, 16, 96, 128, 129, 256, 511, 512, 4096)] == [
-        (16, 64, 4), (4, 64, 4), (2, 128, 4), (2, 128, 4), (1, 128, 4), (1, 128, 4), (1, 128, 4), (1, 64, 2),
-        (1, 64, 2)]
-    assert td.launch_config(1024, 8, True, splits=4) == (4, 64, 4)  # (a forced count keeps its own block)
-    every = {td.launch_config(b, 8, fp8) for b in range(1, 4097) for fp8 in (False, True)}
-    warmed = {td.launch_config(1, 8, fp8, s) for s in td.SPLIT_COUNTS for fp8 in (False, True)}
-    assert every <= warmed | {td.launch_config(td.MAX_PAIRS // 8, 8, True)}  # (what warm_up compiles)
+    def clear() -> None:
+        for f in (dr.knobs, dr.pipelined, dr.plain_stages):
+            f.cache_clear()
+
+    for name in ("BANYAN_DECODE_BLOCK", "BANYAN_DECODE_WARPS", "BANYAN_DECODE_STAGES", "BANYAN_DECODE_PIPE"):
+        monkeypatch.delenv(name, raising=False)
+    clear()
+    try:
+        # bf16/fp16 pools: a power of two filling the GPU, 64-token blocks, 4 warps, 2 stages; the pipelined band
+        # (32-96 rows of 8 KV heads) one split of 32-token blocks, 4 stages, the slots a block ahead
+        band = L(1, 32, 4, 4, True)
+        assert [td.launch_config(b, 8, False) for b in (1, 16, 31, 32, 64, 96, 97, 128, 1024)] == [
+            L(16, 64, 4, 2, False), L(4, 64, 4, 2, False), L(2, 64, 4, 2, False), band, band, band,
+            L(1, 64, 4, 2, False), L(1, 64, 4, 2, False), L(1, 64, 4, 2, False)]
+        # FP8 pools: two splits up to 128 rows of 8 KV heads — pipelined 64-token blocks on 2 warps from 32 rows,
+        # 128-token blocks on 4 below — one split of 128-token blocks above, of 64 on 2 warps from 512 rows
+        band8 = L(2, 64, 2, 3, True)
+        assert [td.launch_config(b, 8, True) for b in (1, 16, 31, 32, 128, 129, 511, 512, 4096)] == [
+            L(16, 64, 4, 3, False), L(4, 64, 4, 3, False), L(2, 128, 4, 3, False), band8, band8,
+            L(1, 128, 4, 3, False), L(1, 128, 4, 3, False), L(1, 64, 2, 3, False), L(1, 64, 2, 3, False)]
+        assert td.launch_config(1024, 8, True, splits=4) == L(4, 64, 4, 3, False)  # (a forced count keeps its own)
+        assert td.launch_config(64, 8, False, splits=2) == L(2, 64, 4, 2, False)  # (and leaves the band)
+        every = {td.launch_config(b, 8, fp8) for b in range(1, 8193) for fp8 in (False, True)}
+        assert len({c for c in every if c.pipe}) == 2
+        # BANYAN_DECODE_PIPE=0: the launches before the band; =1: every launch pipelined, at least 3 stages
+        monkeypatch.setenv("BANYAN_DECODE_PIPE", "0")
+        clear()
+        assert td.launch_config(64, 8, False) == L(2, 64, 4, 2, False)
+        assert td.launch_config(64, 8, True) == L(2, 128, 4, 3, False)
+        monkeypatch.setenv("BANYAN_DECODE_PIPE", "1")
+        clear()
+        assert td.launch_config(1, 8, False) == L(16, 64, 4, 3, True) and td.launch_config(64, 8, False) == band
+        monkeypatch.setenv("BANYAN_DECODE_BLOCK", "16")
+        monkeypatch.setenv("BANYAN_DECODE_STAGES", "5")
+        clear()
+        assert td.launch_config(64, 8, True) == L(2, 16, 2, 5, True)  # (the knobs override each field)
+        monkeypatch.setenv("BANYAN_DECODE_PIPE", "2")
+        clear()
+        with pytest.raises(ValueError, match="BANYAN_DECODE_PIPE"):
+            td.launch_config(64, 8, True)
+    finally:
+        for name in ("BANYAN_DECODE_BLOCK", "BANYAN_DECODE_STAGES", "BANYAN_DECODE_PIPE"):
+            monkeypatch.delenv(name, raising=False)
+        clear()
 
 
 def td_max_pairs() -> int:
@@ -259,7 +294,8 @@ q, k, v = (x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, h
 o = td.decode(q, *kv, table, rows, pos, d ** -0.5, new=(k, v, cos_sin, pos + 1, slots, None, None))
 assert not torch.allclose(o, ro, atol=1e-2)
 td.set_rope(True)
-assert td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu")) == 4 * len(td.SPLIT_COUNTS)
+warmed = td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu"))
+assert warmed == 4 * (len(td.SPLIT_COUNTS) + 1)  # (each split count's launch and the pipelined band's)
 print("rope in decode ok")
 """
 
@@ -342,7 +378,7 @@ def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
     try:
         dr.knobs.cache_clear()
-        assert dr.knobs() == (dr.BLOCK_N, 4, dr.MIN_PART, True)
+        assert dr.knobs() == (None, None, dr.MIN_PART, True)  # (block and warps: the launch rule's)
         monkeypatch.setenv("BANYAN_DECODE_WARM", "0")
         assert dr.knobs()[3] is True  # (read once a process: unchanged until cleared)
         dr.knobs.cache_clear()
@@ -353,9 +389,9 @@ def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
             dr.knobs()
         monkeypatch.delenv("BANYAN_DECODE_STAGES", raising=False)
         dr.plain_stages.cache_clear()
-        assert dr.plain_stages() == 2
+        assert dr.plain_stages() is None
         monkeypatch.setenv("BANYAN_DECODE_STAGES", "3")
-        assert dr.plain_stages() == 2  # (read once)
+        assert dr.plain_stages() is None  # (read once)
         dr.plain_stages.cache_clear()
         assert dr.plain_stages() == 3
         monkeypatch.setenv("BANYAN_DECODE_STAGES", "9")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 
 BLOCK_N = 64  # context tokens a program reads per iteration
 FP8_WIDE_BLOCK = 128  # context tokens an iteration for an FP8 pool at <= 2 splits (large batches)
@@ -44,51 +45,87 @@ TWO_SPLIT_PAIRS = 768
 FP8_NARROW_PAIRS = 4096
 
 
+class Launch(NamedTuple):
+    """A Triton decode launch's configuration: (request, KV head) programs per request, context tokens a program
+    reads per iteration, warps, software-pipeline stages, and whether each block's table slots are loaded in the
+    iteration before (``pipelined``)."""
+    splits: int
+    block: int
+    warps: int
+    stages: int
+    pipe: bool
+
+
+# The pipelined band: (request, KV head) pairs from ``PIPE_FROM_PAIRS`` up to two splits' limit (bf16/fp16: 32-96
+# rows of 8 KV heads; an FP8 pool read in fp16: 32-128) take one launch with the slots a block ahead. H100,
+# fp8_decode_bench, µs a layer (docs/perf.md 2026-12-05 twenty-ninth session): bf16 32 × 1,024 54.4 (served: 2
+# splits, 64-token blocks, 2 stages) → 50.5 (1 split, 32-token blocks, 4 warps, 4 stages, pipelined), 64 × 1,024
+# 96.7 → 92.6, level at 128 rows; FP8 64 × 1,024 66.8 (2 splits, 128-token blocks, 4 warps) → 60.8 (64-token blocks,
+# 2 warps, pipelined), 128 × 2,560 273.4 → 254.5, level from 600 rows.
+PIPE_FROM_PAIRS = 256
+PIPE_BF16 = Launch(1, 32, 4, 4, True)
+PIPE_FP8 = Launch(2, 64, 2, 3, True)
+
+
 @functools.cache
-def knobs() -> tuple[int, int, int, bool]:
-    """(block, warps, min part) of the launches that are not an FP8 pool's at <= 2 splits — ``BLOCK_N``, 4 and
-    ``MIN_PART`` unless ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128), ``BANYAN_DECODE_WARPS`` or
-    ``BANYAN_DECODE_MIN_PART`` (measurement knobs) say otherwise — and for every launch whether the first block's
-    slots are prefetched into L1 with the rope inside (``BANYAN_DECODE_WARM=0``: not). Read once a process (each
-    decode launch asks): ``knobs.cache_clear()`` after changing them."""
-    block = int(os.environ.get("BANYAN_DECODE_BLOCK", BLOCK_N))
-    if block not in (16, 32, 64, 128):
+def knobs() -> tuple[int | None, int | None, int, bool]:
+    """(block, warps, min part) of every launch — None (``launch_config``'s rule) and ``MIN_PART`` unless
+    ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128), ``BANYAN_DECODE_WARPS`` or ``BANYAN_DECODE_MIN_PART`` (measurement
+    knobs) say otherwise — and whether the first block's slots are prefetched into L1 with the rope inside
+    (``BANYAN_DECODE_WARM=0``: not). Read once a process (each decode launch asks): ``knobs.cache_clear()`` after
+    changing them."""
+    block, warps = (int(os.environ.get(f"BANYAN_DECODE_{k}") or 0) or None for k in ("BLOCK", "WARPS"))
+    if block not in (None, 16, 32, 64, 128):
         raise ValueError(f"BANYAN_DECODE_BLOCK={block} (16 | 32 | 64 | 128)")
-    warps, part = int(os.environ.get("BANYAN_DECODE_WARPS", 4)), int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
+    part = int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
     return block, warps, part, os.environ.get("BANYAN_DECODE_WARM", "1") != "0"
 
 
 @functools.cache
-def pipelined() -> bool:
-    """Whether the launches (any pool) load each block's table slots in the iteration before and its V with its K
-    (``BANYAN_DECODE_PIPE=1``, a measurement knob). Why: one wave of programs at 32-96 rows reads the pool at
-    75-85 % of HBM bandwidth, two waves at 128 rows at 96 % (H200); the PTX shows Triton's pipeliner keeping one K/V
-    buffer and waiting for it at the top of every iteration (the addresses come from a load in the same
+def pipelined() -> bool | None:
+    """Whether launches load each block's table slots in the iteration before and its V with its K: None — by
+    ``launch_config``'s rule (the pipelined band) — unless ``BANYAN_DECODE_PIPE`` is 1 (every launch, any pool) or
+    0 (none: the launches before the band, an A/B knob). Why: one wave of programs at 32-96 rows read the pool at
+    75-85 % of HBM bandwidth, two waves at 128 rows at 96 % (H200); the PTX shows Triton's pipeliner keeping one
+    K/V buffer and waiting for it at the top of every iteration (the addresses come from a load in the same
     iteration), so a program has nothing in flight while it computes; with the slots a block ahead it keeps
     ``stages`` - 1 buffers in flight (docs/perf.md 2026-12-05 twenty-eighth session). The same products in the
     same order: the same bits."""
-    return os.environ.get("BANYAN_DECODE_PIPE", "0") == "1"
+    pipe = os.environ.get("BANYAN_DECODE_PIPE", "")
+    if pipe not in ("", "0", "1"):
+        raise ValueError(f"BANYAN_DECODE_PIPE={pipe!r} (0 | 1, unset: by batch)")
+    return None if pipe == "" else pipe == "1"
 
 
 @functools.cache
-def plain_stages() -> int:
-    """Software-pipeline stages of a launch on a bf16/fp16 pool (or an FP8 one not read in fp16): 2 (3 with
-    ``pipelined``) unless ``BANYAN_DECODE_STAGES`` (a measurement knob, as ``knobs``; read once a process)."""
-    stages = int(os.environ.get("BANYAN_DECODE_STAGES", 3 if pipelined() else 2))
-    if not 1 <= stages <= 6:
+def plain_stages() -> int | None:
+    """Software-pipeline stages of every launch if ``BANYAN_DECODE_STAGES`` says (a measurement knob, as ``knobs``;
+    read once a process), else None: ``launch_config``'s."""
+    stages = os.environ.get("BANYAN_DECODE_STAGES")
+    if stages is not None and not 1 <= int(stages) <= 6:
         raise ValueError(f"BANYAN_DECODE_STAGES={stages} (1-6)")
-    return stages
+    return None if stages is None else int(stages)
 
 
-def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> tuple[int, int, int]:
-    """(splits, block, warps) of a launch of ``batch`` requests (``fp8``: an FP8 pool read in fp16) — functions
-    of the batch size (fixed at a graph's capture); ``splits`` overrides the count."""
+def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> Launch:
+    """The launch of ``batch`` requests (``fp8``: an FP8 pool read in fp16) — a function of the batch size (fixed
+    at a graph's capture); ``splits`` overrides the count (and leaves the pipelined band). Outside the band: a
+    bf16/fp16 pool's 64-token blocks on 4 warps, 2 stages; an FP8 pool's at <= 2 splits 128-token blocks on 4
+    warps (64 on 2 from ``FP8_NARROW_PAIRS`` at one split), 3 stages. The measurement knobs override each field."""
+    pairs, auto = batch * kv_heads, splits is None
     splits = splits or num_splits(batch, kv_heads, fp8)
-    if not fp8 or splits > 2:
-        return splits, *knobs()[:2]
-    if splits == 1 and batch * kv_heads >= FP8_NARROW_PAIRS:
-        return splits, BLOCK_N, 2
-    return splits, FP8_WIDE_BLOCK, 4
+    pipe = pipelined()
+    if auto and pipe is not False and PIPE_FROM_PAIRS <= pairs <= (FP8_TWO_SPLIT_PAIRS if fp8 else TWO_SPLIT_PAIRS):
+        cfg = PIPE_FP8 if fp8 else PIPE_BF16
+    elif fp8 and splits <= 2:
+        narrow = splits == 1 and pairs >= FP8_NARROW_PAIRS
+        cfg = Launch(splits, BLOCK_N if narrow else FP8_WIDE_BLOCK, 2 if narrow else 4, 3, False)
+    else:
+        cfg = Launch(splits, BLOCK_N, 4, 3 if fp8 else 2, False)
+    if pipe and not cfg.pipe:  # (BANYAN_DECODE_PIPE=1: every launch, a third stage for two buffers in flight)
+        cfg = cfg._replace(pipe=True, stages=max(cfg.stages, 3))
+    block, warps, _, _ = knobs()
+    return cfg._replace(block=block or cfg.block, warps=warps or cfg.warps, stages=plain_stages() or cfg.stages)
 
 
 def min_part_tokens() -> int:

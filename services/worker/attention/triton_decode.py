@@ -54,15 +54,17 @@ def warm_up(q_dtype: torch.dtype, pool_dtype: torch.dtype, heads: tuple[int, int
     new = (q[:, :hkv], q[:, :hkv], torch.zeros((ctx, d), device=device), last, last, *(
         (torch.ones(hkv, device=device),) * 2 if pool_dtype.itemsize == 1 else (None, None)))
     fp8 = f16 and pool_dtype == torch.float8_e4m3fn
-    configs = {launch_config(1, hkv, fp8, s) for s in SPLIT_COUNTS} | {launch_config(MAX_PAIRS // hkv, hkv, fp8)}
+    configs = {launch_config(b, hkv, fp8) for b in range(1, MAX_PAIRS // hkv + 1)} | {
+        launch_config(1, hkv, fp8, s) for s in SPLIT_COUNTS}
     n = 0
-    for splits, block, warps in sorted(configs):
+    for cfg in sorted(configs):
         for starts, lse, rope in ((None, False, False), (None, True, False), (last // 2, True, False),
                                   (None, False, True)):
             if rope and not rope_enabled():
                 continue
-            decode(q, k, k, table, rows, last, 1.0, splits=splits, return_lse=lse, starts=starts, f16=f16,
-                   new=new if rope else None, block=block, num_warps=warps)
+            decode(q, k, k, table, rows, last, 1.0, splits=cfg.splits, return_lse=lse, starts=starts, f16=f16,
+                   new=new if rope else None, block=cfg.block, num_warps=cfg.warps, num_stages=cfg.stages,
+                   pipe=cfg.pipe)
             n += 1
     return n
 
@@ -290,7 +292,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
            min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
-           prefetch: tuple[torch.Tensor, int] | None = None, counts: torch.Tensor | None = None):
+           prefetch: tuple[torch.Tensor, int] | None = None, counts: torch.Tensor | None = None,
+           pipe: bool | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
     dtype (with ``return_lse`` also the scores' log-sum-exp (B, Hq) float32, base 2 as FlashInfer's).
@@ -303,23 +306,24 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     positions, slots, k_inv, v_inv): q and k (B, Hkv, D) are not rotated yet — the kernel rotates q, and
     writes the rotated k and v (quantized with ``k_inv`` / ``v_inv`` (Hkv,) unless None) at ``slots``
     of the caches before it reads them, as ``rope_store`` then ``decode`` (one launch). ``splits``,
-    ``block``, ``num_warps`` (None: ``launch_config``'s), ``num_stages`` (None: 3 for an FP8 pool with ``f16``, else
-    ``plain_stages()``): the launch configuration, and
+    ``block``, ``num_warps``, ``num_stages``, ``pipe`` (each None: ``launch_config``'s, by batch size): the launch
+    configuration (``pipe``: each block's table slots loaded in the iteration before, the same bits), and
     ``widen`` (None: ``widen_mode``) how such a pool's values are widened (benchmarks/gpu/fp8_decode_bench.py).
     ``out`` / ``lse_out``: where to write them ((B, Hq, D) in q's dtype, (B, Hq) float32; views of larger
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
     tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
-    short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores nothing, and a
-    context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8 tensor, bytes): its
+    short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores
+    nothing, and a context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8 tensor, bytes): its
     first bytes (the next kernel's weight) into L2 once the K/V is read, while this kernel's end leaves HBM idle
     (CUDA only; a hint: the same bits). ``counts``: zeroed int32 pair counts (None: the device's; a 2nd lane's own)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
     e4m3 = f16 and k_cache.dtype == torch.float8_e4m3fn
-    splits, auto_block, auto_warps = launch_config(bsz, hkv, e4m3, splits)
-    min_part = min_part_tokens() if min_part is None else min_part
-    block, num_warps = block or auto_block, num_warps or auto_warps
+    cfg = launch_config(bsz, hkv, e4m3, splits)
+    splits, min_part = cfg.splits, min_part_tokens() if min_part is None else min_part
+    block, num_warps, num_stages = block or cfg.block, num_warps or cfg.warps, num_stages or cfg.stages
+    pipe = cfg.pipe if pipe is None else pipe
     o_part = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
     if out is None:
@@ -332,9 +336,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     quant = k_inv is not None
     assert new is None or (block_d == d and kn.stride(2) == vn.stride(2) == 1 and cos_sin.shape[1] == d)
     mode = WIDEN_MODES[widen_mode(q.device, widen) if e4m3 else "cvt"]
-    pipe = pipelined()
-    if num_stages is None:  # (fp8_decode_bench, H200: 600 × 1,536 755 µs against 847 with 2)
-        num_stages = 3 if e4m3 else plain_stages()
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     warm = knobs()[3]
     asm = q.is_cuda and not _interpreting()  # (inline assembly: not in the interpreter)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The twenty-ninth session's device calls: the pipelined decode band (decode_rules.PIPE_BF16 / PIPE_FP8) against
+# the launches before it.
+#   BANYAN_GIT_COMMIT=<tree> STEPS="band pipetest wbench old.wbench w34 old16.w34" END=560 \
+#     bash benchmarks/gpu/calls/2026-12-05.sh
+# Steps: band (fp8_decode_bench's served launch of both pools at $BANDSHAPES as the tree serves it and with
+# BANYAN_DECODE_PIPE=0, and the pipelined launches forced at one and two splits: bf16 32-token blocks, 4 warps,
+# 4 stages; FP8 64-token blocks, 2 warps, 3 stages; one table) · any step of 2026-12-03e.sh, run as the tree serves
+# (into $OUT/<step>) · old.<step>: the same with BANYAN_DECODE_PIPE=0 (the launches before the band) · old16.<step>:
+# also BANYAN_TRITON_ROWS=16 (bf16 decode plans through FlashInfer's above 16 rows: before the twenty-seventh
+# session's rule). Any step that would start past $END (s) is skipped, so the results always come back.
+source benchmarks/gpu/calls/setup.sh
+END=${END:-560}
+BANDSHAPES=${BANDSHAPES:-32x1024,48x1024,64x1024,80x1024,96x1024,112x1024,128x1024,160x1024,64x2048,96x2048,128x2560}
+band() {  # tag only-regex [env...]: one fp8_decode_bench run at the band's shapes
+  local tag=$1 only=$2; shift 2
+  env "$@" timeout 150 python3 -m benchmarks.gpu.fp8_decode_bench --out "$OUT/band_$tag.json" --only "$only" \
+    --splits 1,2 --shapes "$BANDSHAPES" >"$OUT/band_$tag.log" 2>&1
+  echo "band $tag (rc $?)"
+}
+for item in ${STEPS:-band}; do
+  left=$((END - SECONDS))
+  if [ "$left" -lt 40 ]; then echo "$item: skipped (time)"; continue; fi
+  case $item in
+    band)
+      band new '_served_us$'
+      band old '_served_us$' BANYAN_DECODE_PIPE=0
+      band bf16p 'bf16_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=32 BANYAN_DECODE_WARPS=4 \
+        BANYAN_DECODE_STAGES=4
+      band fp8p 'fp8_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=64 BANYAN_DECODE_WARPS=2 \
+        BANYAN_DECODE_STAGES=3
+      python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+runs = {t: {(r["batch"], r["context"]): r for r in json.loads((out / f"band_{t}.json").read_text())["rows"]}
+        for t in ("new", "old", "bf16p", "fp8p") if (out / f"band_{t}.json").exists()}
+print("| batch × context | pool | FlashInfer | before | served | pipelined 1 split | 2 splits | served vs before |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for shape in sorted(runs.get("new", {})):
+    for pool, p in (("bf16", "bf16p"), ("fp8", "fp8p")):
+        get = lambda t, k: runs.get(t, {}).get(shape, {}).get(k)  # noqa: E731
+        old, new = get("old", f"triton_{pool}_served_us"), get("new", f"triton_{pool}_served_us")
+        one, two = (get(p, f"triton_{pool}_served_{n}splits_min0_us") for n in (1, 2))
+        gain = f"{(old / new - 1) * 100:+.1f}%" if isinstance(old, float) and isinstance(new, float) else "-"
+        print(f"| {shape[0]} × {shape[1]} | {pool} | {get('new', f'flashinfer_{pool}_us')} | {old} | {new} | {one} "
+              f"| {two} | {gain} |")
+EOF
+      ;;
+    old.*|old16.*)
+      step=${item#*.}; name=${item%%.*}_$step
+      if [ "${item%%.*}" = old16 ]; then export BANYAN_TRITON_ROWS=16; fi
+      BANYAN_DECODE_PIPE=0 OUT=$OUT/$name STEPS=$step END=$left bash benchmarks/gpu/calls/2026-12-03e.sh 2>&1 \
+        | grep -v '^cuda gemv\|^cublaslt\|^model at' | sed "s/^/$name: /"
+      unset BANYAN_TRITON_ROWS ;;
+    *)
+      OUT=$OUT/$item STEPS=$item END=$left bash benchmarks/gpu/calls/2026-12-03e.sh 2>&1 \
+        | grep -v '^cuda gemv\|^cublaslt\|^model at' | sed "s/^/$item: /" ;;
+  esac
+done
+cd "$OUT" || exit 1
+tar czf /tmp/results.tgz . && rm -rf ./* && mv /tmp/results.tgz .  # (one file back)
