@@ -5,10 +5,10 @@
 #     bash benchmarks/gpu/calls/2026-12-05.sh
 # Steps: band (fp8_decode_bench's served launch of both pools at $BANDSHAPES as the tree serves it and with
 # BANYAN_DECODE_PIPE=0, and the pipelined launches forced at one and two splits: bf16 32-token blocks, 4 warps,
-# 4 stages; FP8 64-token blocks, 2 warps, 3 stages; one table) · any step of 2026-12-03e.sh, run as the tree serves
-# (into $OUT/<step>) · old.<step>: the same with BANYAN_DECODE_PIPE=0 (the launches before the band) · old16.<step>:
-# also BANYAN_TRITON_ROWS=16 (bf16 decode plans through FlashInfer's above 16 rows: before the twenty-seventh
-# session's rule). Any step that would start past $END (s) is skipped, so the results always come back.
+# 4 stages (and 3: bf16p3); FP8 64-token blocks, 2 warps, 3 stages; one table) · any step of 2026-12-03e.sh, run as
+# the tree serves (into $OUT/<step>) · old.<step>: the same with BANYAN_DECODE_PIPE=0 (the launches before the band)
+# · old16.<step>: also BANYAN_TRITON_ROWS=16 (bf16 decode plans through FlashInfer's above 16 rows: before the
+# twenty-seventh session's rule). Any step that would start past $END (s) is skipped, so the results come back.
 source benchmarks/gpu/calls/setup.sh
 END=${END:-560}
 BANDSHAPES=${BANDSHAPES:-32x1024,48x1024,64x1024,80x1024,96x1024,112x1024,128x1024,160x1024,64x2048,96x2048,128x2560}
@@ -29,21 +29,25 @@ for item in ${STEPS:-band}; do
         BANYAN_DECODE_STAGES=4
       band fp8p 'fp8_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=64 BANYAN_DECODE_WARPS=2 \
         BANYAN_DECODE_STAGES=3
+      band bf16p3 'bf16_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=32 BANYAN_DECODE_WARPS=4 \
+        BANYAN_DECODE_STAGES=3
       python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 runs = {t: {(r["batch"], r["context"]): r for r in json.loads((out / f"band_{t}.json").read_text())["rows"]}
-        for t in ("new", "old", "bf16p", "fp8p") if (out / f"band_{t}.json").exists()}
-print("| batch × context | pool | FlashInfer | before | served | pipelined 1 split | 2 splits | served vs before |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for t in ("new", "old", "bf16p", "fp8p", "bf16p3") if (out / f"band_{t}.json").exists()}
+print("| batch × context | pool | FlashInfer | before | served | pipelined 1 split | 2 splits | 3 stages: 1 · 2 "
+      "| served vs before |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for shape in sorted(runs.get("new", {})):
     for pool, p in (("bf16", "bf16p"), ("fp8", "fp8p")):
         get = lambda t, k: runs.get(t, {}).get(shape, {}).get(k)  # noqa: E731
         old, new = get("old", f"triton_{pool}_served_us"), get("new", f"triton_{pool}_served_us")
         one, two = (get(p, f"triton_{pool}_served_{n}splits_min0_us") for n in (1, 2))
+        three = " · ".join(str(get("bf16p3", f"triton_bf16_served_{n}splits_min0_us")) for n in (1, 2))
         gain = f"{(old / new - 1) * 100:+.1f}%" if isinstance(old, float) and isinstance(new, float) else "-"
         print(f"| {shape[0]} × {shape[1]} | {pool} | {get('new', f'flashinfer_{pool}_us')} | {old} | {new} | {one} "
-              f"| {two} | {gain} |")
+              f"| {two} | {three if pool == 'bf16' else '-'} | {gain} |")
 EOF
       ;;
     old.*|old16.*)
