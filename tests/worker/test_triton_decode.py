@@ -137,7 +137,7 @@ assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
 warmed = td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu"))
-assert warmed == 3 * (len(td.SPLIT_COUNTS) + 1)  # (each split count's launch and the pipelined band's)
+assert warmed == 3 * (len(td.SPLIT_COUNTS) + 2)  # (each split count's launch, the band's two)
 # one launch: each (request, KV head)'s last program merged its parts, and left its count zero for the next launch
 assert int(td._counts[torch.device("cpu")].abs().sum()) == 0
 print("triton decode ok")
@@ -198,10 +198,11 @@ def test_launch_configurations_by_batch(monkeypatch) -> None:
     clear()
     try:
         # bf16/fp16 pools: a power of two filling the GPU, 64-token blocks, 4 warps, 2 stages; the pipelined band
-        # (32-96 rows of 8 KV heads) one split of 32-token blocks, 4 stages, the slots a block ahead
-        band = L(1, 32, 4, 4, True)
-        assert [td.launch_config(b, 8, False) for b in (1, 16, 31, 32, 64, 96, 97, 128, 1024)] == [
-            L(16, 64, 4, 2, False), L(4, 64, 4, 2, False), L(2, 64, 4, 2, False), band, band, band,
+        # (32-96 rows of 8 KV heads) one split of 32-token blocks, the slots a block ahead, 4 stages up to one wave
+        # of 4 programs an SM (66 rows), 3 beyond
+        band, band3 = L(1, 32, 4, 4, True), L(1, 32, 4, 3, True)
+        assert [td.launch_config(b, 8, False) for b in (1, 16, 31, 32, 64, 66, 67, 96, 97, 128, 1024)] == [
+            L(16, 64, 4, 2, False), L(4, 64, 4, 2, False), L(2, 64, 4, 2, False), band, band, band, band3, band3,
             L(1, 64, 4, 2, False), L(1, 64, 4, 2, False), L(1, 64, 4, 2, False)]
         # FP8 pools: two splits up to 128 rows of 8 KV heads — pipelined 64-token blocks on 2 warps from 32 rows,
         # 128-token blocks on 4 below — one split of 128-token blocks above, of 64 on 2 warps from 512 rows
@@ -212,7 +213,7 @@ def test_launch_configurations_by_batch(monkeypatch) -> None:
         assert td.launch_config(1024, 8, True, splits=4) == L(4, 64, 4, 3, False)  # (a forced count keeps its own)
         assert td.launch_config(64, 8, False, splits=2) == L(2, 64, 4, 2, False)  # (and leaves the band)
         every = {td.launch_config(b, 8, fp8) for b in range(1, 8193) for fp8 in (False, True)}
-        assert len({c for c in every if c.pipe}) == 2
+        assert len({c for c in every if c.pipe}) == 3
         # BANYAN_DECODE_PIPE=0: the launches before the band; =1: every launch pipelined, at least 3 stages
         monkeypatch.setenv("BANYAN_DECODE_PIPE", "0")
         clear()
@@ -295,7 +296,7 @@ o = td.decode(q, *kv, table, rows, pos, d ** -0.5, new=(k, v, cos_sin, pos + 1, 
 assert not torch.allclose(o, ro, atol=1e-2)
 td.set_rope(True)
 warmed = td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu"))
-assert warmed == 4 * (len(td.SPLIT_COUNTS) + 1)  # (each split count's launch and the pipelined band's)
+assert warmed == 4 * (len(td.SPLIT_COUNTS) + 2)  # (each split count's launch, the band's two)
 print("rope in decode ok")
 """
 

@@ -62,6 +62,8 @@ class Launch(NamedTuple):
 # splits, 64-token blocks, 2 stages) → 50.5 (1 split, 32-token blocks, 4 warps, 4 stages, pipelined), 64 × 1,024
 # 96.7 → 92.6, level at 128 rows; FP8 64 × 1,024 66.8 (2 splits, 128-token blocks, 4 warps) → 60.8 (64-token blocks,
 # 2 warps, pipelined), 128 × 2,560 273.4 → 254.5, level from 600 rows.
+# At 4 stages a 32-token block's program takes 53 KiB of shared memory (4 an SM: one wave up to TARGET_PROGRAMS), at
+# 3 stages 37 KiB (6 an SM): past 528 pairs the bf16 band's launch keeps one wave at 3 stages.
 PIPE_FROM_PAIRS = 256
 PIPE_BF16 = Launch(1, 32, 4, 4, True)
 PIPE_FP8 = Launch(2, 64, 2, 3, True)
@@ -116,7 +118,7 @@ def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = Non
     splits = splits or num_splits(batch, kv_heads, fp8)
     pipe = pipelined()
     if auto and pipe is not False and PIPE_FROM_PAIRS <= pairs <= (FP8_TWO_SPLIT_PAIRS if fp8 else TWO_SPLIT_PAIRS):
-        cfg = PIPE_FP8 if fp8 else PIPE_BF16
+        cfg = PIPE_FP8 if fp8 else PIPE_BF16 if pairs <= TARGET_PROGRAMS else PIPE_BF16._replace(stages=3)
     elif fp8 and splits <= 2:
         narrow = splits == 1 and pairs >= FP8_NARROW_PAIRS
         cfg = Launch(splits, BLOCK_N if narrow else FP8_WIDE_BLOCK, 2 if narrow else 4, 3, False)
