@@ -70,3 +70,14 @@ def test_the_tuning_checks_a_large_range_at_its_first_and_last_rows() -> None:
     assert rows.tolist() == list(range(gemm.EDGE_ROWS)) + list(range(16384 - gemm.EDGE_ROWS, 16384))
     x = torch.arange(2048.0)[:, None]
     assert x[gemm._edges(2048)].shape == (2 * gemm.EDGE_ROWS, 1) and x[gemm._edges(2048)][-1, 0] == 2047
+
+
+def test_the_launch_arithmetic_matches_tritons() -> None:
+    """``kernels.cdiv`` / ``pow2_at_least`` (the launches' grid and block sizes without Triton's ~2-µs constexpr
+    wrappers) give Triton's values."""
+    triton = pytest.importorskip("triton")
+    from services.worker.kernels import cdiv, pow2_at_least
+
+    assert [pow2_at_least(n) for n in range(1, 4100)] == [triton.next_power_of_2(n) for n in range(1, 4100)]
+    assert pow2_at_least(0) == 1
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 600) for b in range(1, 70))

@@ -28,6 +28,7 @@ from services.worker.attention.decode_rules import (  # noqa: F401 (the launch r
     AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
     MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, pipelined,
     plain_stages, row_bounds, WIDEN_MODES, _interpreting, widen_mode)
+from services.worker.kernels import pow2_at_least
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8_MAX
 
@@ -330,7 +331,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     lse = l_part if not return_lse else lse_out if lse_out is not None else torch.empty(
         (bsz, hq), dtype=torch.float32, device=q.device)
-    block_d = triton.next_power_of_2(d)
+    block_d = pow2_at_least(d)
     pdl = launch_pdl(q.device)
     kn, vn, cos_sin, pos, slots, k_inv, v_inv = new or (q, q, q, rows, rows, None, None)
     quant = k_inv is not None
@@ -353,10 +354,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit, pf_at, pf_bytes,  # (exp2: log2 units)
-        G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
+        G=g, BLOCK_H=max(16, pow2_at_least(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
+        BLOCK_S=pow2_at_least(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
-        PF=pf, PF_WARPS=num_warps, BLOCK_G=triton.next_power_of_2(g),
+        PF=pf, PF_WARPS=num_warps, BLOCK_G=pow2_at_least(g),
         WARM=warm and new is not None and asm, PIPE=pipe,
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),

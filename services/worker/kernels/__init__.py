@@ -31,6 +31,17 @@ gemm_choices: dict[tuple[int, int, torch.dtype], tuple] = {}
 gemm_tuned: dict[tuple[int, int, torch.dtype], str] = {}
 
 
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` without its cost: Triton wraps it (and ``next_power_of_2``) as a constexpr function, ~1.9 µs
+    a host call (3.6 and 3.9) — several a launch on the eager steps' paths."""
+    return -(-a // b)
+
+
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= ``n`` (``triton.next_power_of_2`` without its cost; 1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def reset() -> None:
     """Forget every decision (benchmarks and tests that tune again)."""
     choices.clear()

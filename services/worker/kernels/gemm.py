@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from services.worker import kernels
-from services.worker.kernels import cublaslt, tuning_cache
+from services.worker.kernels import cdiv, cublaslt, tuning_cache
 from services.worker.kernels.cublaslt import LtConfig
 from services.worker.quant.fp8 import FP8, fast_accum
 
@@ -159,16 +159,16 @@ def matmul(x: Tensor, w: Tensor, out_dtype: torch.dtype, cfg: GemmConfig | LtCon
     if m:
         scaled = xs is not None
         sa, sb = (xs, ws) if scaled else (x, w)
-        per = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k  # (K a part: whole tiles)
-        parts = triton.cdiv(k, per)
+        per = cdiv(cdiv(k, cfg.split), cfg.block_k) * cfg.block_k  # (K a part: whole tiles)
+        parts = cdiv(k, per)
         out = y if parts == 1 else torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), parts)
+        grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), parts)
         _gemm_kernel[grid](x, w, sa, sb, out, m, n, k, per, x.stride(0), w.stride(0), y.stride(0), SCALED=scaled,
                            EVEN_K=k % cfg.block_k == 0, PRECISE=not fast_accum(), BLOCK_M=cfg.block_m,
                            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, PARTIAL=parts > 1,
                            num_warps=cfg.warps, num_stages=cfg.stages)
         if parts > 1:
-            _add_parts[(triton.cdiv(m * n, ADD_BLOCK),)](out, sa, sb, y, m, n, y.stride(0), PARTS=parts,
+            _add_parts[(cdiv(m * n, ADD_BLOCK),)](out, sa, sb, y, m, n, y.stride(0), PARTS=parts,
                                                          SCALED=scaled, BLOCK=ADD_BLOCK, num_warps=4)
     return y
 

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels import cdiv
 from services.worker.kernels.triton_pdl import launch_pdl
 from services.worker.quant.fp8 import FP8, FP8_MAX
 
@@ -88,7 +89,7 @@ def rope_store(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor
     assert k_cache.stride(2) == 1 and k_cache.stride() == v_cache.stride() and cos_sin.stride(1) == 1
     quant = k_inv is not None
     block, pdl = (ROWS_BLOCK, False) if t >= ROWS_FROM else (1, launch_pdl(q.device))  # (prompts: no PDL)
-    _rope_store_kernel[(triton.cdiv(t, block), hq + hkv)](
+    _rope_store_kernel[(cdiv(t, block), hq + hkv)](
         q, k, v, k_cache, v_cache, slots, positions, cos_sin, k_inv if quant else cos_sin,
         v_inv if quant else cos_sin, t, hq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), QUANT=quant, FMAX=FP8_MAX,

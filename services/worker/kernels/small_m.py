@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from services.worker import kernels
-from services.worker.kernels import BUCKETS, MAX_M, cuda_gemv, tuning_cache
+from services.worker.kernels import BUCKETS, MAX_M, cdiv, cuda_gemv, tuning_cache
 
 Tensor = torch.Tensor
 
@@ -182,11 +182,11 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config | cuda
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k
-    split = triton.cdiv(k, k_per_split)
+    k_per_split = cdiv(cdiv(k, cfg.split), cfg.block_k) * cfg.block_k
+    split = cdiv(k, k_per_split)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     s = scale if scale is not None else w
-    grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.m_tile))
+    grid = (cdiv(n, cfg.block_n), split, cdiv(m, cfg.m_tile))
     last_adds = cfg.last_adds and split > 1
     counts = _tile_counts(x.device, grid[0] * grid[2]) if last_adds else y
     _linear_kernel[grid](x, w, s, out, y, counts, m, n, k, k_per_split, x.stride(0), w.stride(0), y.stride(0),
@@ -196,7 +196,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config | cuda
                          PREFETCH=cfg.prefetch and cfg.m_tile < 16, num_warps=cfg.warps, num_stages=cfg.stages)
     if split > 1 and not last_adds:
         block = 1024
-        _sum_kernel[(triton.cdiv(m * n, block),)](out, s, y, m, n, y.stride(0), SPLIT=split,
+        _sum_kernel[(cdiv(m * n, block),)](out, s, y, m, n, y.stride(0), SPLIT=split,
                                                   HAS_SCALE=scale is not None, BLOCK=block, num_warps=4)
     return y
 

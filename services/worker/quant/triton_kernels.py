@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels import pow2_at_least
 from services.worker.quant.fp8 import FP8, FP8_MAX, FusedQuant, QuantizedActivation, quantize_per_token
 from services.worker.quant.kv import quantize_kv
 
@@ -61,7 +62,7 @@ def _quant_rows(kernel, src: Tensor, width: int, out_dtype: torch.dtype) -> tupl
     q = torch.empty((t, width), dtype=out_dtype, device=src.device)
     s = torch.empty((t, 1), dtype=torch.float32, device=src.device)
     if t:
-        block = min(4096, triton.next_power_of_2(width))
+        block = min(4096, pow2_at_least(width))
         kernel[(t,)](src, q, s, width, src.stride(0), q.stride(0), FMAX=FP8_MAX, TINY=_TINY, BLOCK=block,
                      num_warps=4 if block <= 1024 else 8)
     return q, s
@@ -135,7 +136,7 @@ def add_rmsnorm_quant(x: Tensor, residual: Tensor | None, weight: Tensor, eps: f
     r_out = x if residual is None else torch.empty_like(x)
     r_in = x if residual is None else (residual if residual.stride(1) == 1 else residual.contiguous())
     if t:
-        block = triton.next_power_of_2(k)
+        block = pow2_at_least(k)
         _add_rmsnorm_quant_kernel[(t,)](x, r_in, weight, q, s, r_out, k, x.stride(0), r_in.stride(0), q.stride(0),
                                         r_out.stride(0), eps, HAS_RES=residual is not None, FMAX=FP8_MAX, TINY=_TINY,
                                         BLOCK=block, num_warps=4 if block <= 2048 else 8)
@@ -177,7 +178,7 @@ def store_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tens
     quant = k_inv is not None
     _store_kv_kernel[(t, hkv)](k, v, k_cache, v_cache, slots, k_inv if quant else k, v_inv if quant else v, d,
                                k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0),
-                               k_cache.stride(1), QUANT=quant, FMAX=FP8_MAX, BLOCK_D=triton.next_power_of_2(d))
+                               k_cache.stride(1), QUANT=quant, FMAX=FP8_MAX, BLOCK_D=pow2_at_least(d))
 
 
 # --- checks against the PyTorch reference, on the device, at start-up ----------------------------------
