@@ -137,7 +137,7 @@ assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
 warmed = td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu"))
-assert warmed == 3 * (len(td.SPLIT_COUNTS) + 2)  # (each split count's launch, the band's two)
+assert warmed == 3 * (len(td.SPLIT_COUNTS) + 3)  # (each split count's launch, the bands' three)
 # one launch: each (request, KV head)'s last program merged its parts, and left its count zero for the next launch
 assert int(td._counts[torch.device("cpu")].abs().sum()) == 0
 print("triton decode ok")
@@ -197,23 +197,27 @@ def test_launch_configurations_by_batch(monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
     clear()
     try:
-        # bf16/fp16 pools: a power of two filling the GPU, 64-token blocks, 4 warps, 2 stages; the pipelined band
-        # (32-96 rows of 8 KV heads) one split of 32-token blocks, the slots a block ahead, 4 stages up to one wave
-        # of 4 programs an SM (66 rows), 3 beyond
-        band, band3 = L(1, 32, 4, 4, True), L(1, 32, 4, 3, True)
-        assert [td.launch_config(b, 8, False) for b in (1, 16, 31, 32, 64, 66, 67, 96, 97, 128, 1024)] == [
-            L(16, 64, 4, 2, False), L(4, 64, 4, 2, False), L(2, 64, 4, 2, False), band, band, band, band3, band3,
+        # bf16/fp16 pools: a power of two filling the GPU, 64-token blocks, 4 warps, 2 stages; the pipelined bands
+        # (slots a block ahead, 32-token blocks): one split at 4 stages up to one wave of 4 programs an SM (66 rows
+        # of 8 KV heads), at 3 stages up to one of 5 (82 rows), two splits at 3 stages up to 96 rows
+        b4, b3, b2 = L(1, 32, 4, 4, True), L(1, 32, 4, 3, True), L(2, 32, 4, 3, True)
+        rows = (1, 16, 31, 32, 66, 67, 82, 83, 96, 97, 128, 1024)
+        assert [td.launch_config(b, 8, False) for b in rows] == [
+            L(16, 64, 4, 2, False), L(4, 64, 4, 2, False), L(2, 64, 4, 2, False), b4, b4, b3, b3, b2, b2,
             L(1, 64, 4, 2, False), L(1, 64, 4, 2, False), L(1, 64, 4, 2, False)]
-        # FP8 pools: two splits up to 128 rows of 8 KV heads — pipelined 64-token blocks on 2 warps from 32 rows,
-        # 128-token blocks on 4 below — one split of 128-token blocks above, of 64 on 2 warps from 512 rows
-        band8 = L(2, 64, 2, 3, True)
-        assert [td.launch_config(b, 8, True) for b in (1, 16, 31, 32, 128, 129, 511, 512, 4096)] == [
-            L(16, 64, 4, 3, False), L(4, 64, 4, 3, False), L(2, 128, 4, 3, False), band8, band8,
-            L(1, 128, 4, 3, False), L(1, 128, 4, 3, False), L(1, 64, 2, 3, False), L(1, 64, 2, 3, False)]
+        # FP8 pools: two splits up to 128 rows of 8 KV heads, 128-token blocks on 4 warps, one split above (64 on 2
+        # warps from 512 rows); pipelined 64-token blocks on 2 warps: two splits at 32-47 rows, one at 48-66 and
+        # at 101-132 (two full waves)
+        f2, f1 = L(2, 64, 2, 3, True), L(1, 64, 2, 3, True)
+        rows = (1, 16, 31, 32, 47, 48, 66, 67, 100, 101, 128, 132, 133, 511, 512, 4096)
+        assert [td.launch_config(b, 8, True) for b in rows] == [
+            L(16, 64, 4, 3, False), L(4, 64, 4, 3, False), L(2, 128, 4, 3, False), f2, f2, f1, f1,
+            L(2, 128, 4, 3, False), L(2, 128, 4, 3, False), f1, f1, f1, L(1, 128, 4, 3, False),
+            L(1, 128, 4, 3, False), L(1, 64, 2, 3, False), L(1, 64, 2, 3, False)]
         assert td.launch_config(1024, 8, True, splits=4) == L(4, 64, 4, 3, False)  # (a forced count keeps its own)
-        assert td.launch_config(64, 8, False, splits=2) == L(2, 64, 4, 2, False)  # (and leaves the band)
+        assert td.launch_config(64, 8, False, splits=2) == L(2, 64, 4, 2, False)  # (and leaves the bands)
         every = {td.launch_config(b, 8, fp8) for b in range(1, 8193) for fp8 in (False, True)}
-        assert len({c for c in every if c.pipe}) == 3
+        assert {c for c in every if c.pipe} == {b4, b3, b2, f2, f1}
         # BANYAN_DECODE_PIPE=0: the launches before the band; =1: every launch pipelined, at least 3 stages
         monkeypatch.setenv("BANYAN_DECODE_PIPE", "0")
         clear()
@@ -221,11 +225,11 @@ def test_launch_configurations_by_batch(monkeypatch) -> None:
         assert td.launch_config(64, 8, True) == L(2, 128, 4, 3, False)
         monkeypatch.setenv("BANYAN_DECODE_PIPE", "1")
         clear()
-        assert td.launch_config(1, 8, False) == L(16, 64, 4, 3, True) and td.launch_config(64, 8, False) == band
+        assert td.launch_config(1, 8, False) == L(16, 64, 4, 3, True) and td.launch_config(64, 8, False) == b4
         monkeypatch.setenv("BANYAN_DECODE_BLOCK", "16")
         monkeypatch.setenv("BANYAN_DECODE_STAGES", "5")
         clear()
-        assert td.launch_config(64, 8, True) == L(2, 16, 2, 5, True)  # (the knobs override each field)
+        assert td.launch_config(64, 8, True) == L(1, 16, 2, 5, True)  # (the knobs override each field)
         monkeypatch.setenv("BANYAN_DECODE_PIPE", "2")
         clear()
         with pytest.raises(ValueError, match="BANYAN_DECODE_PIPE"):
@@ -296,7 +300,7 @@ o = td.decode(q, *kv, table, rows, pos, d ** -0.5, new=(k, v, cos_sin, pos + 1, 
 assert not torch.allclose(o, ro, atol=1e-2)
 td.set_rope(True)
 warmed = td.warm_up(torch.float32, torch.float32, (hq, hkv, d), torch.device("cpu"))
-assert warmed == 4 * (len(td.SPLIT_COUNTS) + 2)  # (each split count's launch, the band's two)
+assert warmed == 4 * (len(td.SPLIT_COUNTS) + 3)  # (each split count's launch, the bands' three)
 print("rope in decode ok")
 """
 

@@ -56,17 +56,32 @@ class Launch(NamedTuple):
     pipe: bool
 
 
-# The pipelined band: (request, KV head) pairs from ``PIPE_FROM_PAIRS`` up to two splits' limit (bf16/fp16: 32-96
-# rows of 8 KV heads; an FP8 pool read in fp16: 32-128) take one launch with the slots a block ahead. H100,
-# fp8_decode_bench, µs a layer (docs/perf.md 2026-12-05 twenty-ninth session): bf16 32 × 1,024 54.4 (served: 2
-# splits, 64-token blocks, 2 stages) → 50.5 (1 split, 32-token blocks, 4 warps, 4 stages, pipelined), 64 × 1,024
-# 96.7 → 92.6, level at 128 rows; FP8 64 × 1,024 66.8 (2 splits, 128-token blocks, 4 warps) → 60.8 (64-token blocks,
-# 2 warps, pipelined), 128 × 2,560 273.4 → 254.5, level from 600 rows.
-# At 4 stages a 32-token block's program takes 53 KiB of shared memory (4 an SM: one wave up to TARGET_PROGRAMS), at
-# 3 stages 37 KiB (6 an SM): past 528 pairs the bf16 band's launch keeps one wave at 3 stages.
-PIPE_FROM_PAIRS = 256
-PIPE_BF16 = Launch(1, 32, 4, 4, True)
-PIPE_FP8 = Launch(2, 64, 2, 3, True)
+# The pipelined bands: (request, KV head) pairs → a launch with each block's slots loaded a block ahead (None: the
+# launch before them), by the top pairs of each range; measured on the H100 (132 SMs, as the H200), 8 KV heads,
+# fp8_decode_bench's served launch against each candidate, µs a layer (docs/perf.md 2026-12-05 twenty-ninth session).
+# What decides is how full the last wave is: a 32-token block's program at 4 stages takes 53 KiB of shared memory
+# (4 an SM: 528 a wave), at 3 stages 37 KiB (5 an SM: 660); an FP8 pool's 64-token one on 2 warps 4 an SM. One split
+# wins where its programs fill their last wave (a program streams a longer part), two where one split's would not.
+# bf16 (before: 2 splits of 64-token blocks, 2 stages, up to 96 rows): 32 × 1k 54.6 → 50.7, 48 × 1k 83.4 → 74.5,
+# 64 × 1k 96.7 → 92.8, 64 × 2k 183.1 → 179.0 (4 stages); 80 × 1k 119.1 → 113.3 (3 stages; 4: 138.7); 96 × 1k 144.4
+# → 141.1, 96 × 2k 277.0 → 271.0 (2 splits at 3 stages; 1 split at 3: 166.2); 112-160 rows: within 2 %, left.
+# FP8 (before: 128-token blocks on 4 warps, 2 splits up to 128 rows): 32 × 1k 39.9 → 31.6 (2 splits); 48 × 1k
+# 49.5 → 46.1, 64 × 1k 66.9 → 51.9, 64 × 2k 119.2 → 97.3 (1 split); 80-96 rows level or worse, left; 112 × 1k 106.7
+# → 97.6, 128 × 1k 120.8 → 102.5, 128 × 2.5k 271.7 → 236.7 (1 split, two full waves); 160 rows 141.6 vs 144.3, left.
+PIPE_BANDS: dict[bool, tuple[tuple[int, Launch | None], ...]] = {
+    False: ((255, None), (528, Launch(1, 32, 4, 4, True)), (660, Launch(1, 32, 4, 3, True)),
+            (768, Launch(2, 32, 4, 3, True))),
+    True: ((255, None), (383, Launch(2, 64, 2, 3, True)), (528, Launch(1, 64, 2, 3, True)), (800, None),
+           (1056, Launch(1, 64, 2, 3, True))),
+}
+
+
+def pipe_band(pairs: int, fp8: bool) -> Launch | None:
+    """The pipelined launch of ``pairs`` (request, KV head) pairs (``PIPE_BANDS``), or None outside the bands."""
+    for top, launch in PIPE_BANDS[fp8]:
+        if pairs <= top:
+            return launch
+    return None
 
 
 @functools.cache
@@ -111,14 +126,15 @@ def plain_stages() -> int | None:
 
 def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> Launch:
     """The launch of ``batch`` requests (``fp8``: an FP8 pool read in fp16) — a function of the batch size (fixed
-    at a graph's capture); ``splits`` overrides the count (and leaves the pipelined band). Outside the band: a
+    at a graph's capture); ``splits`` overrides the count (and leaves the pipelined bands). Outside them: a
     bf16/fp16 pool's 64-token blocks on 4 warps, 2 stages; an FP8 pool's at <= 2 splits 128-token blocks on 4
     warps (64 on 2 from ``FP8_NARROW_PAIRS`` at one split), 3 stages. The measurement knobs override each field."""
     pairs, auto = batch * kv_heads, splits is None
     splits = splits or num_splits(batch, kv_heads, fp8)
     pipe = pipelined()
-    if auto and pipe is not False and PIPE_FROM_PAIRS <= pairs <= (FP8_TWO_SPLIT_PAIRS if fp8 else TWO_SPLIT_PAIRS):
-        cfg = PIPE_FP8 if fp8 else PIPE_BF16 if pairs <= TARGET_PROGRAMS else PIPE_BF16._replace(stages=3)
+    band = pipe_band(pairs, fp8) if auto and pipe is not False else None
+    if band is not None:
+        cfg = band
     elif fp8 and splits <= 2:
         narrow = splits == 1 and pairs >= FP8_NARROW_PAIRS
         cfg = Launch(splits, BLOCK_N if narrow else FP8_WIDE_BLOCK, 2 if narrow else 4, 3, False)
