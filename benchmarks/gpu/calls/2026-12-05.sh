@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The twenty-ninth session's device calls: the pipelined decode band (decode_rules.PIPE_BF16 / PIPE_FP8) against
-# the launches before it.
+# The twenty-ninth session's device calls: the pipelined decode bands (decode_rules.PIPE_BANDS) against the
+# launches before them.
 #   BANYAN_GIT_COMMIT=<tree> STEPS="band pipetest wbench old.wbench w34 old16.w34" END=560 \
 #     bash benchmarks/gpu/calls/2026-12-05.sh
 # Steps: band (fp8_decode_bench's served launch of both pools at $BANDSHAPES as the tree serves it and with
 # BANYAN_DECODE_PIPE=0, and the pipelined launches forced at one and two splits: bf16 32-token blocks, 4 warps,
-# 4 stages (and 3: bf16p3); FP8 64-token blocks, 2 warps, 3 stages; one table) · any step of 2026-12-03e.sh, run as
-# the tree serves (into $OUT/<step>) · old.<step>: the same with BANYAN_DECODE_PIPE=0 (the launches before the band)
+# 4 stages (and 3: bf16p3); FP8 64-token blocks, 2 warps, 3 stages; one table) · band2 (the served launch with and
+# without the bands only) · pipetest (tests/gpu/test_decode_pipe_gpu.py) · any step of 2026-12-03e.sh, run as the
+# tree serves (into $OUT/<step>) · old.<step>: the same with BANYAN_DECODE_PIPE=0 (the launches before the bands)
 # · old16.<step>: also BANYAN_TRITON_ROWS=16 (bf16 decode plans through FlashInfer's above 16 rows: before the
 # twenty-seventh session's rule). Any step that would start past $END (s) is skipped, so the results come back.
 source benchmarks/gpu/calls/setup.sh
@@ -22,15 +23,17 @@ for item in ${STEPS:-band}; do
   left=$((END - SECONDS))
   if [ "$left" -lt 40 ]; then echo "$item: skipped (time)"; continue; fi
   case $item in
-    band)
+    band|band2)  # (band2: the served launch with and without the bands only)
       band new '_served_us$'
       band old '_served_us$' BANYAN_DECODE_PIPE=0
-      band bf16p 'bf16_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=32 BANYAN_DECODE_WARPS=4 \
-        BANYAN_DECODE_STAGES=4
-      band fp8p 'fp8_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=64 BANYAN_DECODE_WARPS=2 \
-        BANYAN_DECODE_STAGES=3
-      band bf16p3 'bf16_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=32 BANYAN_DECODE_WARPS=4 \
-        BANYAN_DECODE_STAGES=3
+      if [ "$item" = band ]; then
+        band bf16p 'bf16_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=32 BANYAN_DECODE_WARPS=4 \
+          BANYAN_DECODE_STAGES=4
+        band fp8p 'fp8_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=64 BANYAN_DECODE_WARPS=2 \
+          BANYAN_DECODE_STAGES=3
+        band bf16p3 'bf16_served_[12]splits' BANYAN_DECODE_PIPE=1 BANYAN_DECODE_BLOCK=32 BANYAN_DECODE_WARPS=4 \
+          BANYAN_DECODE_STAGES=3
+      fi
       python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -50,6 +53,9 @@ for shape in sorted(runs.get("new", {})):
               f"| {two} | {three if pool == 'bf16' else '-'} | {gain} |")
 EOF
       ;;
+    pipetest)  # (the pipelined decode's GPU test, without 2026-12-03e.sh's model)
+      timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_decode_pipe_gpu.py -p no:cacheprovider \
+        >"$OUT/pipetest.log" 2>&1; echo "pipetest (rc $?)"; tail -3 "$OUT/pipetest.log" ;;
     old.*|old16.*)
       step=${item#*.}; name=${item%%.*}_$step
       if [ "${item%%.*}" = old16 ]; then export BANYAN_TRITON_ROWS=16; fi
