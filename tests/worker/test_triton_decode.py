@@ -133,6 +133,10 @@ for splits, block, st in ((1, 64, None), (3, 16, None), (16, 16, starts), (2, 32
     assert torch.equal(fp8[0], fp8[1]), (splits, block)
 os.environ.pop("BANYAN_DECODE_PIPE")
 dr.pipelined.cache_clear()
+for splits, block in ((1, 32), (3, 16)):  # (a graph's flat table, pipelined by the launch's own ``pipe``)
+    a, b = (td.decode(q, kc, vc, flat, offsets, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, block=block,
+                      table_stride=1, pipe=pipe) for pipe in (False, True))
+    assert torch.equal(a, b) and torch.allclose(b, ref(q, 0.5, 2.0)[0], atol=1e-4, rtol=1e-4), (splits, block)
 assert td.widen_mode(torch.device("cpu"), "asm") == "int"  # (no inline assembly off the GPU)
 assert td.num_splits(1, 8) == td.MAX_SPLITS and td.num_splits(1024, 8) == 1 and td.num_splits(16, 8) == 4
 assert {td.num_splits(b, 8) for b in range(1, 600)} == set(td.SPLIT_COUNTS)  # (the variants warm_up compiles)
