@@ -314,9 +314,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
     tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
     short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores
-    nothing, and a context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8 tensor, bytes): its
-    first bytes (the next kernel's weight) into L2 once the K/V is read, while this kernel's end leaves HBM idle
-    (CUDA only; a hint: the same bits). ``counts``: zeroed int32 pair counts (None: the device's; a 2nd lane's own)."""
+    nothing, and a context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8
+    tensor, bytes): its first bytes (the next kernel's weight) into L2 once the K/V is read, while this kernel's
+    end leaves HBM idle (CUDA only; a hint: the same bits). ``counts``: zeroed int32 pair counts (None: the
+    device's; a 2nd lane's own)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
