@@ -9,7 +9,8 @@
 # without the bands only) · pipetest (tests/gpu/test_decode_pipe_gpu.py) · any step of 2026-12-03e.sh, run as the
 # tree serves (into $OUT/<step>) · old.<step>: the same with BANYAN_DECODE_PIPE=0 (the launches before the bands)
 # · old16.<step>: also BANYAN_TRITON_ROWS=16 (bf16 decode plans through FlashInfer's above 16 rows: before the
-# twenty-seventh session's rule). Any step that would start past $END (s) is skipped, so the results come back.
+# twenty-seventh session's rule) · from256.<step>: BANYAN_TRITON_FROM=256 (bf16 decode plans of >= 256 rows through
+# the Triton decode too). Any step that would start past $END (s) is skipped, so the results come back.
 source benchmarks/gpu/calls/setup.sh
 END=${END:-560}
 BANDSHAPES=${BANDSHAPES:-32x1024,48x1024,64x1024,80x1024,96x1024,112x1024,128x1024,160x1024,64x2048,96x2048,128x2560}
@@ -56,12 +57,16 @@ EOF
     pipetest)  # (the pipelined decode's GPU test, without 2026-12-03e.sh's model)
       timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_decode_pipe_gpu.py -p no:cacheprovider \
         >"$OUT/pipetest.log" 2>&1; echo "pipetest (rc $?)"; tail -3 "$OUT/pipetest.log" ;;
-    old.*|old16.*)
+    old.*|old16.*|from256.*)
       step=${item#*.}; name=${item%%.*}_$step
-      if [ "${item%%.*}" = old16 ]; then export BANYAN_TRITON_ROWS=16; fi
-      BANYAN_DECODE_PIPE=0 OUT=$OUT/$name STEPS=$step END=$left bash benchmarks/gpu/calls/2026-12-03e.sh 2>&1 \
+      case ${item%%.*} in
+        old16) export BANYAN_TRITON_ROWS=16 BANYAN_DECODE_PIPE=0 ;;
+        old) export BANYAN_DECODE_PIPE=0 ;;
+        from256) export BANYAN_TRITON_FROM=256 ;;
+      esac
+      OUT=$OUT/$name STEPS=$step END=$left bash benchmarks/gpu/calls/2026-12-03e.sh 2>&1 \
         | grep -v '^cuda gemv\|^cublaslt\|^model at' | sed "s/^/$name: /"
-      unset BANYAN_TRITON_ROWS ;;
+      unset BANYAN_TRITON_ROWS BANYAN_DECODE_PIPE BANYAN_TRITON_FROM ;;
     *)
       OUT=$OUT/$item STEPS=$item END=$left bash benchmarks/gpu/calls/2026-12-03e.sh 2>&1 \
         | grep -v '^cuda gemv\|^cublaslt\|^model at' | sed "s/^/$item: /" ;;
