@@ -212,13 +212,19 @@ def widen_mode(device, mode: str | None = None) -> str:
     instruction (one a pair, on the narrow conversion pipe); "int", integer operations on each value (the bit
     pattern of value × 2^-8, exact, subnormals included); "asm", the same on four values at a time in 32-bit
     registers (a byte permute, a shift, a mask: as ``kernels/gemv.cu`` widens FP8 weights). ``BANYAN_FP8_WIDEN``
-    overrides the default, ``mode`` both; Triton's interpreter (CPU tests) has no inline assembly: "int" there."""
-    mode = mode or os.environ.get("BANYAN_FP8_WIDEN", WIDEN_DEFAULT)
+    overrides the default (read once a process: each FP8 decode launch asks), ``mode`` both; Triton's interpreter
+    (CPU tests) has no inline assembly: "int" there."""
+    mode = mode or _widen_knob()
     if mode not in WIDEN_MODES:
         raise ValueError(f"BANYAN_FP8_WIDEN={mode!r} (cvt | int | asm)")
     if mode == "asm" and (device.type != "cuda" or _interpreting()):
         return "int"
     return mode
+
+
+@functools.cache
+def _widen_knob() -> str:
+    return os.environ.get("BANYAN_FP8_WIDEN", WIDEN_DEFAULT)
 
 
 @functools.cache

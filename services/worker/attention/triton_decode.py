@@ -199,16 +199,17 @@ if triton is not None:
         for start in range(lo, hi, BLOCK):
             idx = start + offs_n
             nmask = idx < hi
+            kv_mask = nmask[:, None] & dmask[None, :]
             if PIPE:
                 kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-                k = tl.load(K + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
-                v = tl.load(V + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
+                k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+                v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
                 at = idx + BLOCK
                 slot = tl.load(Table + row * stride_tab + at, mask=at < hi, other=0).to(tl.int64)
             else:
                 slot = tl.load(Table + row * stride_tab + idx, mask=nmask, other=0).to(tl.int64)
                 kv_off = slot[:, None] * stride_ks + h * stride_kh + offs_d[None, :]
-                k = tl.load(K + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
+                k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
             if WIDEN:
                 k = _widen_e4m3(k, WIDEN)
             else:
@@ -220,7 +221,7 @@ if triton is not None:
             p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             if not PIPE:
-                v = tl.load(V + kv_off, mask=nmask[:, None] & dmask[None, :], other=0.0)
+                v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
             if WIDEN:
                 v = _widen_e4m3(v, WIDEN)
             else:
