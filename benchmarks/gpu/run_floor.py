@@ -84,7 +84,8 @@ def table(res: dict) -> str:
     rows = [
         ("steps · prompt tokens · output tokens (rows sampled)",
          f"{res['steps']} · {res['prompt_tokens']:,} · {res['decode_rows']:,}"),
-        ("wall s · device s · output tok/s", f"{res['wall_s']:.2f} · {res['device_s']:.2f} · {res['output_tok_s']:,.0f}"),
+        ("wall s · device s · output tok/s",
+         f"{res['wall_s']:.2f} · {res['device_s']:.2f} · {res['output_tok_s']:,.0f}"),
         (f"decode row at full batch ({res['full_batch_rows']} rows, {res['full_batch_steps']} steps), µs",
          f"{res['decode_row_us']:.1f}"),
         (f"prompt token in large chunks ({res['large_chunk_steps']} steps), µs", f"{res['prompt_token_us']:.2f}"),
