@@ -35,6 +35,10 @@ def test_sizes_and_limits_of_the_8b_shape(tmp_path) -> None:
     lim = report.limits(m, s, 256, {"W2", "W3"})
     assert 3.6 < lim["w1_floor_ms_per_token"] < 3.8  # 16.1 GB / 4.3 TB/s
     assert lim["w2"]["decode_batch"] == 256 and lim["w2"]["bytes_per_step_gb"] > m["weights_bytes"] / 1e9
+    w2 = lim["w2"]  # the kernels in sequence: each decode step's GEMMs, then its KV reads — never faster
+    gemm_ms = max(m["weights_bytes"] / 4.3e12, 2 * (m["params"] - m["embedding_params"]) * 256 / 790e12) * 1e3
+    assert w2["sequential_step_floor_ms"] == pytest.approx(gemm_ms + w2["kv_bytes_per_step_gb"] / 4.3e12 * 1e12)
+    assert w2["output_tok_s_sequential_ceiling"] < w2["output_tok_s_ceiling"]
     on, off = lim["w3_cache_on"], lim["w3_cache_off"]
     assert on["prefill_tokens"] == 32 * 2048 + 1024 * 128 and off["prefill_tokens"] == 1024 * (2048 + 128)
     assert on["output_tok_s_ceiling"] > off["output_tok_s_ceiling"]
