@@ -290,8 +290,8 @@ def table(doc: dict) -> str:
     notes.append(f"Limits: HBM {lim.get('hbm_bytes_s', HBM_BYTES_S) / 1e12:.1f} TB/s, bf16 "
                  f"{lim.get('bf16_flop_s', BF16_FLOP_S) / 1e12:.0f} TFLOP/s; run floor = prefill at peak compute + "
                  "decode steps of (weights + running KV) bytes at the max decode batch (or its GEMMs' compute, "
-                 "whichever is more); kernels in sequence = the same with each decode step's GEMMs (weights or compute) "
-                 "and its KV reads one after the other, as the device runs them.")
+                 "whichever is more); kernels in sequence = the same with each decode step's GEMMs (weights or "
+                 "compute) and its KV reads one after the other, as the device runs them.")
     if meta.get("tiny"):
         notes.append("TINY model on CPU: a functional check of the suite, not a performance result.")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])
