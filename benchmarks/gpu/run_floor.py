@@ -23,23 +23,26 @@ of ms = base + prompt·µs + rows·µs over all steps as a check."""
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.gpu import step_trace
+
 
 def load_runs(path: Path, gap_ms: float) -> list[list[dict]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        steps = sorted((json.loads(line) for line in f if line.strip()), key=lambda s: s["step"])
     runs: list[list[dict]] = []
-    for s in steps:
+    for s in step_trace.load(path):
         if not runs or s["recv"] - runs[-1][-1]["answered"] > gap_ms:
             runs.append([])
         runs[-1].append(s)
     return runs
+
+
+def _prompt_tokens(s: dict) -> int:
+    """A step's prompt tokens (0 for a decode-only step; a mixed step's tokens less its rows, see above)."""
+    return 0 if s["kind"].startswith("decode") else s["tokens"] - s["rows"]
 
 
 def rates(run: list[dict], chunk: int) -> dict:
@@ -50,12 +53,11 @@ def rates(run: list[dict], chunk: int) -> dict:
     top = max(s["rows"] for s in decode)
     full = [s for s in decode if s["rows"] >= 0.95 * top]
     row_us = 1e3 * sum(s["device_ms"] for s in full) / sum(s["rows"] for s in full)
-    big = [s for s in prompt if s["tokens"] - s["rows"] >= chunk]
+    big = [s for s in prompt if _prompt_tokens(s) >= chunk]
     if not big:
         raise SystemExit(f"no step carries >= {chunk} prompt tokens (--chunk)")
-    tok_us = 1e3 * sum(s["device_ms"] - s["rows"] * row_us / 1e3 for s in big) / sum(s["tokens"] - s["rows"]
-                                                                                       for s in big)
-    x = np.array([[1.0, s["tokens"] - s["rows"] if s in prompt else 0, s["rows"]] for s in run])
+    tok_us = 1e3 * sum(s["device_ms"] - s["rows"] * row_us / 1e3 for s in big) / sum(map(_prompt_tokens, big))
+    x = np.array([[1.0, _prompt_tokens(s), s["rows"]] for s in run])
     fit = np.linalg.lstsq(x, np.array([s["device_ms"] for s in run]), rcond=None)[0]
     return {"full_batch_rows": top, "full_batch_steps": len(full), "decode_row_us": row_us,
             "large_chunk_steps": len(big), "prompt_token_us": tok_us,
@@ -64,8 +66,7 @@ def rates(run: list[dict], chunk: int) -> dict:
 
 def floor(run: list[dict], chunk: int, goal: float | None) -> dict:
     r = rates(run, chunk)
-    prompt = [s for s in run if not s["kind"].startswith("decode")]
-    prompt_tokens = sum(s["tokens"] - s["rows"] for s in prompt)
+    prompt_tokens = sum(map(_prompt_tokens, run))
     decode_rows = sum(s["rows"] for s in run)  # (a prompt's last chunk samples its first token: a row too)
     device_s = sum(s["device_ms"] for s in run) / 1e3
     wall_s = (run[-1]["answered"] - run[0]["recv"]) / 1e3

@@ -11,13 +11,16 @@ by tenth of the run (is it spread out, or at the start and the end?)."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from pathlib import Path
 
 
 def load(path: Path) -> list[dict]:
-    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """A trace's steps in step order (``.gz``: gzip-compressed, as the results directories keep them)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    steps = [json.loads(line) for line in text.splitlines() if line.strip()]
     steps.sort(key=lambda s: s["step"])
     by_id = {s["step"]: s for s in steps}
     for s in steps:
