@@ -190,7 +190,7 @@ def _session_limits(s: SamplingRequest, ids: list[int], info: ModelInfo, session
         raise FailedPrecondition(f"session {sid!r} holds {session.length} tokens on this turn's branch; with the "
                                  f"{len(ids)} new ones that fills the context window of {info.context_length}")
     room = min(info.context_length - total, session.capacity_left - len(ids))
-    if room < 1:
+    if room < (0 if s.max_tokens == 0 else 1):  # (a prefill-only turn needs no room for an answer)
         raise FailedPrecondition(f"session {sid!r} is full: {session.capacity_left} of its {session.capacity} tokens "
                                  f"are left and this turn's input has {len(ids)} (and needs room for an answer)")
     if s.max_tokens is not None and s.max_tokens > room:
@@ -204,7 +204,7 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str, 
     """``prompt_len``: the whole prompt's tokens, of which the first ``context`` are a session's."""
     room = info.context_length - prompt_len
     if s.max_tokens is not None:
-        _require(s.max_tokens >= 1, f"{prefix}max_tokens must be >= 1")
+        _require(s.max_tokens >= 0, f"{prefix}max_tokens must be >= 0 (0: prefill only, no new tokens)")
         _require(s.max_tokens <= room,
                  f"{prefix}max_tokens={s.max_tokens} with a {prompt_len}-token prompt exceeds the "
                  f"context window of {info.context_length} (at most {room})")
@@ -302,6 +302,8 @@ def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: Model
     n = 1 if s.n is None else s.n
     limit = min(MAX_N, info.max_running_requests)
     _require(1 <= n <= limit, f"{prefix}n must be in [1, {limit}], got {n}")
+    _require(n == 1 or s.max_tokens != 0, f"{prefix}n must be 1 with max_tokens 0 (a prefill-only request "
+                                         "samples nothing)")
     turn, context = None, 0
     if session is None:
         ids = input_ids(prompt, text, info)

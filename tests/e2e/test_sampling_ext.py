@@ -116,3 +116,59 @@ def test_bad_prompt_logprob_fields_are_invalid_argument(stub, hf, sampling, fiel
         generate(stub, prompt_ids(hf, 20), max_tokens=1, **sampling)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"sampling_params.{field}" in e.value.details()
+
+
+# ---- max_tokens 0: prefill only ------------------------------------------------------------------
+def test_prefill_only_returns_prompt_logprobs_and_caches_the_prompt(stub, hf):
+    ids = prompt_ids(hf, 75)
+    resps = generate(stub, ids, max_tokens=0, prompt_logprobs_start=0, prompt_top_logprobs=2)
+    assert len(resps) == 1
+    last = resps[0]
+    assert last.finish_reason == pb.FINISH_REASON_LENGTH and not last.token_ids and not last.text
+    assert last.usage.prompt_tokens == 75 and last.usage.completion_tokens == 0
+    check_prompt_logprobs(hf, ids, 0, 2, last.prompt_logprobs)
+    # the prompt is in the radix cache: a request continuing it reuses it (all but the token it recomputes)
+    again = generate(stub, ids + [ids[3]], max_tokens=1)
+    assert again[-1].usage.cached_tokens == 75
+
+
+def test_prefill_only_without_logprobs_and_with_priority(stub, hf):
+    ids = prompt_ids(hf, 30)
+    resps = generate(stub, ids, max_tokens=0)
+    assert [(r.finish_reason, list(r.token_ids), len(r.prompt_logprobs)) for r in resps] == \
+        [(pb.FINISH_REASON_LENGTH, [], 0)]
+    req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids[:29]), priority=10,
+                             sampling_params=pb.SamplingParams(max_tokens=0))
+    resps = list(stub.Generate(req, timeout=60))
+    assert resps[-1].finish_reason == pb.FINISH_REASON_LENGTH and resps[-1].usage.cached_tokens == 28
+
+
+def test_prefill_only_session_turn_joins_the_session(stub, hf):
+    ids = prompt_ids(hf, 40)
+    sid = stub.OpenSession(pb.OpenSessionRequest(ttl_seconds=60)).session_id
+    first = list(stub.Generate(pb.GenerateRequest(
+        request_id="pf-turn-1", token_ids=pb.TokenIds(ids=ids[:30]), session_id=sid,
+        sampling_params=pb.SamplingParams(max_tokens=0, prompt_logprobs_start=0)), timeout=60))
+    assert first[-1].finish_reason == pb.FINISH_REASON_LENGTH and first[-1].usage.completion_tokens == 0
+    check_prompt_logprobs(hf, ids[:30], 0, 0, first[0].prompt_logprobs)
+    # the next turn continues it: its positions count from its own input (the session's first turn before)
+    second = list(stub.Generate(pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=ids[30:]), session_id=sid,
+        sampling_params=pb.SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs_start=0)), timeout=60))
+    assert second[-1].usage.prompt_tokens == 40 and second[-1].usage.cached_tokens >= 29
+    lp = hf_log_softmax(hf, ids)
+    got = second[0].prompt_logprobs
+    assert [e.token_id for e in got] == ids[30:]
+    assert [e.logprob for e in got] == pytest.approx([lp[p - 1, ids[p]].item() for p in range(30, 40)], abs=TOL)
+    stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+
+
+
+
+def test_prefill_only_with_n_is_invalid_argument(stub, hf):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as e:
+        generate(stub, prompt_ids(hf, 10), max_tokens=0, n=2)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sampling_params.n must be 1 with max_tokens 0" in e.value.details()
