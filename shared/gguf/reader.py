@@ -49,11 +49,13 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     if not path.is_file():
         raise GGUFError(f"{path}: no such file")
     size = path.stat().st_size
+    with path.open("rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise GGUFError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
     try:
         reader = GGUFReader(path, "r")
     except (ValueError, IndexError, KeyError, OSError) as e:  # what the reader raises on bytes it cannot parse
-        what = "truncated or corrupt" if size >= 24 else "truncated (shorter than a GGUF header)"
-        raise GGUFError(f"{path}: not a readable GGUF file ({what}: {e})") from None
+        raise GGUFError(f"{path}: truncated or corrupt GGUF file ({size} bytes; the gguf reader: {e})") from None
     tensors: dict[str, ReaderTensor] = {}
     for t in reader.tensors:
         end = t.data_offset + t.n_bytes
