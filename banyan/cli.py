@@ -92,7 +92,14 @@ def serve(argv: list[str]) -> int:
     except PortBusy as e:
         say(f"{ap.prog}: error: {e}")
         return 1
-    model_dir, name = configured(ap.prog, ns.debug, lambda: resolve(ns.model))
+    if ns.model.endswith(".gguf"):  # a bad file: one line, exit 1, nothing started
+        from banyan.convert import resolve_gguf
+
+        if (found := resolve_gguf(ap.prog, ns.model, ns.dtype)) is None:
+            return 1
+        model_dir, name = found
+    else:
+        model_dir, name = configured(ap.prog, ns.debug, lambda: resolve(ns.model))
     cfg = configured(ap.prog, ns.debug, lambda: build(model=model_dir, served_model_name=ns.served_model_name or name),
                      *classes)
     setup_logging("launcher", ns.log_level, ns.log_format)
@@ -102,6 +109,7 @@ def serve(argv: list[str]) -> int:
 # subcommand → (one line for `banyan --help`, how it runs)
 COMMANDS: dict[str, str] = {
     "serve": "serve a model on this host: scheduler, worker ranks and tokenizer replicas",
+    "convert": "write a GGUF file (llama.cpp's format) out as an HF model directory",
     "tokenizer": "run one tokenizer replica alone (gRPC + OpenAI-compatible HTTP; for compose / Kubernetes)",
     "scheduler": "run one scheduler alone (batching, prefix cache, KV bookkeeping)",
     "worker": "run one worker rank alone (weights, KV cache, attention, sampling)",
@@ -172,6 +180,10 @@ def main(argv: list[str] | None = None) -> None:
         from banyan.tools.top import main as top
 
         sys.exit(top(rest))
+    if cmd == "convert":
+        from banyan.convert import main as convert
+
+        sys.exit(convert(rest))
     if cmd == "serve":
         sys.exit(serve(rest))
     run_service(cmd, rest)

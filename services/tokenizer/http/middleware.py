@@ -12,14 +12,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shared.logging import get_logger
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.http.errors import ApiError
+from services.tokenizer.http.native import protocol as native
 from services.tokenizer.metrics import TokenizerMetrics
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+OPEN_PATHS = (frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+              | native.OPEN_PATHS)
 OPEN_PREFIX = "/docs/assets/"  # Swagger UI's own files
 log = get_logger("tokenizer")
 MAX_BODY = 64 << 20  # bytes, as the gRPC front's message limit
-KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize",
-                         "/detokenize", "/tokenizer_info"})
+KNOWN_PATHS = (frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize",
+                          "/detokenize", "/tokenizer_info"}) | native.PATHS)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
