@@ -25,7 +25,7 @@ from services.tokenizer.auth import ApiKey
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.http import convert, errors, native
 from services.tokenizer.http.docs import install_docs
-from services.tokenizer.http import responses, responses_api
+from services.tokenizer.http import responses, responses_api, scoring_out
 from services.tokenizer.http import protocol as api
 from services.tokenizer.http.middleware import Edge
 from services.tokenizer.http.tokenizer_info import tokenizer_info
@@ -166,6 +166,15 @@ class Frontend:
         yield "data: [DONE]\n\n"
 
 
+def _completion_format(front: Frontend, body: api.CompletionRequest, prompts: list[Prompt]) -> Format:
+    if not body.echo and body.prompt_logprobs is None:
+        return convert.CompletionFormat(front.token_texts, body.logprobs is not None)
+    scoring_out.check(body.stream, body.prompt_logprobs)
+    echo = [scoring_out.EchoPrompt(p.text if p.text is not None else front.text.decode(
+        p.token_ids or [], skip_special_tokens=body.skip_special_tokens)) for p in prompts] if body.echo else None
+    return scoring_out.ScoringCompletionFormat(front.token_texts, body.logprobs, body.n or 1, echo, body.prompt_logprobs)
+
+
 def request_priority(request: Request, body_value: int | None) -> int:
     """``priority`` from the body or the ``x-banyan-priority`` header (both: they must agree)."""
     raw = request.headers.get(PRIORITY_HEADER)
@@ -212,6 +221,9 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         p = validation.prepare(prompt, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
                                constraint=constraint, priority=priority, session=session)
         fmt = convert.ChatFormat(front.token_texts, body.logprobs)
+        if body.prompt_logprobs is not None:
+            scoring_out.check(body.stream, body.prompt_logprobs)
+            fmt = scoring_out.ScoringChatFormat(front.token_texts, body.logprobs, body.prompt_logprobs)
         return await front.generate(request, [p], rid, f"chatcmpl-{rid}", fmt, body.stream, body.stream_options)
 
     @app.post("/v1/completions", response_model=api.Completion, responses=_ERRORS | _SSE)
@@ -224,7 +236,7 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         priority, session = await front.turn(request, body, prompts[0], sampling, info)
         prepared = [validation.prepare(pr, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
                                        constraint=constraint, priority=priority, session=session) for pr in prompts]
-        fmt = convert.CompletionFormat(front.token_texts, body.logprobs is not None)
+        fmt = _completion_format(front, body, prompts)
         return await front.generate(request, prepared, rid, f"cmpl-{rid}", fmt, body.stream, body.stream_options)
 
     @app.post("/v1/responses", response_model=responses_api.Response, responses=_ERRORS | _SSE)

@@ -59,7 +59,8 @@ def messages(msgs: list[api.ChatMessage], name: str = "messages") -> list[Messag
 
 
 def _sampling(req: api.CompletionRequest | api.ChatCompletionRequest, max_tokens: int | None, logprobs: bool,
-              top_logprobs: int | None) -> SamplingRequest:
+              top_logprobs: int | None, prompt_top: int | None = None) -> SamplingRequest:
+    """``prompt_top``: prompt log-probs from the first token, with that many alternatives (``None``: none)."""
     _not_yet(req)
     if req.stream_options is not None and not req.stream:
         raise InvalidArgument("stream_options is only allowed when stream is true")
@@ -69,7 +70,8 @@ def _sampling(req: api.CompletionRequest | api.ChatCompletionRequest, max_tokens
                            stop_token_ids=list(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
                            skip_special_tokens=req.skip_special_tokens, presence_penalty=req.presence_penalty,
                            frequency_penalty=req.frequency_penalty, logprobs=logprobs, top_logprobs=top_logprobs,
-                           stream_interval=req.stream_interval)
+                           stream_interval=req.stream_interval,
+                           prompt_logprobs_start=None if prompt_top is None else 0, prompt_top_logprobs=prompt_top)
 
 
 def _not_yet(req: api.CompletionRequest | api.ChatCompletionRequest) -> None:
@@ -80,8 +82,6 @@ def _not_yet(req: api.CompletionRequest | api.ChatCompletionRequest) -> None:
         raise InvalidArgument(f"min_tokens is not supported yet (only 0), got {req.min_tokens}")
     if req.repetition_penalty not in (None, 1.0):
         raise InvalidArgument(f"repetition_penalty is not supported yet (only 1.0), got {req.repetition_penalty}")
-    if req.prompt_logprobs is not None:
-        raise InvalidArgument("prompt_logprobs is not supported yet")
 
 
 def chat_request(req: api.ChatCompletionRequest) -> tuple[Prompt, SamplingRequest, Constraint | None]:
@@ -90,12 +90,10 @@ def chat_request(req: api.ChatCompletionRequest) -> tuple[Prompt, SamplingReques
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     prompt = Prompt(messages=messages(req.messages), add_generation_prompt=req.add_generation_prompt)
     top = req.top_logprobs if req.logprobs else None
-    return prompt, _sampling(req, max_tokens, req.logprobs, top), constraint(req)
+    return prompt, _sampling(req, max_tokens, req.logprobs, top, req.prompt_logprobs), constraint(req)
 
 
 def completion_request(req: api.CompletionRequest) -> tuple[list[Prompt], SamplingRequest, Constraint | None]:
-    if req.echo:
-        raise InvalidArgument("echo is not supported")
     if req.suffix:
         raise InvalidArgument("suffix is not supported")
     if req.best_of not in (None, 1):
@@ -103,7 +101,12 @@ def completion_request(req: api.CompletionRequest) -> tuple[list[Prompt], Sampli
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.logprobs}")
     logprobs = req.logprobs is not None
-    return _prompts(req.prompt), _sampling(req, req.max_tokens, logprobs, req.logprobs), constraint(req)
+    if req.echo and logprobs and req.stream and (req.n or 1) > 1:
+        raise InvalidArgument("echo with logprobs streams one choice per prompt: n must be 1 with stream")
+    wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    prompt_top = max(wanted) if wanted else None  # (echo's alternatives and vLLM's prompt_logprobs: the most)
+    return (_prompts(req.prompt), _sampling(req, req.max_tokens, logprobs, req.logprobs, prompt_top),
+            constraint(req))
 
 
 def _prompts(p: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
@@ -173,9 +176,12 @@ class ChoiceAcc:
     texts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     last: Chunk | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def add(self, c: Chunk) -> None:
         self.texts.append(c.text)
+        if c.prompt_logprobs is not None:
+            self.prompt_logprobs = c.prompt_logprobs
         self.logprobs.extend(c.logprobs or ())
         if c.finish:
             self.last = c

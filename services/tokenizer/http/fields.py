@@ -121,7 +121,7 @@ RULES: tuple[Rule, ...] = (
     Rule("skip_special_tokens", H, GEN),
     Rule("min_tokens", L, GEN, "only 0 until the engine applies it"),
     Rule("repetition_penalty", L, GEN, "only 1.0 until the engine applies it"),
-    Rule("prompt_logprobs", L, GEN, "not yet (the engine computes prompt logprobs for Score only)"),
+    Rule("prompt_logprobs", H, GEN, "vLLM's: the prompt tokens' logprobs with k alternatives (0..20), not streamed"),
     Rule("regex", H, GEN, "grammar-constrained output"),
     Rule("ebnf", H, GEN, "grammar-constrained output (GBNF dialect)"),
     Rule("choice", H, GEN, "output one of these strings"),

@@ -122,7 +122,8 @@ class _Generate(_Request):
     spaces_between_special_tokens: bool | None = Field(None, description="accepted, ignored")
     min_tokens: Int32 | None = Field(None, description="not supported yet: only 0")
     repetition_penalty: float | None = Field(None, description="not supported yet: only 1.0")
-    prompt_logprobs: Int32 | None = Field(None, description="not supported yet")
+    prompt_logprobs: Int32 | None = Field(None, description="vLLM's: the prompt tokens' log-probs with this many "
+                                          "alternatives each, 0..20 (not with stream)")
     stream_interval: Int32 | None = Field(None, description="stream tokens this many at a time, in [1, 1024] "
                                           "(the first at once; default 1)")
     cache_salt: Text = Field("", description="prefix-cache namespace: requests share cached KV only within one")
@@ -210,8 +211,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # (None: an echoed prompt's first token)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -239,6 +240,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(None, description="vLLM's prompt_logprobs")
 
 
 class Delta(BaseModel):
@@ -269,6 +271,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: StopReason = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(None, description="vLLM's prompt_logprobs")
 
 
 class Completion(BaseModel):
