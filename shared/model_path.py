@@ -37,9 +37,15 @@ def resolve_model(model: str, dtype: str = "auto") -> tuple[str, str]:
         if found:
             return found, model
         raise ConfigError(f"--model {model!r} is no directory, and the local Hugging Face cache ({cache}) has no "
-                          f"complete snapshot of it; Banyan never downloads: fetch it first "
-                          f"(huggingface-cli download {model}) or give its directory")
+                          f"complete snapshot of it; Banyan never downloads: fetch it first with "
+                          f"`{download_command(model)}` or give its directory")
     raise ConfigError(f"--model {model!r} is neither a directory nor a Hugging Face hub id (owner/name)")
+
+
+def download_command(repo_id: str) -> str:
+    """The command that fetches ``repo_id`` into the local cache: ``hf``, the CLI of
+    huggingface-hub >= 0.34 (what Banyan installs; the older ``huggingface-cli`` is gone from 1.0)."""
+    return f"hf download {repo_id}"
 
 
 def cached_snapshot(repo_id: str) -> tuple[str, str]:

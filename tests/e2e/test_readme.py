@@ -56,7 +56,9 @@ def docker_block(b: Block) -> bool:
 def server(demo_dir, tmp_path_factory):
     s = Server(None, tmp_path_factory.mktemp("readme") / "server.log")
     yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
+    assert s.stop() == 0, s.log_text()[-3000:]  # (SIGTERM): a clean stop, and it looks like one
+    leaks = [line for line in s.log_text().splitlines() if "nanobind" in line]
+    assert not leaks and not Path(s.log_path).with_suffix(".ready").exists(), leaks[:5]
 
 
 @pytest.fixture
