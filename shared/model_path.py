@@ -15,10 +15,16 @@ from shared.config import ConfigError
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as on the Hugging Face hub
 
 
-def resolve_model(model: str) -> tuple[str, str]:
-    """(directory, default served name) of ``model``: a HF model directory (named after it), or a
-    hub id whose snapshot is already in the local Hugging Face cache (named by the id; looked up
-    offline, never downloaded). Anything else is a ``ConfigError`` saying what to do."""
+def resolve_model(model: str, dtype: str = "auto") -> tuple[str, str]:
+    """(directory, default served name) of ``model``: a HF model directory (named after it), a hub
+    id whose snapshot is already in the local Hugging Face cache (named by the id; looked up
+    offline, never downloaded), or a ``.gguf`` file (named after it; converted once into an HF
+    directory with ``dtype`` weights in Banyan's cache: shared/gguf). Anything else is a
+    ``ConfigError`` saying what to do (a ``GGUFError`` for a GGUF file that cannot be served)."""
+    if model.endswith(".gguf") and not os.path.isdir(model):
+        from shared.gguf.convert import converted_dir, weights_dtype
+
+        return str(converted_dir(model, weights_dtype(dtype), cache_root() / "gguf")), Path(model).stem
     if not model:
         raise ConfigError("--model is empty: give a HF model directory or a hub id in the local Hugging Face "
                           "cache (the banyan command serves its demo model when none is given)")

@@ -242,7 +242,10 @@ class Batcher:
         self.kv.release(r)
         running.remove(r)
         r.status, r.retractions, r.queued_at = Status.WAITING, r.retractions + 1, time.monotonic()
-        r.prompt_logprobs.clear()  # a scoring request recomputes every scored position on resuming
+        if r.scoring:  # prompt log-probs not sent yet: every scored position is computed again on resuming
+            r.prompt_logprobs.clear()
+            r.prompt_top_ids.clear()
+            r.prompt_top_logprobs.clear()
         waiting.appendleft(r)
         if preempted_by is None:
             self.counters.retractions += 1

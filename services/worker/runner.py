@@ -36,7 +36,7 @@ from services.worker.launched import Launched, step_kind
 from services.worker.split_step import StepLanes
 from services.worker.kernels import (chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_gemm,
                                      tune_small_m)
-from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions
+from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions, score_top_k
 from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
 from services.worker.sampling.draw import TokenSampler, flashinfer_draw
@@ -348,7 +348,7 @@ class ModelRunner:
         if b.score_rows:  # scoring requests: the logits of their prompt positions
             idx, targets, counts = score_positions(b)
             scored = self.model.compute_logits(hidden[to_device(idx, torch.int64, self.device)]) if len(idx) else None
-            self._scores = prompt_logprobs(scored, targets, counts)
+            self._scores = prompt_logprobs(scored, targets, counts, score_top_k(b, self.params))
         if not all_logits:
             if not sample.any():
                 return hidden[:0, :0]

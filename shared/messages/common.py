@@ -45,12 +45,26 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated
     logprobs: bool = False  # return the sampled token's log-probability
     top_logprobs: int = 0  # and this many most likely alternatives
-    prompt_logprobs_from: int = -1  # ≥ 1: return logprobs of prompt tokens from this position (scoring)
+    # Prompt log-probs: ≥ 0 returns the logprob of every prompt token from this position on (position 0,
+    # the first token, has none: the values start at max(1, prompt_logprobs_from)); -1 = off. The prefix
+    # cache still serves the positions before it. With prompt_top_logprobs > 0, that many alternatives each.
+    prompt_logprobs_from: int = -1
+    prompt_top_logprobs: int = 0
     stream_interval: int = 1  # the scheduler sends new tokens this many at a time (the first at once)
 
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Prompt log-probs were asked for."""
+        return self.prompt_logprobs_from >= 0
+
+    @property
+    def first_scored(self) -> int:
+        """The first prompt position with a logprob (its logits are those of the position before)."""
+        return max(1, self.prompt_logprobs_from)
 
     @property
     def greedy(self) -> bool:

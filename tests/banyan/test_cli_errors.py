@@ -44,7 +44,8 @@ def one_line(r: subprocess.CompletedProcess, code: int | None = None) -> str:
 
 def cases() -> list[tuple[str, list[str], int, str]]:
     """(command, args, exit code, what the line says); {port}: a port nobody listens on."""
-    out = [(cmd, ["--no-such-flag"], 2, "unrecognized arguments: --no-such-flag") for cmd in COMMANDS]
+    out = [(cmd, ["--no-such-flag"], 2, "the following arguments are required" if cmd == "convert"
+            else "unrecognized arguments: --no-such-flag") for cmd in COMMANDS]
     out += [
         ("serve", ["--model", "nobody/no-such-model"], 2, "hf download nobody/no-such-model"),
         ("worker", ["--model", "/no/such/dir"], 2, "neither a directory nor a Hugging Face hub id"),
@@ -57,6 +58,7 @@ def cases() -> list[tuple[str, list[str], int, str]]:
         ("top", ["--once", "127.0.0.1:{port}"], 1, "Connection refused"),
         ("top", ["--ready-file", "/no/such/banyan.ready"], 1, "No such file"),
         ("check-env", ["--grpc-port", "x"], 2, "invalid int value"),
+        ("convert", ["/no/such/model.gguf", "out"], 1, "/no/such/model.gguf"),
     ]
     return out
 

@@ -23,7 +23,7 @@ from shared.tracing import Trace, Tracer
 from services.tokenizer import tokens, validation
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.generation import Chunk, Generator
-from services.tokenizer.http import convert, errors
+from services.tokenizer.http import convert, errors, native
 from services.tokenizer.http.docs import install_docs
 from services.tokenizer.http import protocol as api
 from services.tokenizer.http.middleware import Edge
@@ -275,4 +275,5 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    native.install(app, front)  # SGLang's native API: /generate, /get_model_info, … (http/native/)
     return app

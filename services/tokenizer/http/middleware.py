@@ -11,12 +11,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.http.errors import ApiError
+from services.tokenizer.http.native import protocol as native
 from services.tokenizer.metrics import TokenizerMetrics
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+OPEN_PATHS = (frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+              | native.OPEN_PATHS)
 OPEN_PREFIX = "/docs/assets/"  # Swagger UI's own files
 MAX_BODY = 64 << 20  # bytes, as the gRPC front's message limit
-KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize"})
+KNOWN_PATHS = (frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize"})
+               | native.PATHS)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

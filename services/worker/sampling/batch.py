@@ -81,6 +81,10 @@ class BatchSampler:
         extra: dict = {}
         if "prompt_logprobs" in host:
             extra.update(prompt_logprobs=f32(host["prompt_logprobs"]), prompt_logprob_counts=i32(host["counts"]))
+        if "prompt_top_ids" in host:
+            extra.update(prompt_top_k=int(host["prompt_top_ids"].shape[1]),
+                         prompt_top_ids=host["prompt_top_ids"].astype("<i4").tobytes(),
+                         prompt_top_logprobs=host["prompt_top_lp"].astype("<f4").tobytes())
         if s is None:
             return out, extra
         out[s.sel] = host["ids"]
@@ -126,12 +130,23 @@ def score_positions(b: ForwardBatch) -> tuple[np.ndarray, np.ndarray, list[int]]
     return np.asarray(idx, dtype=np.int64), np.asarray(targets, dtype=np.int64), counts
 
 
-def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int]) -> dict[str, torch.Tensor]:
-    """Scoring requests: the logprob of each target under its position's logits (device tensors,
-    copied back with the step's other results)."""
+def score_top_k(b: ForwardBatch, params: dict[int, SamplingParams]) -> int:
+    """The most prompt-logprob alternatives any score row of ``b`` asked for."""
+    rows = from_i32(b.rows)
+    return max((params[int(rows[i])].prompt_top_logprobs for i in from_i32(b.score_rows)), default=0)
+
+
+def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int],
+                    k: int = 0) -> dict[str, torch.Tensor]:
+    """Prompt log-probs: the logprob of each target under its position's logits and, with ``k``,
+    the ``k`` most likely tokens there (device tensors, copied back with the step's other results)."""
+    out = {"counts": torch.tensor(counts, dtype=torch.int32)}
     if logits is not None and len(targets):
         lp = torch.log_softmax(logits.float(), dim=-1)
-        vals = lp.gather(1, to_device(targets, torch.int64, lp.device).view(-1, 1)).squeeze(1)
+        out["prompt_logprobs"] = lp.gather(1, to_device(targets, torch.int64, lp.device).view(-1, 1)).squeeze(1)
+        if k:
+            top_lp, top_ids = lp.topk(k, dim=-1)
+            out.update(prompt_top_ids=top_ids.int(), prompt_top_lp=top_lp)
     else:
-        vals = torch.zeros(0, dtype=torch.float32)
-    return {"prompt_logprobs": vals, "counts": torch.tensor(counts, dtype=torch.int32)}
+        out["prompt_logprobs"] = torch.zeros(0, dtype=torch.float32)
+    return out
