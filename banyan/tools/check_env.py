@@ -143,7 +143,8 @@ def check_package(check: str, module: str, dist: str, why: str) -> Row:
         __import__(module)
     except Exception as e:  # noqa: BLE001
         return Row(check, "fail", f"cannot import {module}: {e}")
-    return Row(check, "ok", _version(dist) or "installed")
+    v = _version(dist)
+    return Row(check, "ok", f"{dist} {v}" if v else f"{dist} installed")  # (the package named: a row's check is not)
 
 
 def check_grpc() -> Row:
