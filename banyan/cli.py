@@ -92,7 +92,14 @@ def serve(argv: list[str]) -> int:
     except PortBusy as e:
         say(f"{ap.prog}: error: {e}")
         return 1
-    model_dir, name = configured(ap.prog, ns.debug, lambda: resolve(ns.model))
+    if ns.model.endswith(".gguf"):  # a bad file: one line, exit 1, nothing started
+        from banyan.convert import resolve_gguf
+
+        if (found := resolve_gguf(ap.prog, ns.model, ns.dtype)) is None:
+            return 1
+        model_dir, name = found
+    else:
+        model_dir, name = configured(ap.prog, ns.debug, lambda: resolve(ns.model))
     cfg = configured(ap.prog, ns.debug, lambda: build(model=model_dir, served_model_name=ns.served_model_name or name),
                      *classes)
     setup_logging("launcher", ns.log_level, ns.log_format)
@@ -102,6 +109,7 @@ def serve(argv: list[str]) -> int:
 # subcommand → (one line for `banyan --help`, how it runs)
 COMMANDS: dict[str, str] = {
     "serve": "serve a model on this host: scheduler, worker ranks and tokenizer replicas",
+    "convert": "write a GGUF file (llama.cpp's format) out as an HF model directory",
     "tokenizer": "run one tokenizer replica alone (gRPC + OpenAI-compatible HTTP; for compose / Kubernetes)",
     "scheduler": "run one scheduler alone (batching, prefix cache, KV bookkeeping)",
     "worker": "run one worker rank alone (weights, KV cache, attention, sampling)",
@@ -155,23 +163,22 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in ("-V", "--version"):
         print(f"banyan {version()}")
         sys.exit(0)
-    if not argv or argv[0] not in COMMANDS:
-        said = f"banyan: unknown command {argv[0]!r}\n\n" if argv else ""
-        print(said + usage(), file=sys.stderr)
+    if not argv:
+        print(usage(), file=sys.stderr)
+        sys.exit(2)
+    if argv[0] not in COMMANDS:
+        print(f"banyan: error: unknown command {argv[0]!r} (banyan --help lists the commands: "
+              f"{', '.join(COMMANDS)})", file=sys.stderr)
         sys.exit(2)
     cmd, rest = argv[0], argv[1:]
-    if cmd == "bench":
-        from banyan.bench.cli import main as bench
+    if cmd in ("bench", "check-env", "top", "convert"):  # a server out of reach, a file missing: one line (exit 1)
+        import importlib
 
-        sys.exit(bench(rest))
-    if cmd == "check-env":
-        from banyan.tools.check_env import main as check_env
+        from banyan.errors import run_command
 
-        sys.exit(check_env(rest))
-    if cmd == "top":
-        from banyan.tools.top import main as top
-
-        sys.exit(top(rest))
+        module = {"bench": "banyan.bench.cli", "check-env": "banyan.tools.check_env", "top": "banyan.tools.top",
+                  "convert": "banyan.convert"}[cmd]
+        sys.exit(run_command(f"banyan {cmd}", importlib.import_module(module).main, rest))
     if cmd == "serve":
         sys.exit(serve(rest))
     run_service(cmd, rest)

@@ -157,6 +157,7 @@ class Launcher:
             say(f"banyan serve: error: {e}")
             return 1
         self.run_dir = rundir.RunDir([p.port for p in fixed])
+        self._remove_ready_file()  # one a killed server left names ports nobody serves
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         try:
@@ -167,7 +168,15 @@ class Launcher:
             if self.counter is not None:
                 self.counter.close()
             self.run_dir.remove()
+            self._remove_ready_file()  # the file goes with the server (`banyan top --ready-file` waits for the next)
             self.ports.release()
+
+    def _remove_ready_file(self) -> None:
+        for path in (self.cfg.ready_file, self.cfg.ready_file + ".tmp") if self.cfg.ready_file else ():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def _serve(self, gpus: list[dict[str, str]]) -> int:
         cfg, run_dir, reserve = self.cfg, self.run_dir, self.ports  # (held for the launcher's life: restarts rebind)

@@ -16,10 +16,16 @@ from shared.config import ConfigError
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as on the Hugging Face hub
 
 
-def resolve_model(model: str) -> tuple[str, str]:
-    """(directory, default served name) of ``model``: a HF model directory (named after it), or a
-    hub id whose snapshot is already in the local Hugging Face cache (named by the id; looked up
-    offline, never downloaded). Anything else is a ``ConfigError`` saying what to do."""
+def resolve_model(model: str, dtype: str = "auto") -> tuple[str, str]:
+    """(directory, default served name) of ``model``: a HF model directory (named after it), a hub
+    id whose snapshot is already in the local Hugging Face cache (named by the id; looked up
+    offline, never downloaded), or a ``.gguf`` file (named after it; converted once into an HF
+    directory with ``dtype`` weights in Banyan's cache: shared/gguf). Anything else is a
+    ``ConfigError`` saying what to do (a ``GGUFError`` for a GGUF file that cannot be served)."""
+    if model.endswith(".gguf") and not os.path.isdir(model):
+        from shared.gguf.convert import converted_dir, weights_dtype
+
+        return str(converted_dir(model, weights_dtype(dtype), cache_root() / "gguf")), Path(model).stem
     if not model:
         raise ConfigError("--model is empty: give a HF model directory or a hub id in the local Hugging Face "
                           "cache (the banyan command serves its demo model when none is given)")
@@ -32,9 +38,15 @@ def resolve_model(model: str) -> tuple[str, str]:
         if found:
             return found, model
         raise ConfigError(f"--model {model!r} is no directory, and the local Hugging Face cache ({cache}) has no "
-                          f"complete snapshot of it; Banyan never downloads: fetch it first "
-                          f"(huggingface-cli download {model}) or give its directory")
+                          f"complete snapshot of it; Banyan never downloads: fetch it first with "
+                          f"`{download_command(model)}` or give its directory")
     raise ConfigError(f"--model {model!r} is neither a directory nor a Hugging Face hub id (owner/name)")
+
+
+def download_command(repo_id: str) -> str:
+    """The command that fetches ``repo_id`` into the local cache: ``hf``, the CLI of
+    huggingface-hub >= 0.34 (what Banyan installs; the older ``huggingface-cli`` is gone from 1.0)."""
+    return f"hf download {repo_id}"
 
 
 def cached_snapshot(repo_id: str) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.config import SchedulerConfig, add_arguments, from_namespace
-from shared.entry import Parser, configured, tie_to_launcher
+from shared.entry import Parser, configured, end_process, tie_to_launcher
 from shared.logging import setup_logging
 
 
@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     from services.scheduler.scheduler import Scheduler
 
     Scheduler(cfg).run()
+    end_process(0)  # (no interpreter teardown: see end_process)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from services.scheduler.counters import Counters
 from services.scheduler.kv import KVManager
 from services.scheduler.plan import Plan
 from services.scheduler.policy import Policy
-from services.scheduler.request import Req, Status
+from services.scheduler.request import Req, Status, worker_extras
 from services.scheduler.step_model import StepModel
 
 log = get_logger("scheduler")
@@ -242,7 +242,10 @@ class Batcher:
         self.kv.release(r)
         running.remove(r)
         r.status, r.retractions, r.queued_at = Status.WAITING, r.retractions + 1, time.monotonic()
-        r.prompt_logprobs.clear()  # a scoring request recomputes every scored position on resuming
+        if r.scoring:  # prompt log-probs not sent yet: every scored position is computed again on resuming
+            r.prompt_logprobs.clear()
+            r.prompt_top_ids.clear()
+            r.prompt_top_logprobs.clear()
         waiting.appendleft(r)
         if preempted_by is None:
             self.counters.retractions += 1
@@ -307,8 +310,8 @@ class Batcher:
             running.append(r)
             scratch.add(r.ns, key)
             new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots),
-                                   output_ids=i32(r.output) if r.output and r.params.penalized else b"",
-                                   traceparent=r.traceparent))
+                                   output_ids=i32(r.output) if r.output and (r.params.penalized or r.params.processed)
+                                   else b"", traceparent=r.traceparent, **worker_extras(r)))
             queue_ms = r.wait_ms()
             if not r.retractions:
                 plan.queue_s.append(queue_ms / 1e3)

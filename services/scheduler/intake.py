@@ -68,6 +68,8 @@ class Intake:
             params = msg.params
             if i and params.seed is not None:
                 params = msgspec.structs.replace(params, seed=params.seed + i)
+            if i and params.scores_prompt:  # the prompt's log-probs come once, with branch 0
+                params = msgspec.structs.replace(params, prompt_logprobs_from=-1, prompt_top_logprobs=0)
             span = self.tracer.start("schedule", traceparent, request_id=msg.rid, index=i)
             branches.append(Req(rid=msg.rid, replica=ident, prompt=list(prompt), params=params, index=i,
                                 ns=msg.cache_ns, traceparent=span.traceparent, span=span, priority=priority,

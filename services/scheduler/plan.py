@@ -103,7 +103,7 @@ class Plan:
         for i in chunks:
             n, start = self.extend[i], self.prefix[i]
             r = self.reqs[i]
-            if start < len(r.prompt) or n > SPLIT_MAX_TOKENS or r.params.prompt_logprobs_from > 0:
+            if start < len(r.prompt) or n > SPLIT_MAX_TOKENS or r.scoring:
                 return  # a prompt chunk (the step runs eagerly anyway), or scored positions in it
             extra += (n - 1) * start + n * (n - 1) // 2
         if extra > SPLIT_MAX_EXTRA_KV:

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.messages.common import FinishReason, SamplingParams
+from shared.messages.common import FinishReason, SamplingParams, i32
 from services.scheduler.cache import CacheHandle
 
 
@@ -48,7 +48,10 @@ class Req:
     unsent_logprobs: list[float] = field(default_factory=list)  # their logprobs, when asked for
     unsent_top_ids: list[list[int]] = field(default_factory=list)
     unsent_top_logprobs: list[list[float]] = field(default_factory=list)
-    prompt_logprobs: list[float] = field(default_factory=list)  # scoring requests
+    prompt_logprobs: list[float] = field(default_factory=list)  # prompt log-probs (params.prompt_logprobs_from)
+    prompt_top_ids: list[list[int]] = field(default_factory=list)  # and their alternatives (prompt_top_logprobs)
+    prompt_top_logprobs: list[list[float]] = field(default_factory=list)
+    prompt_lp_sent: bool = False  # they went out (with the first output): no prompt position is scored again
     # Overlap scheduling: steps in flight that sample a token for it (at most 2, briefly), and how
     # many of those tokens to drop when they arrive (jump-forward appended others in their place).
     pending: int = 0
@@ -59,6 +62,11 @@ class Req:
     def in_flight(self) -> int:
         """Tokens being sampled by steps in flight that will count: not known yet, but part of seq."""
         return self.pending - self.discard
+
+    @property
+    def scoring(self) -> bool:
+        """Prompt positions still need their logits (prompt log-probs asked for, not yet sent)."""
+        return self.params.prompt_logprobs_from >= 0 and not self.prompt_lp_sent
 
     @property
     def trace_id(self) -> str:
@@ -108,10 +116,10 @@ class Req:
 
     def prefix_key(self) -> list[int]:
         """Tokens whose KV may come from the cache: all but the last, whose logits are needed
-        (scoring requests need the logits of every position from ``prompt_logprobs_from`` - 1)."""
+        (requests with prompt log-probs need the logits of every position from ``first_scored`` - 1)."""
         end = self.seq_len - 1
-        if self.params.prompt_logprobs_from > 0:
-            end = min(end, self.params.prompt_logprobs_from - 1)
+        if self.scoring:
+            end = min(end, self.params.first_scored - 1)
         known = len(self.prompt) + len(self.output)
         memo = self._key
         if memo[0] != end or memo[1] != known:  # (computed once per step, read by policy, dedup, admission)
@@ -129,3 +137,15 @@ class Req:
         if len(self.output) >= self.params.max_new_tokens or len(self.prompt) + len(self.output) >= context_length:
             return FinishReason.LENGTH
         return None
+
+
+def worker_extras(r: Req) -> dict:
+    """What the worker's logit processors need of ``r`` beyond its params (``NewReq`` fields): its
+    prompt length (min_new_tokens) and, for a repetition penalty, the prompt itself."""
+    p = r.params
+    if not p.processed:
+        return {}
+    extra: dict = {"prompt_len": len(r.prompt)}
+    if p.repetition_penalty != 1.0:
+        extra["prompt_ids"] = i32(r.prompt)
+    return extra

@@ -22,10 +22,14 @@ from services.scheduler.request import Req, Status
 
 def token_out(r: Req, **final) -> TokenOut:
     """The tokens (and logprobs) ``r`` produced since its last output."""
+    prompt = {}
+    if r.params.prompt_logprobs_from >= 0 and not r.prompt_lp_sent and (final or r.unsent):
+        prompt = dict(prompt_logprobs=r.prompt_logprobs, prompt_top_ids=r.prompt_top_ids,  # (once: the first
+                      prompt_top_logprobs=r.prompt_top_logprobs)  # output with tokens, or the last)
+        r.prompt_lp_sent = True
     out = TokenOut(rid=r.rid, index=r.index, token_ids=r.output[len(r.output) - r.unsent:],
                    cached_tokens=r.cached_tokens, logprobs=r.unsent_logprobs, top_ids=r.unsent_top_ids,
-                   top_logprobs=r.unsent_top_logprobs,
-                   prompt_logprobs=r.prompt_logprobs if final else [], **final)
+                   top_logprobs=r.unsent_top_logprobs, **prompt, **final)
     r.unsent, r.unsent_logprobs, r.unsent_top_ids, r.unsent_top_logprobs = 0, [], [], []
     return out
 

@@ -1,5 +1,6 @@
 """What the scheduler adds to a batch before sending it, and reads back from a step's output:
-grammar bitmasks and scoring positions down; logprobs and prompt logprobs up."""
+grammar bitmasks and scoring positions (prompt log-probs: the prompt chunks' positions from the
+request's ``first_scored`` - 1 on, until they were sent) down; logprobs and prompt logprobs up."""
 
 from __future__ import annotations
 
@@ -52,15 +53,17 @@ def with_extras(sched: Scheduled, grammar: GrammarBackend | None, defer_mask: bo
         t0 = time.perf_counter()
         mask = grammar.bitmask([sched.reqs[i].matcher for i in rows])
         extra.update(mask_rows=i32(rows), bitmask=mask.tobytes(), mask_fill_ms=(time.perf_counter() - t0) * 1e3)
-    score = [(i, r) for i, r in enumerate(sched.reqs) if r.params.prompt_logprobs_from > 0]
+    score = [(i, r) for i, r in enumerate(sched.reqs) if r.scoring]
     if score:
         starts = from_i32(sched.msg.prefix_lens)
         rows, first, nxt = [], [], []
         for i, r in score:
-            end = int(starts[i]) + sched.extend[i]  # positions starts[i] .. end-1 are computed now
-            if end - 1 >= r.params.prompt_logprobs_from - 1:
+            start = int(starts[i])
+            end = start + sched.extend[i]  # positions start .. end-1 are computed now
+            want = r.params.first_scored - 1  # the first position whose logits are wanted
+            if start < len(r.prompt) and end - 1 >= want:  # (prompt chunks only: not a decode's own row)
                 rows.append(i)
-                first.append(max(r.params.prompt_logprobs_from - 1, int(starts[i])))
+                first.append(max(want, start))
                 nxt.append(r.tokens(end, end + 1)[0] if end < len(r.prompt) else -1)
         if rows:
             extra.update(score_rows=i32(rows), score_from=i32(first), score_next=i32(nxt))
@@ -78,11 +81,21 @@ def deferred_mask(sched: Scheduled, grammar: GrammarBackend) -> StepMask:
 
 
 def take_prompt_logprobs(sched: Scheduled, out: StepOutput) -> None:
+    """The scored positions' logprobs (and alternatives, as many as each request asked for) into
+    their requests."""
     if not out.prompt_logprob_counts:
         return
     values = from_f32(out.prompt_logprobs).tolist()
+    k = out.prompt_top_k
+    top_ids = from_i32(out.prompt_top_ids).reshape(-1, k) if k else None
+    top_lp = from_f32(out.prompt_top_logprobs).reshape(-1, k) if k else None
     rows = from_i32(sched.msg.score_rows).tolist()
     pos = 0
     for i, n in zip(rows, from_i32(out.prompt_logprob_counts).tolist()):
-        sched.reqs[i].prompt_logprobs.extend(values[pos:pos + n])
+        r = sched.reqs[i]
+        r.prompt_logprobs.extend(values[pos:pos + n])
+        want = r.params.prompt_top_logprobs
+        if want and top_ids is not None:
+            r.prompt_top_ids.extend(top_ids[pos:pos + n, :want].tolist())
+            r.prompt_top_logprobs.extend(top_lp[pos:pos + n, :want].tolist())
         pos += n

@@ -32,7 +32,7 @@ class Usage:
 @dataclass(frozen=True)
 class TokenLogprob:
     token_id: int
-    logprob: float
+    logprob: float | None  # None only for a prompt's first token (nothing comes before it)
     top: list[tuple[int, float]]  # the most likely alternatives (token id, logprob)
 
 
@@ -49,6 +49,9 @@ class Chunk:
     matched_stop: str = ""
     matched_stop_token_id: int | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
+    # Prompt log-probs (SamplingRequest.prompt_logprobs_start), on branch 0's first chunk: one per prompt
+    # token from that position on (a session turn's positions count from its own input's start).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 def _logprobs(out) -> list[TokenLogprob] | None:
@@ -58,6 +61,24 @@ def _logprobs(out) -> list[TokenLogprob] | None:
     top_lps = out.top_logprobs or [[] for _ in out.logprobs]
     return [TokenLogprob(t, lp, list(zip(ids, lps)))
             for t, lp, ids, lps in zip(out.token_ids, out.logprobs, tops, top_lps)]
+
+
+def _prompt_logprobs(out, p: Prepared) -> list[TokenLogprob] | None:
+    """The prompt log-probs ``out`` carries, one per input token from the asked start on."""
+    params = p.req.params
+    if out.index or not params.scores_prompt or not (out.prompt_logprobs or out.token_ids or out.finish):
+        return None
+    ids, ctx = p.req.input_ids, p.context_tokens
+    first, tops = params.first_scored, out.prompt_top_ids
+    res = []
+    for pos in range(params.prompt_logprobs_from, ctx + len(ids)):
+        k = pos - first
+        if k < 0 or k >= len(out.prompt_logprobs):
+            res.append(TokenLogprob(ids[pos - ctx], None, []))
+            continue
+        top = list(zip(tops[k], out.prompt_top_logprobs[k])) if k < len(tops) else []
+        res.append(TokenLogprob(ids[pos - ctx], out.prompt_logprobs[k], top))
+    return res
 
 
 class _Branch:
@@ -71,6 +92,7 @@ class _Branch:
         self.last = 0.0  # when its last tokens arrived
         self.gaps: list[float] = []  # inter-token latencies, one per token after the first
         self.held: Chunk | None = None  # a session turn's last chunk, until the scheduler confirms its end
+        self.prompt_sent = False  # its prompt log-probs went out
 
 
 class Generator:
@@ -144,14 +166,16 @@ class Generator:
                 b.cached = max(b.cached, out.cached_tokens)
                 text = b.detok.push(out.token_ids)
                 lps = _logprobs(out)
+                plps = None if b.prompt_sent else _prompt_logprobs(out, p)
+                b.prompt_sent = b.prompt_sent or plps is not None
                 if not (b.detok.stopped or out.finish):
-                    yield Chunk(out.index, out.token_ids, text, logprobs=lps)
+                    yield Chunk(out.index, out.token_ids, text, logprobs=lps, prompt_logprobs=plps)
                     continue
                 b.finish = FinishReason.STOP if b.detok.stopped else out.finish
                 usage = Usage(p.prompt_tokens, b.generated, b.cached)
                 if b.detok.stopped:
                     final = Chunk(out.index, out.token_ids, text, FinishReason.STOP, usage,
-                                  matched_stop=b.detok.matched_stop, logprobs=lps)
+                                  matched_stop=b.detok.matched_stop, logprobs=lps, prompt_logprobs=plps)
                     if not out.finish:
                         self.client.abort(rid, FinishReason.STOP, out.index, b.generated)
                         if req.session is not None:
@@ -164,7 +188,7 @@ class Generator:
                     last = out.token_ids[-1] if out.token_ids else None
                     stop_id = last if out.finish is FinishReason.STOP and last in req.params.stop_token_ids else None
                     yield Chunk(out.index, out.token_ids, text + b.detok.finish(), out.finish, usage,
-                                matched_stop_token_id=stop_id, logprobs=lps)
+                                matched_stop_token_id=stop_id, logprobs=lps, prompt_logprobs=plps)
                 if live == 0:
                     stage("sent", rid, trace_id=trace.trace_id, completion_tokens=sum(x.generated for x in branches))
                     return

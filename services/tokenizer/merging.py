@@ -19,7 +19,9 @@ def merge_outputs(a: TokenOut, b: TokenOut) -> TokenOut:
                     cached_tokens=max(a.cached_tokens, b.cached_tokens),
                     completion_tokens=b.completion_tokens or a.completion_tokens, logprobs=a.logprobs + b.logprobs,
                     top_ids=a.top_ids + b.top_ids, top_logprobs=a.top_logprobs + b.top_logprobs,
-                    prompt_logprobs=a.prompt_logprobs + b.prompt_logprobs)
+                    prompt_logprobs=a.prompt_logprobs + b.prompt_logprobs,
+                    prompt_top_ids=a.prompt_top_ids + b.prompt_top_ids,
+                    prompt_top_logprobs=a.prompt_top_logprobs + b.prompt_top_logprobs)
 
 
 async def merged(queue: asyncio.Queue[TokenOut]) -> AsyncIterator[TokenOut]:

@@ -110,7 +110,8 @@ class SchedulerClient:
                 self._all_ready()
                 if link.down:  # its restarted worker is ready
                     self._engine(g, "")
-            elif isinstance(msg, EngineStatus) and not msg.serving:
+            elif isinstance(msg, EngineStatus) and not msg.serving:  # its worker was lost: it is restarted
+                self.watch.restarting_now(g, msg.reason or "the engine stopped serving")
                 self._engine(g, msg.reason or "the engine stopped serving")
             elif type(msg) in self.listeners:
                 self.listeners[type(msg)](g, msg)

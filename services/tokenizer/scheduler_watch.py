@@ -9,10 +9,10 @@ any message:
 - **A scheduler back** (the connection is open again: a restarted scheduler bound the same
   endpoint; the DEALER reconnects by itself): the replica says hello again, so the new scheduler
   sends ``ModelInfo`` once its worker is ready, and the group serves again.
-- **New requests** arriving while no group serves and one is restarting (gone, and not serving
-  since) wait for it, up to ``restart_wait`` seconds (or their deadline), instead of failing: a
-  restart is expected to come back. A group down for another reason (its worker was lost) refuses
-  them at once, as before.
+- **New requests** arriving while no group serves and one is restarting (its scheduler gone, or
+  its worker lost: ``EngineStatus``; not serving since) wait for it, up to ``restart_wait`` seconds
+  (or their deadline), instead of failing: a restart is expected to come back (``banyan serve``
+  restarts both; under compose their restart policy does).
 - **Every scheduler gone** for ``gone_grace`` seconds: the replica cannot serve, so it exits
   (``on_gone``, code 1) rather than hold the public ports as a husk; its launcher, if it has one,
   restarts it — when the launcher itself died, the parent-death signal took the replica already.
@@ -101,10 +101,14 @@ class SchedulerWatch:
                     self.on_gone()
                 return
 
+    def restarting_now(self, g: int, reason: str) -> None:
+        """Group ``g`` is down for ``reason`` and coming back (its worker was lost and is restarted)."""
+        self.lost[g] = reason
+
     @property
     def restarting(self) -> list[int]:
-        """Groups whose scheduler went and that have not served since (down for that reason still:
-        a ``ModelInfo`` clears it, a later worker loss replaces it)."""
+        """Groups whose scheduler went or whose worker was lost, and that have not served since (down
+        for that reason still: a ``ModelInfo`` clears it)."""
         return [g for g, why in self.lost.items() if self.client.links[g].down == why]
 
     async def wait_serving(self) -> None:

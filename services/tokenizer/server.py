@@ -78,7 +78,9 @@ async def run(cfg: TokenizerConfig) -> None:
     if smg is not None:
         await smg.start()
     await client.start()
-    log.info("tokenizer_listening", grpc_port=port, http_port=http_port, smg_grpc_port=smg_port,
+    # smg_grpc_port: where SMG's service answers (the gRPC port itself when it shares it; -1: off), as the launcher says
+    log.info("tokenizer_listening", grpc_port=port, http_port=http_port,
+             smg_grpc_port=-1 if smg is None else port if smg_port < 0 else smg_port,
              replica=cfg.identity, api_key=api_key.required)
 
     stop = asyncio.Event()

@@ -72,7 +72,9 @@ def _sampling(sp: pb.SamplingParams) -> SamplingRequest:
                            skip_special_tokens=True if opt("skip_special_tokens") is None else sp.skip_special_tokens,
                            presence_penalty=opt("presence_penalty"), frequency_penalty=opt("frequency_penalty"),
                            logprobs=sp.logprobs, top_logprobs=opt("top_logprobs"),
-                           stream_interval=opt("stream_interval"))
+                           stream_interval=opt("stream_interval"), prompt_logprobs_start=opt("prompt_logprobs_start"),
+                           prompt_top_logprobs=opt("prompt_top_logprobs"), logit_bias=dict(sp.logit_bias) or None,
+                           min_tokens=opt("min_tokens"), repetition_penalty=opt("repetition_penalty"))
 
 
 def _response(rid: str, c: Chunk) -> pb.GenerateResponse:
@@ -88,6 +90,11 @@ def _response(rid: str, c: Chunk) -> pb.GenerateResponse:
         resp.logprobs.append(pb.GeneratedTokenLogprobs(
             token=pb.TokenLogprob(token_id=t.token_id, logprob=t.logprob),
             top=[pb.TokenLogprob(token_id=i, logprob=lp) for i, lp in t.top]))
+    for t in c.prompt_logprobs or ():
+        entry = resp.prompt_logprobs.add(token_id=t.token_id, top=[pb.TokenLogprob(token_id=i, logprob=lp)
+                                                                   for i, lp in t.top])
+        if t.logprob is not None:
+            entry.logprob = t.logprob
     return resp
 
 

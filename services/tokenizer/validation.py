@@ -18,6 +18,7 @@ from shared.errors import FailedPrecondition, InvalidArgument
 from shared.messages.common import Constraint, SamplingParams
 from shared.messages.to_scheduler import GenerateReq, SessionTurn
 from shared.messages.to_tokenizer import ModelInfo, SessionView
+from services.tokenizer.sampling_ext import processor_fields, prompt_logprob_fields
 from services.tokenizer.text import Message, TextProcessor
 
 MAX_REQUEST_ID = 256
@@ -69,6 +70,14 @@ class SamplingRequest:
     logprobs: bool = False
     top_logprobs: int | None = None
     stream_interval: int | None = None
+    # Prompt log-probs (sampling_ext.py): from this position of the prompt on (0 = the first token, whose
+    # logprob is None; None = off), with this many alternatives per position (0..20).
+    prompt_logprobs_start: int | None = None
+    prompt_top_logprobs: int | None = None
+    # Logit processors (sampling_ext.py; applied on the worker to the rows that use them):
+    logit_bias: dict[int, float] | None = None  # token id → bias added to its logit, clamped to [-100, 100]
+    min_tokens: int | None = None  # stop tokens (EOS included) are not sampled before this many new tokens
+    repetition_penalty: float | None = None  # HF's, over prompt + output, in (0, 2]; 1 = off
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,7 @@ def _session_limits(s: SamplingRequest, ids: list[int], info: ModelInfo, session
         raise FailedPrecondition(f"session {sid!r} holds {session.length} tokens on this turn's branch; with the "
                                  f"{len(ids)} new ones that fills the context window of {info.context_length}")
     room = min(info.context_length - total, session.capacity_left - len(ids))
-    if room < 1:
+    if room < (0 if s.max_tokens == 0 else 1):  # (a prefill-only turn needs no room for an answer)
         raise FailedPrecondition(f"session {sid!r} is full: {session.capacity_left} of its {session.capacity} tokens "
                                  f"are left and this turn's input has {len(ids)} (and needs room for an answer)")
     if s.max_tokens is not None and s.max_tokens > room:
@@ -195,10 +204,11 @@ def _session_limits(s: SamplingRequest, ids: list[int], info: ModelInfo, session
     return room
 
 
-def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) -> SamplingParams:
+def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str, context: int = 0) -> SamplingParams:
+    """``prompt_len``: the whole prompt's tokens, of which the first ``context`` are a session's."""
     room = info.context_length - prompt_len
     if s.max_tokens is not None:
-        _require(s.max_tokens >= 1, f"{prefix}max_tokens must be >= 1")
+        _require(s.max_tokens >= 0, f"{prefix}max_tokens must be >= 0 (0: prefill only, no new tokens)")
         _require(s.max_tokens <= room,
                  f"{prefix}max_tokens={s.max_tokens} with a {prompt_len}-token prompt exceeds the "
                  f"context window of {info.context_length} (at most {room})")
@@ -233,11 +243,14 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str) 
     _check_vocab(f"{prefix}stop_token_ids", stop_ids, info.vocab_size)
     if not s.ignore_eos:
         stop_ids += [t for t in info.eos_token_ids if t not in stop_ids]
+    max_new = room if s.max_tokens is None else s.max_tokens
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, min_p=min_p,
-                          seed=seed, max_new_tokens=room if s.max_tokens is None else s.max_tokens,
+                          seed=seed, max_new_tokens=max_new,
                           stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, presence_penalty=presence,
                           frequency_penalty=frequency, logprobs=s.logprobs or top_logprobs > 0,
-                          top_logprobs=top_logprobs, stream_interval=interval)
+                          top_logprobs=top_logprobs, stream_interval=interval,
+                          **prompt_logprob_fields(s, prompt_len - context, context, prefix),
+                          **processor_fields(s, info.vocab_size, max_new, prefix))
 
 
 def check_constraint(c: Constraint | None) -> Constraint | None:
@@ -295,6 +308,8 @@ def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: Model
     n = 1 if s.n is None else s.n
     limit = min(MAX_N, info.max_running_requests)
     _require(1 <= n <= limit, f"{prefix}n must be in [1, {limit}], got {n}")
+    _require(n == 1 or s.max_tokens != 0, f"{prefix}n must be 1 with max_tokens 0 (a prefill-only request "
+                                         "samples nothing)")
     turn, context = None, 0
     if session is None:
         ids = input_ids(prompt, text, info)
@@ -305,7 +320,7 @@ def prepare(prompt: Prompt, s: SamplingRequest, text: TextProcessor, info: Model
         cache_salt, context = session.cache_ns, session.length
         ids = session_input_ids(prompt, text, info, session)
         room = _session_limits(s, ids, info, session, prefix)
-        params = sampling(s, context + len(ids), info, prefix)
+        params = sampling(s, context + len(ids), info, prefix, context)
         params = msgspec.structs.replace(params, max_new_tokens=min(params.max_new_tokens, room))
         turn = SessionTurn(session.session_id, session.parent, session.length)
     req = GenerateReq(rid=request_id, input_ids=ids, params=params, n=n, cache_ns=cache_salt,

@@ -34,7 +34,7 @@ from services.worker.kernels.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
 from services.worker.laps import Laps
 from services.worker.launched import Launched, step_kind
-from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions
+from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions, score_top_k
 from services.worker.startup import choose_kernels
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
 from services.worker.sampling.draw import TokenSampler, flashinfer_draw
@@ -322,7 +322,7 @@ class ModelRunner:
         if b.score_rows:  # scoring requests: the logits of their prompt positions
             idx, targets, counts = score_positions(b)
             scored = self.model.compute_logits(hidden[to_device(idx, torch.int64, self.device)]) if len(idx) else None
-            self._scores = prompt_logprobs(scored, targets, counts)
+            self._scores = prompt_logprobs(scored, targets, counts, score_top_k(b, self.params))
         if not all_logits:
             if not sample.any():
                 return hidden[:0, :0]

@@ -45,12 +45,35 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     frequency_penalty: float = 0.0  # subtracted per occurrence of a token already generated
     logprobs: bool = False  # return the sampled token's log-probability
     top_logprobs: int = 0  # and this many most likely alternatives
-    prompt_logprobs_from: int = -1  # ≥ 1: return logprobs of prompt tokens from this position (scoring)
+    # Prompt log-probs: ≥ 0 returns the logprob of every prompt token from this position on (position 0,
+    # the first token, has none: the values start at max(1, prompt_logprobs_from)); -1 = off. The prefix
+    # cache still serves the positions before it. With prompt_top_logprobs > 0, that many alternatives each.
+    prompt_logprobs_from: int = -1
+    prompt_top_logprobs: int = 0
     stream_interval: int = 1  # the scheduler sends new tokens this many at a time (the first at once)
+    # Logit processors (services/worker/sampling/processors.py), applied only to the rows that use them:
+    logit_bias: dict[int, float] = {}  # token id → added to its logit (in [-100, 100])
+    min_new_tokens: int = 0  # stop_token_ids (EOS included) cannot be sampled before this many new tokens
+    repetition_penalty: float = 1.0  # HF: logits of prompt + output tokens divided (> 0) or multiplied (< 0) by it
 
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def processed(self) -> bool:
+        """A logit processor applies (logit_bias, min_new_tokens or repetition_penalty)."""
+        return bool(self.logit_bias) or self.min_new_tokens > 0 or self.repetition_penalty != 1.0
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Prompt log-probs were asked for."""
+        return self.prompt_logprobs_from >= 0
+
+    @property
+    def first_scored(self) -> int:
+        """The first prompt position with a logprob (its logits are those of the position before)."""
+        return max(1, self.prompt_logprobs_from)
 
     @property
     def greedy(self) -> bool:

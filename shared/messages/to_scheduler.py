@@ -150,6 +150,9 @@ class StepOutput(msgspec.Struct, tag="out", frozen=True):
     top_logprobs: bytes = b""  # float32 (B, top_k)
     prompt_logprobs: bytes = b""  # float32: per score row (batch order), its chunk's scored positions
     prompt_logprob_counts: bytes = b""  # int32 (S,): how many of them each score row has
+    prompt_top_k: int = 0  # alternatives per scored position (the most any score row asked for)
+    prompt_top_ids: bytes = b""  # int32 (P, prompt_top_k), P = all the scored positions, in order
+    prompt_top_logprobs: bytes = b""  # float32 (P, prompt_top_k)
 
 
 class CacheAck(msgspec.Struct, tag="cack", frozen=True):

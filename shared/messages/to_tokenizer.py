@@ -37,7 +37,12 @@ class TokenOut(msgspec.Struct, frozen=True, omit_defaults=True):
     logprobs: list[float] = []  # per token in token_ids, when asked for
     top_ids: list[list[int]] = []  # per token: the most likely alternatives
     top_logprobs: list[list[float]] = []
-    prompt_logprobs: list[float] = []  # scoring: logprobs of prompt tokens from prompt_logprobs_from on
+    # Prompt log-probs (SamplingParams.prompt_logprobs_from ≥ 0), on the branch's first output that carries
+    # tokens (or its last): the logprob of each prompt token from position max(1, prompt_logprobs_from) on,
+    # and, with prompt_top_logprobs, the most likely alternatives at each of those positions.
+    prompt_logprobs: list[float] = []
+    prompt_top_ids: list[list[int]] = []
+    prompt_top_logprobs: list[list[float]] = []
 
 
 class TokenOutBatch(msgspec.Struct, tag="outs", frozen=True):

@@ -1,7 +1,7 @@
 """The replica's watch over its scheduler connections, against a stand-in scheduler (a ROUTER on a
 real ipc socket) that is closed and bound again as a killed and restarted scheduler would be:
 streams in flight end with UNAVAILABLE at once, health follows, the replica says hello to the new
-scheduler, a new request waits for the group instead of failing, and a replica whose every
+scheduler, a new request waits for the group (a restarting scheduler or worker) instead of failing, and a replica whose every
 scheduler stays gone past the grace asks to exit."""
 
 from __future__ import annotations
@@ -79,16 +79,19 @@ def test_scheduler_gone_and_back(tmp_path):
             client.submit(GenerateReq(rid="b", input_ids=[1, 2], params=SamplingParams()))
             assert (await next_of(sched, GenerateReq))[1].rid == "b"
             client.release("b")
-            # its worker lost later: that is not a restart to wait for (refused at once, as always)
+            # its worker lost later: a restart too (the launcher restarts it), waited for the same way
             await sched.send_multipart([ident, SEND.encode(EngineStatus(serving=False, reason="the worker died"))])
             for _ in range(int(WAIT_S * 100)):
                 if not client.ready.is_set():
                     break
                 await asyncio.sleep(0.01)
-            assert client.watch.restarting == []
-            await asyncio.wait_for(client.watch.wait_serving(), 5)  # returns at once (bounded here)
+            assert client.watch.restarting == [0]
+            waiting = asyncio.create_task(client.watch.wait_serving())
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
             await sched.send_multipart([ident, SEND.encode(INFO)])
-            await asyncio.wait_for(client.ready.wait(), WAIT_S)
+            await asyncio.wait_for(waiting, WAIT_S)
+            assert client.ready.is_set() and client.watch.restarting == []
 
             assert not gone
             sched.close(linger=0)  # gone again, and this time for good
@@ -105,9 +108,10 @@ def test_scheduler_gone_and_back(tmp_path):
     asyncio.run(main())
 
 
-def test_a_worker_loss_is_not_waited_for(tmp_path):
-    """A group down because its worker was lost (``EngineStatus``) refuses new requests at once:
-    only a restarting scheduler is waited for."""
+def test_a_worker_loss_is_waited_for(tmp_path):
+    """A group down because its worker was lost (``EngineStatus``) is restarting: a new request
+    waits for its ``ModelInfo`` (bounded by restart_wait) instead of being refused at once, and is
+    sent once it serves."""
     ep = f"ipc://{tmp_path}/s.ipc"
 
     async def main() -> None:
@@ -125,7 +129,15 @@ def test_a_worker_loss_is_not_waited_for(tmp_path):
                 if not client.ready.is_set():
                     break
                 await asyncio.sleep(0.01)
-            await asyncio.wait_for(client.watch.wait_serving(), 5)  # returns at once (bounded here)
+            assert not client.ready.is_set()
+            waiting = asyncio.create_task(client.watch.wait_serving())
+            await asyncio.sleep(0.2)
+            assert not waiting.done()  # waits for the restarted worker …
+            await sched.send_multipart([ident, SEND.encode(INFO)])
+            await asyncio.wait_for(waiting, WAIT_S)  # … and goes on once it serves
+            client.submit(GenerateReq(rid="c", input_ids=[1, 2], params=SamplingParams()))
+            assert (await next_of(sched, GenerateReq))[1].rid == "c"
+            client.release("c")
         finally:
             await client.close()
             sched.close(linger=0)

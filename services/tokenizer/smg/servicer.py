@@ -28,10 +28,10 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from shared.errors import InvalidArgument, Unavailable
 from shared.logging import stage
-from shared.messages.to_scheduler import FlushCacheReq
-from shared.messages.to_tokenizer import FlushCacheDone, Load, ModelInfo
+from shared.messages.to_tokenizer import Load, ModelInfo
 from shared.tracing import Trace, Tracer
 from services.tokenizer import validation
+from services.tokenizer.flush import Flusher
 from services.tokenizer.generation import Generator
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient
@@ -41,7 +41,6 @@ from services.tokenizer.text import TextProcessor
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
-FLUSH_POLL_S = 0.05
 
 
 def _traceparent(context: grpc.aio.ServicerContext) -> str:
@@ -86,8 +85,7 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
         self._zip: tuple[bytes, str] | None = None
         cfg = self.model_dir / "config.json"
         self.hf_config = json.loads(cfg.read_text()) if cfg.is_file() else {}
-        self._flushes: dict[str, asyncio.Future[FlushCacheDone]] = {}
-        client.listeners[FlushCacheDone] = self._flushed
+        self.flusher = Flusher.for_client(client)
 
     # ---- generation ----------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
@@ -197,35 +195,8 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
     async def FlushCache(self, request: common.FlushCacheRequest, context) -> common.FlushCacheResponse:
         """Drop every cached prefix in every group. A group with requests in flight refuses; with
         ``timeout_s`` > 0 the call waits up to that long for the groups to go idle."""
-        if request.timeout_s < 0 or request.timeout_s != request.timeout_s:
-            raise InvalidArgument(f"timeout_s must be >= 0, got {request.timeout_s}")
-        self.client.model_info()
-        deadline = time.monotonic() + request.timeout_s
-        while True:
-            answers = await asyncio.gather(*(self._flush(g) for g in range(len(self.client.links))))
-            ok = all(a.ok for a in answers)
-            if ok or time.monotonic() >= deadline:
-                message = "; ".join(f"group {g}: {a.message}" if len(answers) > 1 else a.message
-                                    for g, a in enumerate(answers) if a.message)
-                return common.FlushCacheResponse(success=ok, message=message or "flushed")
-            await asyncio.sleep(FLUSH_POLL_S)
-
-    async def _flush(self, g: int, timeout: float = 10.0) -> FlushCacheDone:
-        token = uuid.uuid4().hex
-        fut: asyncio.Future[FlushCacheDone] = asyncio.get_running_loop().create_future()
-        self._flushes[token] = fut
-        self.client.links[g].q.send(FlushCacheReq(token=token))
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            return FlushCacheDone(token=token, ok=False, message=f"group {g} did not answer")
-        finally:
-            self._flushes.pop(token, None)
-
-    def _flushed(self, g: int, msg: FlushCacheDone) -> None:
-        fut = self._flushes.pop(msg.token, None)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+        ok, message = await self.flusher.flush(request.timeout_s)
+        return common.FlushCacheResponse(success=ok, message=message)
 
     async def GetTokenizer(self, request, context):
         if self._zip is None:

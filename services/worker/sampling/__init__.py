@@ -8,7 +8,8 @@
   counts) and the per-step work from a batch's logits to the ``StepOutput`` fields.
 """
 
-from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions
+from services.worker.sampling.batch import BatchSampler, Sampled, prompt_logprobs, score_positions, score_top_k
 from services.worker.sampling.draw import TokenSampler, flashinfer_draw
 
-__all__ = ["BatchSampler", "Sampled", "TokenSampler", "flashinfer_draw", "prompt_logprobs", "score_positions"]
+__all__ = ["BatchSampler", "Sampled", "TokenSampler", "flashinfer_draw", "prompt_logprobs", "score_positions",
+           "score_top_k"]

@@ -1,5 +1,6 @@
 """Between the model and the StepOutput: per-request sampling state and the per-step logit work —
-grammar bitmasks, presence/frequency penalties, seeded draws, logprobs, prompt (scoring) logprobs."""
+grammar bitmasks, presence/frequency penalties, the logit processors (``processors.py``), seeded draws,
+logprobs, prompt (scoring) logprobs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from shared.messages.to_worker import ForwardBatch, NewReq
 from services.worker.hostio import HostCopy, to_device
 from services.worker.sampling.logits import PenaltyState, apply_bitmask, logprobs, step_seed
 from services.worker.sampling.draw import TokenSampler
+from services.worker.sampling.processors import LogitProcessors
 
 
 class BatchSampler:
@@ -23,15 +25,19 @@ class BatchSampler:
         self.sampler, self.device = sampler, device
         self.params: dict[int, SamplingParams] = {}  # by row
         self.penalties = PenaltyState(vocab_size, device)
+        self.processors = LogitProcessors(vocab_size, device)
 
     def admit(self, nr: NewReq) -> None:
         self.params[nr.row] = nr.params
         if nr.params.penalized:
             self.penalties.add_row(nr.row, from_i32(nr.output_ids))
+        if nr.params.processed:
+            self.processors.add_row(nr)
 
     def release(self, row: int) -> None:
         self.params.pop(row, None)
         self.penalties.drop_row(row)
+        self.processors.drop_row(row)
 
     def sample(self, b: ForwardBatch, logits: torch.Tensor, sample: np.ndarray, bitmask: bytes = b"") -> Sampled:
         """logits (N, V) of the N sampling requests (batch order) → their ids on the device, with
@@ -55,11 +61,16 @@ class BatchSampler:
                                  [params[k].frequency_penalty for k in pen])
         # seeded requests: a generator per (seed, position) — reproducible whatever the batch
         seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]
+        proc = [k for k, p in enumerate(params) if p.processed]
+        if proc:  # logit_bias, min_new_tokens, repetition_penalty: only rows that ask
+            self.processors.apply(logits, rows, params, seq_end)
         gens = [torch.Generator(device=dev).manual_seed(step_seed(p.seed, int(pos)))
                 if p.seed is not None and not p.greedy else None for p, pos in zip(params, seq_end)]
         next_ids = self.sampler.sample(logits, params, gens)
         if pen:
             self.penalties.record([rows[k] for k in pen], next_ids[to_device(pen, torch.int64, dev)])
+        if proc:
+            self.processors.record([rows[k] for k in proc], next_ids[to_device(proc, torch.int64, dev)])
         out = Sampled(sel=sel, ids=next_ids)
         if want_lp:
             out.top_k = max(p.top_logprobs for p in params)
@@ -81,6 +92,10 @@ class BatchSampler:
         extra: dict = {}
         if "prompt_logprobs" in host:
             extra.update(prompt_logprobs=f32(host["prompt_logprobs"]), prompt_logprob_counts=i32(host["counts"]))
+        if "prompt_top_ids" in host:
+            extra.update(prompt_top_k=int(host["prompt_top_ids"].shape[1]),
+                         prompt_top_ids=host["prompt_top_ids"].astype("<i4").tobytes(),
+                         prompt_top_logprobs=host["prompt_top_lp"].astype("<f4").tobytes())
         if s is None:
             return out, extra
         out[s.sel] = host["ids"]
@@ -126,12 +141,23 @@ def score_positions(b: ForwardBatch) -> tuple[np.ndarray, np.ndarray, list[int]]
     return np.asarray(idx, dtype=np.int64), np.asarray(targets, dtype=np.int64), counts
 
 
-def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int]) -> dict[str, torch.Tensor]:
-    """Scoring requests: the logprob of each target under its position's logits (device tensors,
-    copied back with the step's other results)."""
+def score_top_k(b: ForwardBatch, params: dict[int, SamplingParams]) -> int:
+    """The most prompt-logprob alternatives any score row of ``b`` asked for."""
+    rows = from_i32(b.rows)
+    return max((params[int(rows[i])].prompt_top_logprobs for i in from_i32(b.score_rows)), default=0)
+
+
+def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int],
+                    k: int = 0) -> dict[str, torch.Tensor]:
+    """Prompt log-probs: the logprob of each target under its position's logits and, with ``k``,
+    the ``k`` most likely tokens there (device tensors, copied back with the step's other results)."""
+    out = {"counts": torch.tensor(counts, dtype=torch.int32)}
     if logits is not None and len(targets):
         lp = torch.log_softmax(logits.float(), dim=-1)
-        vals = lp.gather(1, to_device(targets, torch.int64, lp.device).view(-1, 1)).squeeze(1)
+        out["prompt_logprobs"] = lp.gather(1, to_device(targets, torch.int64, lp.device).view(-1, 1)).squeeze(1)
+        if k:
+            top_lp, top_ids = lp.topk(k, dim=-1)
+            out.update(prompt_top_ids=top_ids.int(), prompt_top_lp=top_lp)
     else:
-        vals = torch.zeros(0, dtype=torch.float32)
-    return {"prompt_logprobs": vals, "counts": torch.tensor(counts, dtype=torch.int32)}
+        out["prompt_logprobs"] = torch.zeros(0, dtype=torch.float32)
+    return out

@@ -1,0 +1,104 @@
+"""GGUF files → HF directories (shared/gguf): every tensor type Banyan reads dequantizes to exactly
+what transformers' own GGUF loader makes of it, llama.cpp's Q/K permutation undone; bad files are
+refused by ``banyan serve`` / ``banyan convert`` in one line with exit code 1, before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType as Q
+from safetensors.torch import load_file
+
+from shared.gguf.convert import convert
+from tests.gguf.files import K_QUANTS, write_tiny
+from tests.support import ROOT
+
+TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# the largest |dequantized - original| each encoder may leave on weights of scale 0.05
+TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-4, Q.BF16: 1e-3, Q.Q8_0: 2e-3, Q.Q4_0: 4e-2, Q.Q4_1: 3e-2}
+
+
+def _hf_reference(path):
+    """transformers loading the same file, every weight dequantized (its own decoders in transformers 5)."""
+    dense = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                             **dense)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_tensor_type_matches_transformers(qtype, tmp_path):
+    path = tmp_path / f"tiny-{qtype.name}.gguf"
+    made = write_tiny(path, qtype, seed=int(qtype))
+    out = convert(path, tmp_path / "hf")
+    ours = load_file(out / "model.safetensors")
+    hf = _hf_reference(path)
+    ref = hf.state_dict()
+    assert set(ours) == set(ref)
+    for name, tensor in ours.items():
+        assert tensor.dtype == torch.float32 and tensor.shape == ref[name].shape, name
+        assert torch.equal(tensor, ref[name]), f"{qtype.name}: {name} differs from transformers'"
+    if qtype in K_QUANTS:  # random blocks: the values must still spread (a decoder that reads nothing would not)
+        q = ours["model.layers.0.self_attn.q_proj.weight"]
+        assert q.std() > 0 and len(q.unique()) > 64
+    else:  # close to the weights the file was made from, in HF's row order (q/k unpermuted)
+        for name, values in made.items():
+            err = (ours[name] - torch.from_numpy(values)).abs().max().item()
+            assert err <= TOLERANCE[qtype], f"{name}: {err}"
+    config = json.loads((out / "config.json").read_text())
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "tie_word_embeddings"):
+        assert config[key] == getattr(hf.config, key), key
+    assert config["rms_norm_eps"] == pytest.approx(hf.config.rms_norm_eps)
+
+
+def test_bf16_output_and_qwen2_rows_kept(tmp_path):
+    """--dtype bfloat16 stores bf16; a qwen2 file's q/k rows are not permuted (llama.cpp permutes llama only)."""
+    path = tmp_path / "qwen2.gguf"
+    made = write_tiny(path, Q.F32, arch="qwen2")
+    out = convert(path, tmp_path / "hf", "bfloat16")
+    ours = load_file(out / "model.safetensors")
+    q = "model.layers.1.self_attn.q_proj.weight"
+    assert ours[q].dtype == torch.bfloat16
+    assert torch.equal(ours[q], torch.from_numpy(made[q]).to(torch.bfloat16))
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+
+
+def _bad_files(tmp_path):
+    good = tmp_path / "good.gguf"
+    write_tiny(good, Q.Q8_0)
+    data = good.read_bytes()
+    (tmp_path / "truncated.gguf").write_bytes(data[: len(data) * 2 // 3])
+    write_tiny(tmp_path / "mamba.gguf", Q.F32, arch="mamba")
+    write_tiny(tmp_path / "q5_0.gguf", Q.Q5_0)
+    (tmp_path / "text.gguf").write_bytes(b"this is not a model\n" * 4)
+    return {"truncated.gguf": "truncated", "mamba.gguf": "architecture 'mamba' is not supported",
+            "q5_0.gguf": "has type Q5_0, which Banyan does not dequantize", "text.gguf": "not a GGUF file"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "banyan.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+
+
+def test_bad_files_refused_in_one_line(tmp_path, cache_dir):
+    for name, problem in _bad_files(tmp_path).items():
+        path = tmp_path / name
+        served = _run("serve", "--model", str(path), "--grpc-port", "0", "--http-port", "-1")
+        assert served.returncode == 1, served.stderr[-2000:]
+        errors = [line for line in served.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and problem in errors[0] and str(path) in errors[0], served.stderr[-2000:]
+        assert "Traceback" not in served.stderr and '"started"' not in served.stderr  # nothing started
+    converted = _run("convert", str(tmp_path / "mamba.gguf"), str(tmp_path / "out"))
+    assert converted.returncode == 1 and "architecture 'mamba' is not supported" in converted.stderr
+    assert "Traceback" not in converted.stderr and not (tmp_path / "out" / "config.json").exists()
+    left = [p.name for p in (cache_dir / "gguf").glob("*") if p.name.lstrip(".").split(".")[0].split("-")[0]
+            in {"truncated", "mamba", "q5_0", "text"}]
+    assert not left  # a refused file leaves nothing in the cache, not even a half-written directory
