@@ -17,7 +17,7 @@ ENV_PREFIX = "BANYAN_"
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8")  # fp8: fp8_e4m3
 QUANTIZATIONS = ("", "fp8")
 WRITE_POLICIES = ("write_through", "write_back")
-# the piecewise graphs' size when left to the worker (measured on the H200, docs/perf.md 2026-12-03: W3 level,
+# the piecewise graphs' size when left to the worker (measured on the H200, 2026-12-03: W3 level,
 # W4 +8 %, W5's and W7's prompt steps no longer launch-bound)
 PIECEWISE_AUTO_TOKENS = 1536
 # --tool-call-parser / --reasoning-parser (the parsers: services/tokenizer/tools/, services/tokenizer/reasoning.py)
@@ -71,7 +71,8 @@ class CommonConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig(CommonConfig):
-    host: str = field(default="0.0.0.0", metadata={"help": "gRPC listen host"})
+    host: str = field(default="0.0.0.0", metadata={
+        "help": "listen host of the gRPC and HTTP ports (0.0.0.0: every interface; 127.0.0.1: this machine only)"})
     grpc_port: int = field(default=50051, metadata={"help": "gRPC listen port (0 = pick a free port)"})
     scheduler_endpoint: str = field(default="tcp://127.0.0.1:5557", metadata={
         "help": "scheduler ZMQ endpoint; with data parallelism one per group, comma-separated (group 0 first)"})

@@ -10,7 +10,6 @@ tokenizer (the demo model is built first when it is not in the cache yet, as ``b
 
 from __future__ import annotations
 
-import argparse
 import glob
 import importlib.util
 import json
@@ -24,6 +23,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from shared.entry import Parser
 
 MIN_PYTHON = (3, 11)
 SHM_ADVISED = 1 << 30  # NCCL (--tp > 1 on GPUs) and torch's shared tensors want more than Docker's 64 MiB
@@ -142,7 +143,8 @@ def check_package(check: str, module: str, dist: str, why: str) -> Row:
         __import__(module)
     except Exception as e:  # noqa: BLE001
         return Row(check, "fail", f"cannot import {module}: {e}")
-    return Row(check, "ok", _version(dist) or "installed")
+    v = _version(dist)
+    return Row(check, "ok", f"{dist} {v}" if v else f"{dist} installed")  # (the package named: a row's check is not)
 
 
 def check_grpc() -> Row:
@@ -268,8 +270,30 @@ def check_caches(gpu: bool) -> list[Row]:
     return rows
 
 
+def check_knobs() -> Row:
+    """The ``BANYAN_*`` variables of ``shared/knobs.py`` this environment sets, each parsed as the services will."""
+    from shared import knobs
+
+    try:
+        knobs.load()
+    except knobs.KnobError as e:
+        return Row("knobs", "fail", str(e))
+    given = [f"{env}={value}" for env, _, value, _ in knobs.describe() if value != "default"]
+    return Row("knobs", "ok", (f"{len(given)} set: {', '.join(given)}" if given else "none set (every default)")
+               + f"; {len(knobs.KNOBS)} declared (banyan check-env --knobs lists them)")
+
+
+def knobs_table() -> str:
+    """Every declared knob: its variable, kind, the value here and its meaning."""
+    from shared import knobs
+
+    rows = knobs.describe()
+    w, k = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    return "\n".join(f"{env:<{w}}  {kind:<{k}}  {value:<8}  {meaning}" for env, kind, value, meaning in rows)
+
+
 def run_checks(model: str, host: str, grpc_port: int, http_port: int) -> list[Row]:
-    rows = [check_python()]
+    rows = [check_python(), check_knobs()]
     rows += check_torch()
     gpu = any(r.check == "cuda" and r.status == "ok" for r in rows)
     rows += check_flashinfer(gpu)
@@ -312,7 +336,7 @@ def verdict(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
-    ap = argparse.ArgumentParser(prog="banyan check-env", description=(
+    ap = Parser(prog="banyan check-env", description=(
         "Check that this host can serve: Python, torch, CUDA/driver/GPUs, FlashInfer and its compiled kernels, "
         "Banyan's kernel and tuning caches, xgrammar, gRPC, the model and its tokenizer, the serving ports, /dev/shm. "
         "Exit 0 when everything needed to serve is there (no GPU is fine: CPU serving works), 1 otherwise."))
@@ -324,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-port", type=int, default=int(env("BANYAN_HTTP_PORT", 8000)),
                     help="HTTP port banyan serve would use (-1: none) [env BANYAN_HTTP_PORT, default 8000]")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    ap.add_argument("--knobs", action="store_true", help="list every BANYAN_* knob (shared/knobs.py) and exit")
     ns = ap.parse_args(argv)
+    if ns.knobs:
+        print(knobs_table())
+        return 0
     rows = run_checks(ns.model, ns.host, ns.grpc_port, ns.http_port)
     ok = not any(r.status == "fail" for r in rows)
     if ns.json:
