@@ -98,9 +98,9 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "constrained-int"
 
 def _field(loc: tuple) -> str:
     """``("body", "prompt", "list[constrained-int]", 0)`` → ``"prompt.0"``: the field path without
-    the body marker and pydantic's union-member tags."""
+    the body marker and pydantic's union-member tags (a model member's tag is its class name)."""
     return ".".join(str(x) for x in loc[1 if loc[:1] == ("body",) else 0:]
-                    if not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS)))
+                    if not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS or x[:1].isupper())))
 
 
 def _rank(kind: str) -> int:
