@@ -16,9 +16,6 @@ import torch
 import torch.nn.functional as F
 
 Tensor = torch.Tensor
-# FlashInfer's norms: its precompiled CUDA kernels, not the CuTe-DSL ones (read when flashinfer is
-# first imported, wherever that happens)
-os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ TORCH_OPS = Ops("torch", _torch_rmsnorm, _torch_fused_add_rmsnorm, _torch_silu_a
 
 # --- FlashInfer ------------------------------------------------------------------------------
 
-# Our CUDA norm for decode-size rows (``kernels.enable_cuda_norm``): (x, residual or None, weight, eps) →
+# Our CUDA norm for decode-size rows (``startup.enable_cuda_norm``): (x, residual or None, weight, eps) →
 # (normed, x + residual), or None where it does not take the shape; FlashInfer's kernels otherwise.
 _small_norm: Callable[[Tensor, Tensor | None, Tensor, float], tuple[Tensor, Tensor] | None] | None = None
 
@@ -96,7 +93,10 @@ def set_small_norm(fn: Callable[[Tensor, Tensor | None, Tensor, float], tuple[Te
 
 
 def flashinfer_ops() -> Ops:
-    """FlashInfer's fused kernels (CUDA, fp16/bf16). ImportError when FlashInfer is missing."""
+    """FlashInfer's fused kernels (CUDA, fp16/bf16). ImportError when FlashInfer is missing. Its norms are its
+    precompiled CUDA kernels, not the CuTe-DSL ones: FlashInfer reads ``FLASHINFER_USE_CUDA_NORM`` when it is first
+    imported, which in a worker is here (the runner builds its model before anything else imports FlashInfer)."""
+    os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
     import flashinfer.activation
     import flashinfer.norm
     import flashinfer.rope
