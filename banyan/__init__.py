@@ -2,8 +2,8 @@
 (``bn.function``, ``bn.gen``, ``bn.select``, ``bn.user`` …, ``bn.Backend``, ``bn.session``); it loads on
 first use."""
 
-_LANG = ("Backend", "ForkGroup", "Program", "ProgramState", "ServerError", "SessionState", "assistant", "function",
-         "gen", "select", "session", "set_default_backend", "system", "user")
+_LANG = ("Backend", "ForkGroup", "Program", "ProgramState", "ServerError", "ServerUnreachable", "SessionState",
+         "assistant", "function", "gen", "select", "session", "set_default_backend", "system", "user")
 
 
 def __getattr__(name: str):

@@ -163,27 +163,22 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in ("-V", "--version"):
         print(f"banyan {version()}")
         sys.exit(0)
-    if not argv or argv[0] not in COMMANDS:
-        said = f"banyan: unknown command {argv[0]!r}\n\n" if argv else ""
-        print(said + usage(), file=sys.stderr)
+    if not argv:
+        print(usage(), file=sys.stderr)
+        sys.exit(2)
+    if argv[0] not in COMMANDS:
+        print(f"banyan: error: unknown command {argv[0]!r} (banyan --help lists the commands: "
+              f"{', '.join(COMMANDS)})", file=sys.stderr)
         sys.exit(2)
     cmd, rest = argv[0], argv[1:]
-    if cmd == "bench":
-        from banyan.bench.cli import main as bench
+    if cmd in ("bench", "check-env", "top", "convert"):  # a server out of reach, a file missing: one line (exit 1)
+        import importlib
 
-        sys.exit(bench(rest))
-    if cmd == "check-env":
-        from banyan.tools.check_env import main as check_env
+        from banyan.errors import run_command
 
-        sys.exit(check_env(rest))
-    if cmd == "top":
-        from banyan.tools.top import main as top
-
-        sys.exit(top(rest))
-    if cmd == "convert":
-        from banyan.convert import main as convert
-
-        sys.exit(convert(rest))
+        module = {"bench": "banyan.bench.cli", "check-env": "banyan.tools.check_env", "top": "banyan.tools.top",
+                  "convert": "banyan.convert"}[cmd]
+        sys.exit(run_command(f"banyan {cmd}", importlib.import_module(module).main, rest))
     if cmd == "serve":
         sys.exit(serve(rest))
     run_service(cmd, rest)

@@ -3,9 +3,9 @@ GGUF step of ``banyan serve --model x.gguf`` (shared/gguf does the work)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from shared.entry import Parser
 from shared.gguf import GGUFError
 
 PROG = "banyan convert"
@@ -29,7 +29,7 @@ def resolve_gguf(prog: str, model: str, dtype: str) -> tuple[str, str] | None:
 def main(argv: list[str]) -> int:
     from shared.gguf.convert import DTYPES, convert
 
-    ap = argparse.ArgumentParser(prog=PROG, description="Write a GGUF file out as an HF model directory (config.json, "
+    ap = Parser(prog=PROG, description="Write a GGUF file out as an HF model directory (config.json, "
                                  "generation_config.json, safetensors with every tensor dequantized, tokenizer files)")
     ap.add_argument("gguf", help="the .gguf file")
     ap.add_argument("out_dir", help="the directory to write (created; files of the same names replaced)")

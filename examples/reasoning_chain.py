@@ -51,4 +51,7 @@ def main(address: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    try:
+        main(sys.argv[1] if len(sys.argv) > 1 else None)
+    except bn.ServerError as e:  # (no server there, or it refused a call): one line, exit code 1
+        sys.exit(f"{sys.argv[0]}: error: {e}")

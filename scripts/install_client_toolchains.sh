@@ -4,9 +4,12 @@
 # `buf lint`. Idempotent: apt-get runs only when a package is missing, npm only when this buf
 # version is not in the cache yet. Needs root (or sudo) for apt-get.
 #
-#   scripts/install_client_toolchains.sh      → prints "buf: /path/to/buf" last
+#   scripts/install_client_toolchains.sh      → prints "bin: DIR", then "buf: /path/to/buf" last
 #
-# BANYAN_TOOLS_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/banyan-tools) holds buf.
+# BANYAN_TOOLS_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/banyan-tools) holds buf, and its bin/
+# folder what `buf generate` (buf.gen.yaml) runs besides Debian's plugins: `buf` itself and
+# `protoc-gen-grpc-java` (Debian installs it as /usr/bin/grpc_java_plugin). Put that folder on PATH:
+#   export PATH="$HOME/.cache/banyan-tools/bin:$PATH" && buf generate
 set -euo pipefail
 
 BUF_VERSION=1.75.0
@@ -58,4 +61,9 @@ if ! [ -x "$BUF" ] || ! "$BUF" --version >/dev/null 2>&1; then
   "$tmp/node_modules/.bin/buf" --version >/dev/null
   rm -rf "$BUF_DIR" && mv "$tmp" "$BUF_DIR"  # whole or not at all
 fi
+BIN="$CACHE/bin"
+mkdir -p "$BIN"
+ln -sfn "$BUF" "$BIN/buf"
+ln -sfn /usr/bin/grpc_java_plugin "$BIN/protoc-gen-grpc-java"  # the name buf.gen.yaml (and protoc) look for
+echo "bin: $BIN (export PATH=\"$BIN:\$PATH\" for buf generate)"
 echo "buf: $BUF"

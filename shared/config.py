@@ -67,7 +67,8 @@ class CommonConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig(CommonConfig):
-    host: str = field(default="0.0.0.0", metadata={"help": "gRPC listen host"})
+    host: str = field(default="0.0.0.0", metadata={
+        "help": "listen host of the gRPC and HTTP ports (0.0.0.0: every interface; 127.0.0.1: this machine only)"})
     grpc_port: int = field(default=50051, metadata={"help": "gRPC listen port (0 = pick a free port)"})
     scheduler_endpoint: str = field(default="tcp://127.0.0.1:5557", metadata={
         "help": "scheduler ZMQ endpoint; with data parallelism one per group, comma-separated (group 0 first)"})

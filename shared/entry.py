@@ -94,18 +94,17 @@ def watch_parent(parent: int, poll_s: float = 0.5) -> threading.Thread:
 
 
 def end_process(code: int = 0) -> NoReturn:
-    """End a service whose work is done: its other (non-daemon) threads are waited for, the ``atexit``
-    handlers run (span exporters, metrics files) and the streams are flushed, as at a normal exit,
-    but the interpreter is not torn down. At teardown Triton's nanobind extension reports the
+    """End a service whose work is done (from its main thread): its other (non-daemon) threads are
+    waited for, the ``atexit`` handlers run (span exporters, metrics files) and the streams are
+    flushed, as at a normal exit, but the interpreter is not torn down. At teardown Triton's nanobind extension reports the
     objects it keeps for the life of the process as ~30 lines of "nanobind: leaked 4 instances! …"
     (harmless, since the process is ending, yet every clean stop then looked like a crash)."""
     import atexit
     import logging
 
-    me = threading.current_thread()
-    for t in threading.enumerate():
-        if t is not me and not t.daemon and t.is_alive():
-            t.join()
+    # as the interpreter's own exit does, in its order: threading's exit hooks (thread pools told to
+    # stop) and the join of non-daemon threads, then the atexit handlers
+    threading._shutdown()
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

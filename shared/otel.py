@@ -10,13 +10,14 @@ scheme is plain text (``http://``); give ``https://`` for TLS. Batching and time
 
 from __future__ import annotations
 
+import logging
 import os
 from urllib.parse import urlparse
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared.logging import get_logger
@@ -41,6 +42,35 @@ def _exporter(endpoint: str):
             endpoint = endpoint.rstrip("/") + "/v1/traces"
         return HttpExporter(endpoint=endpoint)
     raise ValueError(f"unsupported OTLP traces protocol {protocol!r} (grpc | http/protobuf)")
+
+
+class _SaidOnce(SpanExporter):
+    """The OTLP exporter, its failures said once: the exporter itself logs a line for every retry of
+    every batch ("Transient error … retrying in 1s", then "Failed to export …"), forever while no
+    collector listens. Each batch's retries stay bounded by the exporter's timeout
+    (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s); its own lines are silenced, and this logs
+    ``otlp_export_failed`` once when exports start failing (the spans are dropped) and
+    ``otlp_export_resumed`` when they work again."""
+
+    def __init__(self, inner: SpanExporter, endpoint: str) -> None:
+        self.inner, self.endpoint, self.failing = inner, endpoint, False
+
+    def export(self, spans) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result is SpanExportResult.FAILURE and not self.failing:
+            self.failing = True
+            log.warning("otlp_export_failed", endpoint=self.endpoint, spans=len(spans),
+                        note="no collector answers: spans are dropped until one does (said once)")
+        elif result is SpanExportResult.SUCCESS and self.failing:
+            self.failing = False
+            log.info("otlp_export_resumed", endpoint=self.endpoint)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 class _OtelSpan:
@@ -68,7 +98,8 @@ class OtelTracer:
 
     def __init__(self, service: str, endpoint: str) -> None:
         self.provider = TracerProvider(resource=Resource.create({"service.name": f"banyan-{service}"}))
-        self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.CRITICAL)  # (said once: _SaidOnce)
+        self.provider.add_span_processor(BatchSpanProcessor(_SaidOnce(_exporter(endpoint), endpoint)))
         self.tracer = self.provider.get_tracer("banyan")
         # the tokenizer serves the client; the scheduler and the worker take messages off a queue
         self.kind = trace.SpanKind.SERVER if service == "tokenizer" else trace.SpanKind.CONSUMER

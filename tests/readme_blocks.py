@@ -33,5 +33,13 @@ def readme_blocks() -> list[Block]:
     return out
 
 
+def text_blocks(section: str) -> list[str]:
+    """The ```text blocks (output the README quotes) under the ``## section`` heading."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    return [m.group(1) for m in re.finditer(r"^```text\n(.*?)^```", text[start:end if end > 0 else None], re.S | re.M)]
+
+
 def matching(blocks: list[Block], needle: str) -> list[Block]:
     return [b for b in blocks if needle in b.text]

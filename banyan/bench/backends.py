@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from banyan.bench.datasets import BenchRequest
+from banyan.errors import rpc_message
 
 Progress = Callable[[int], object] | None  # called with the number of tokens that just arrived
 
@@ -29,11 +30,12 @@ class Result:
 
 
 class GrpcBackend:
-    def __init__(self, target: str, connections: int = 1, stream_interval: int = 1) -> None:
+    def __init__(self, target: str, connections: int = 1, stream_interval: int = 1, cache_salt: str = "") -> None:
         """``connections``: TCP connections the requests are spread over, round robin (the tokenizer
         replicas of one ``banyan serve`` share its port: the kernel gives each connection to one of
         them, so one connection's streams all land on one replica, as one client's would);
-        ``stream_interval``: the requests' (tokens a streamed message carries; 1: each as it comes)."""
+        ``stream_interval``: the requests' (tokens a streamed message carries; 1: each as it comes);
+        ``cache_salt``: the requests' (a fresh one keeps what earlier runs cached out of this run)."""
         import grpc
 
         from shared.proto.banyan.v1 import generation_pb2 as pb
@@ -49,6 +51,7 @@ class GrpcBackend:
         self._stubs = [pb_grpc.GenerationServiceStub(c) for c in self.channels]
         self._next = 0
         self.stream_interval = stream_interval
+        self.cache_salt = cache_salt
 
     @property
     def stub(self):
@@ -61,7 +64,7 @@ class GrpcBackend:
         sp = pb.SamplingParams(max_tokens=r.output_len, ignore_eos=ignore_eos, temperature=temperature)
         if self.stream_interval != 1:
             sp.stream_interval = self.stream_interval
-        req = pb.GenerateRequest(sampling_params=sp, priority=r.priority)
+        req = pb.GenerateRequest(sampling_params=sp, priority=r.priority, cache_salt=self.cache_salt)
         if r.prompt_ids:
             req.token_ids.ids.extend(r.prompt_ids)
         else:
@@ -89,7 +92,7 @@ class GrpcBackend:
                     res.prompt_len = chunk.usage.prompt_tokens
             res.ok = True
         except Exception as e:  # a failed request is counted, not fatal
-            res.error = str(e)[:200]
+            res.error = (rpc_message(e.code().name, e.details() or "") if hasattr(e, "details") else str(e))[:200]
         res.latency = time.perf_counter() - t0
         return res
 

@@ -7,9 +7,13 @@ import asyncio
 import dataclasses
 import json
 import os
+import secrets
+import time
 
 from banyan.bench import datasets
 from banyan.bench.runner import plot, run, table
+from banyan.errors import CommandError
+from shared.entry import Parser
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -18,7 +22,7 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="banyan bench", description="Serving benchmark (Banyan gRPC or OpenAI HTTP)")
+    ap = Parser(prog="banyan bench", description="Serving benchmark (Banyan gRPC or OpenAI HTTP)")
     ap.add_argument("--backend", choices=("grpc", "openai"), default="grpc")
     ap.add_argument("--target", default=os.environ.get("BANYAN_ADDRESS", "localhost:50051"),
                     help="gRPC host:port, or the HTTP base URL [env BANYAN_ADDRESS, default localhost:50051]")
@@ -30,7 +34,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--api-key", default=os.environ.get("BANYAN_API_KEY", ""))
     ap.add_argument("--dataset", choices=("random", "shared-prefix", "json", "sharegpt", "multiturn"), default="random",
                     help="multiturn: conversations resending their history each turn, closed loop of "
-                         "--max-concurrency users (default 32), TTFT by turn; gRPC only")
+                         "--max-concurrency users (default 32), TTFT by turn, the hit rate next to the most any "
+                         "cache could reach (each run salts its requests' cache: earlier runs' do not count); "
+                         "gRPC only")
     ap.add_argument("--dataset-path", default="", help="ShareGPT-format JSON file (--dataset sharegpt)")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--input-len", type=_range, default=(256, 1024), help="MIN:MAX tokens (random/json)")
@@ -52,8 +58,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--output-json", "--out", dest="out", default="bench-result.json",
-                    help="JSON results (the PNG plots are written beside it)")
+    ap.add_argument("--output-json", "--out", dest="out", default="",
+                    help="JSON results (the PNG plots are written beside it; default: bench-YYYYMMDD-HHMMSS.json "
+                         "here, a new name each run)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--save-token-times", action="store_true", help="also write each request's token arrival times "
                     "(Unix seconds, token_epochs) to the JSON: to line up with the server's step trace "
@@ -71,7 +78,8 @@ def _server_models(args) -> list[dict]:
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read()).get("data") or []
     except Exception as e:  # noqa: BLE001 — the server's own error is clearer than a traceback
-        raise SystemExit(f"banyan bench: GET {req.full_url} failed: {e}") from e
+        raise CommandError(f"GET {req.full_url} failed: {getattr(e, 'reason', None) or e}: is the server running "
+                           "there? (--target)") from e
 
 
 def _vocab(args) -> int:
@@ -92,7 +100,7 @@ def _vocab(args) -> int:
     cards = _server_models(args)
     card = next((c for c in cards if c.get("id") == args.model), cards[0] if cards else {})
     if not card.get("vocab_size"):
-        raise SystemExit(f"banyan bench: {args.target} does not report its vocabulary size (no vocab_size in "
+        raise CommandError(f"{args.target} does not report its vocabulary size (no vocab_size in "
                          "/v1/models): pass --vocab-size N for random token-id prompts")
     return int(card["vocab_size"])
 
@@ -107,7 +115,7 @@ def build_requests(args) -> list[datasets.BenchRequest]:
     if args.dataset == "json":
         return datasets.json_requests(args.num_prompts, args.input_len[1], args.output_len[1], vocab, args.seed)
     if not args.dataset_path:
-        raise SystemExit("--dataset sharegpt needs --dataset-path")
+        raise CommandError("--dataset sharegpt needs --dataset-path")
     return datasets.sharegpt_requests(args.dataset_path, args.num_prompts, args.output_len[1], args.seed)
 
 
@@ -119,7 +127,7 @@ async def _main(args) -> dict:
 
         convs = datasets.multiturn_conversations(args.conversations, args.turns, args.system_prompt_len, args.user_len,
                                                  args.output_len, _vocab(args), args.seed)
-        backend = GrpcBackend(args.target)
+        backend = GrpcBackend(args.target, cache_salt=f"bench-{secrets.token_hex(8)}")  # this run's reuse only
         try:
             return await run_multiturn(backend, convs, args.max_concurrency or 32, args.temperature,
                                        progress=not args.no_progress)
@@ -138,6 +146,17 @@ async def _main(args) -> dict:
         await backend.close()
 
 
+def default_out(now: float | None = None) -> str:
+    """``bench-YYYYMMDD-HHMMSS.json`` in the current directory (``-2``, ``-3`` … when taken): a run never
+    overwrites an earlier one unless ``--out`` names it."""
+    stem = time.strftime("bench-%Y%m%d-%H%M%S", time.localtime(now))
+    path, k = f"{stem}.json", 1
+    while os.path.exists(path):
+        k += 1
+        path = f"{stem}-{k}.json"
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -148,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "openai" and not args.model:
         args.model = next((c.get("id", "") for c in _server_models(args)), "")
     summary = asyncio.run(_main(args))
+    if summary["failed"] and not summary["completed"]:  # nothing to measure: say why, in one line
+        raise CommandError(f"all {summary['failed']} requests failed: {'; '.join(summary['errors'])}")
+    args.out = args.out or default_out()
     summary["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()
                          if k != "api_key"}
     summary["config"]["request_rate"] = str(args.request_rate)

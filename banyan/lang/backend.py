@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from banyan.errors import rpc_message
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 
@@ -19,6 +20,25 @@ class ServerError(RuntimeError):
         self.code, self.message = code, message
 
 
+class ServerUnreachable(ServerError):
+    """No server answers at the backend's address (nothing listens there, or it cannot be reached);
+    ``code`` is ``UNAVAILABLE``, ``address`` the backend's."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__("UNAVAILABLE", message)
+        self.address = address
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _error(e: grpc.RpcError, address: str) -> ServerError:
+    code, details = e.code().name, e.details() or ""
+    if code == "UNAVAILABLE" and "failed to connect" in details.lower():
+        return ServerUnreachable(address, rpc_message(code, details, address) + " (Backend(address) or BANYAN_ADDRESS)")
+    return ServerError(code, details)
+
+
 @dataclass(frozen=True)
 class GenResult:
     text: str
@@ -29,11 +49,6 @@ class GenResult:
     cached_tokens: int
 
 
-def _call(fn, *args, **kw):
-    try:
-        return fn(*args, **kw)
-    except grpc.RpcError as e:
-        raise ServerError(e.code().name, e.details() or "") from None
 
 
 DEFAULT_ADDRESS = "localhost:50051"
@@ -55,6 +70,12 @@ class Backend:
     def close(self) -> None:
         self.channel.close()
 
+    def _call(self, fn, *args, **kw):
+        try:
+            return fn(*args, **kw)
+        except grpc.RpcError as e:
+            raise _error(e, self.address) from None
+
     def __enter__(self) -> Backend:
         return self
 
@@ -64,12 +85,12 @@ class Backend:
     def chat_ids(self, messages: list[tuple[str, str]], add_generation_prompt: bool) -> list[int]:
         chat = pb.ChatInput(messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
                             add_generation_prompt=add_generation_prompt)
-        return list(_call(self.stub.Tokenize, pb.TokenizeRequest(chat=chat), timeout=self.timeout,
+        return list(self._call(self.stub.Tokenize, pb.TokenizeRequest(chat=chat), timeout=self.timeout,
                           metadata=self.metadata).token_ids)
 
     def text_ids(self, text: str, add_special_tokens: bool) -> list[int]:
         req = pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
-        return list(_call(self.stub.Tokenize, req, timeout=self.timeout, metadata=self.metadata).token_ids)
+        return list(self._call(self.stub.Tokenize, req, timeout=self.timeout, metadata=self.metadata).token_ids)
 
     def generate(self, ids: list[int], sampling: pb.SamplingParams, **constraint) -> GenResult:
         return self.run(pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), sampling_params=sampling, **constraint))
@@ -83,7 +104,7 @@ class Backend:
                 toks.extend(chunk.token_ids)
                 last = chunk
         except grpc.RpcError as e:
-            raise ServerError(e.code().name, e.details() or "") from None
+            raise _error(e, self.address) from None
         assert last is not None
         return GenResult("".join(parts), toks, pb.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_").lower(),
                          last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.cached_tokens)
@@ -91,16 +112,16 @@ class Backend:
     def open_session(self, ttl_seconds: int | None = None, capacity: int | None = None,
                      cache_salt: str = "") -> pb.OpenSessionResponse:
         req = pb.OpenSessionRequest(ttl_seconds=ttl_seconds, capacity=capacity, cache_salt=cache_salt)
-        return _call(self.stub.OpenSession, req, timeout=self.timeout, metadata=self.metadata)
+        return self._call(self.stub.OpenSession, req, timeout=self.timeout, metadata=self.metadata)
 
     def close_session(self, session_id: str) -> int:
         """→ the tokens the session held."""
         req = pb.CloseSessionRequest(session_id=session_id)
-        return _call(self.stub.CloseSession, req, timeout=self.timeout, metadata=self.metadata).tokens
+        return self._call(self.stub.CloseSession, req, timeout=self.timeout, metadata=self.metadata).tokens
 
     def score(self, ids: list[int], continuations: list[str]) -> pb.ScoreResponse:
         req = pb.ScoreRequest(token_ids=pb.TokenIds(ids=ids), continuations=continuations)
-        return _call(self.stub.Score, req, timeout=self.timeout, metadata=self.metadata)
+        return self._call(self.stub.Score, req, timeout=self.timeout, metadata=self.metadata)
 
 
 _default: Backend | None = None

@@ -10,7 +10,6 @@ tokenizer (the demo model is built first when it is not in the cache yet, as ``b
 
 from __future__ import annotations
 
-import argparse
 import glob
 import importlib.util
 import json
@@ -24,6 +23,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from shared.entry import Parser
 
 MIN_PYTHON = (3, 11)
 SHM_ADVISED = 1 << 30  # NCCL (--tp > 1 on GPUs) and torch's shared tensors want more than Docker's 64 MiB
@@ -142,7 +143,8 @@ def check_package(check: str, module: str, dist: str, why: str) -> Row:
         __import__(module)
     except Exception as e:  # noqa: BLE001
         return Row(check, "fail", f"cannot import {module}: {e}")
-    return Row(check, "ok", _version(dist) or "installed")
+    v = _version(dist)
+    return Row(check, "ok", f"{dist} {v}" if v else f"{dist} installed")  # (the package named: a row's check is not)
 
 
 def check_grpc() -> Row:
@@ -312,7 +314,7 @@ def verdict(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
-    ap = argparse.ArgumentParser(prog="banyan check-env", description=(
+    ap = Parser(prog="banyan check-env", description=(
         "Check that this host can serve: Python, torch, CUDA/driver/GPUs, FlashInfer and its compiled kernels, "
         "Banyan's kernel and tuning caches, xgrammar, gRPC, the model and its tokenizer, the serving ports, /dev/shm. "
         "Exit 0 when everything needed to serve is there (no GPU is fine: CPU serving works), 1 otherwise."))

@@ -11,7 +11,6 @@ endpoint could not be read; ``--json`` prints it as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,6 +18,8 @@ import time
 from dataclasses import dataclass
 
 from banyan.tools.promtext import Scrape, delta_buckets, quantile, rate, scrape
+
+from shared.entry import Parser
 
 QUANTILES = (0.5, 0.9, 0.99)
 TTFT, ITL, E2E = ("banyan:time_to_first_token_seconds", "banyan:inter_token_latency_seconds",
@@ -244,7 +245,7 @@ def unreachable(v: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="banyan top", description=(
+    ap = Parser(prog="banyan top", description=(
         "Live view of a running deployment: per group running / waiting requests, KV usage, cache hit rate, "
         "computed tokens/s and step time; tokens/s in and out, TTFT / ITL / e2e percentiles and errors from the "
         "tokenizers. Scrapes the Prometheus endpoints every --interval seconds."))
@@ -269,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         eps = from_ready_file(ns.ready_file, ns.host) if ns.ready_file else from_urls(ns.urls)
     except (OSError, ValueError) as e:
-        print(f"banyan top: {e}", file=sys.stderr)
+        print(f"banyan top: error: {e}", file=sys.stderr)
         return 1
     if not eps.urls():
-        print("banyan top: the deployment exposes no metrics endpoint", file=sys.stderr)
+        print("banyan top: error: the deployment exposes no metrics endpoint", file=sys.stderr)
         return 1
     top = Top(eps)
     top.poll()
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(v, indent=1) if ns.json else render(v))
         bad = unreachable(v)
         for e in bad:
-            print(f"banyan top: unreachable: {e}", file=sys.stderr)
+            print(f"banyan top: error: unreachable: {e}", file=sys.stderr)
         return 1 if bad else 0
     tty = sys.stdout.isatty()
     try:

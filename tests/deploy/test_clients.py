@@ -40,12 +40,18 @@ def explain(r: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def buf() -> str:
-    """Installs the client toolchains (a no-op once installed) and returns the buf executable."""
+def toolchains() -> subprocess.CompletedProcess:
+    """Installs the client toolchains (a no-op once installed)."""
     r = run(["bash", "scripts/install_client_toolchains.sh"], timeout=1200)
     assert r.returncode == 0, "could not install the client toolchains:\n" + explain(r)
-    m = re.search(r"^buf: (.+)$", r.stdout, re.M)
-    assert m, explain(r)
+    return r
+
+
+@pytest.fixture(scope="module")
+def buf(toolchains) -> str:
+    """The buf executable the script installed."""
+    m = re.search(r"^buf: (.+)$", toolchains.stdout, re.M)
+    assert m, explain(toolchains)
     return m.group(1)
 
 
@@ -135,13 +141,13 @@ def test_buf_lint_passes(buf):
     assert r.returncode == 0, explain(r)
 
 
-def test_buf_generate_template_writes_the_stubs(buf, tmp_path):
-    """buf.gen.yaml, with the same local plugins the offline build uses."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "protoc-gen-grpc-java").symlink_to("/usr/bin/grpc_java_plugin")  # Debian's name for it
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    r = run([buf, "generate", "--template", "buf.gen.yaml", "-o", str(tmp_path / "out")], timeout=300, env=env)
+def test_buf_generate_template_writes_the_stubs(toolchains, tmp_path):
+    """buf.gen.yaml, with the same local plugins the offline build uses: `buf generate` as the README
+    says, with the script's bin/ folder (buf, protoc-gen-grpc-java) on PATH and nothing else done."""
+    m = re.search(r"^bin: (\S+)", toolchains.stdout, re.M)
+    assert m, explain(toolchains)
+    env = dict(os.environ, PATH=f"{m.group(1)}{os.pathsep}{os.environ['PATH']}")
+    r = run(["buf", "generate", "--template", "buf.gen.yaml", "-o", str(tmp_path / "out")], timeout=300, env=env)
     assert r.returncode == 0, explain(r)
     out = tmp_path / "out" / "clients"
     for f in ("go/gen/banyan/v1/generation.pb.go", "go/gen/banyan/v1/generation_grpc.pb.go",

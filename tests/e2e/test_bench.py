@@ -102,3 +102,30 @@ def test_grpc_backend_spreads_requests_over_its_connections():
     assert [id(b.stub) for _ in range(6)] == [id(s) for s in b._stubs[1:] + b._stubs[:1]] * 2
     with pytest.raises(ValueError):
         GrpcBackend("127.0.0.1:1", connections=0)
+
+
+def test_multiturn_hit_rate_never_exceeds_its_optimum(server, tmp_path):
+    """Two identical multi-turn runs (same seed: the same system prompt, users and greedy answers):
+    the second finds nothing of the first in the cache (each run is salted), and neither reports a hit
+    rate above the optimum beside it."""
+    for k in range(2):
+        out = tmp_path / f"multiturn-{k}.json"
+        r = subprocess.run([sys.executable, "-m", "banyan.cli", "bench", "--target", server.target, "--dataset",
+                            "multiturn", "--conversations", "4", "--turns", "3", "--system-prompt-len", "64",
+                            "--user-len", "16", "--output-len", "4", "--max-concurrency", "2", "--no-progress",
+                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = json.loads(out.read_text())
+        assert res["completed"] == 12 and 0 < res["cache_hit_rate"] <= res["optimum_hit_rate"] < 1, res
+
+
+def test_bench_writes_a_new_file_each_run(server, tmp_path):
+    """Without --out the results go to a timestamped name: a second run never overwrites the first."""
+    args = [sys.executable, "-m", "banyan.cli", "bench", "--target", server.target, "--num-prompts", "2",
+            "--input-len", "8", "--output-len", "2", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for _ in range(2):
+        r = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+    made = sorted(p.name for p in tmp_path.glob("bench-*.json"))
+    assert len(made) == 2 and all(json.loads((tmp_path / m).read_text())["completed"] == 2 for m in made), made

@@ -1,11 +1,14 @@
 """A clean stop looks clean: `banyan serve` stopped by Ctrl-C (SIGINT) or SIGTERM prints no
 nanobind leak report (Triton's extension, torn down with the interpreter), exits 0, and takes its
-ready file with it; its start-up lines agree on where SMG's service is."""
+ready file with it; its start-up lines agree on where SMG's service is; and it prints what the
+README's quick start says it prints."""
 
 from __future__ import annotations
 
+import re
 import signal
 
+from tests.readme_blocks import text_blocks
 from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
@@ -29,6 +32,13 @@ def test_ctrl_c_is_quiet_and_takes_the_ready_file(demo_dir, tmp_path) -> None:
     leaks = [line for line in text.splitlines() if "nanobind" in line or "leaked" in line]
     assert not leaks, leaks[:5]
     assert not ready.exists() and not ready.with_name(ready.name + ".tmp").exists()
+
+    # what the README's quick start says it prints (ports aside) is what it printed
+    quoted = [ln for block in text_blocks("Quick start") for ln in block.splitlines() if ln.strip()]
+    assert len(quoted) >= 3
+    for line in quoted:
+        pattern = re.sub(r"\d+", r"\\d+", re.escape(line))
+        assert re.search(f"^{pattern}$", text, re.M), f"README quotes a line serve did not print: {line!r}"
 
     records = server.log_records()
     listening = [r for r in records if r.get("event") == "tokenizer_listening"]

@@ -20,6 +20,7 @@ block cannot go untested). How they run:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -33,7 +34,7 @@ import grpc
 import pytest
 
 from tests.readme_blocks import Block, matching, readme_blocks
-from tests.support import ROOT, Server
+from tests.support import ROOT, Server, free_port, make_tiny_model
 
 BLOCKS = readme_blocks()
 # needle (in exactly one block) → why it is not run by this module
@@ -96,13 +97,15 @@ RUN = {
     "pb.FinishReason.Name(chunk.finish_reason)": r"FINISH_REASON_(STOP|LENGTH)",
     "from openai import OpenAI": r"^stop \{'name': .*\}$",
     "@bn.function": r"^(weather|arithmetic|small talk) ",
-    "curl -s localhost:8000/v1/chat/completions": r"data: \[DONE\]",
+    '"stream": true, "stream_options"': r"data: \[DONE\]",
     "banyan check-env": r"(?s)ready to serve.*^banyan top .*^group +running",
     "banyan bench --dataset shared-prefix": r"(?s)Successful requests +32\b.*Successful requests +16\b",
     "stub.OpenSession(": r"(?s)^prompt \d+ cached (\d+)\n.*^closed, it held [1-9]\d* tokens$",
     "localhost:8000/v1/sessions": r'"object":"session.deleted","deleted":true',
 }
-HANDLED = {"pip install torch==2.13.0 -e . && banyan serve", "grpcurl -plaintext", "--otlp-endpoint localhost:4317"}
+HANDLED = {"pip install torch==2.13.0 -e . && banyan serve", "grpcurl -plaintext", "--otlp-endpoint localhost:4317",
+           "--api-key my-secret-key", "hf download Qwen/Qwen3-0.6B"}
+HUB_ID = "banyan-test/tiny-qwen3"  # the own-model block's hub id, served from a local cache built here
 
 
 def test_every_block_is_run_somewhere() -> None:
@@ -195,3 +198,62 @@ def test_docker_blocks_are_the_deploy_tiers() -> None:
     assert len(docker) >= 3
     text = (ROOT / "tests" / "deploy" / "test_readme_docker.py").read_text()
     assert "readme_blocks" in text and all(d in text for d in DOCKER)
+
+
+def run_serving_block(b: Block, env: dict, tmp: Path, swap: dict[str, str] | None = None,
+                      timeout: float = 300) -> subprocess.CompletedProcess:
+    """A block that starts its own `banyan serve` (in the background) and stops it: run with free
+    ports of its own in place of 50051 / 8000 (through the environment, as every flag is a
+    variable), its process group killed if it overruns."""
+    grpc_port, http_port = free_port(), free_port()
+    text = b.text.replace("localhost:8000", f"127.0.0.1:{http_port}").replace("/tmp/banyan.ready",
+                                                                               str(tmp / "banyan.ready"))
+    for k, v in (swap or {}).items():
+        text = text.replace(k, v)
+    env = {**env, "BANYAN_GRPC_PORT": str(grpc_port), "BANYAN_HTTP_PORT": str(http_port)}
+    p = subprocess.Popen(["bash", "-c", "set -e -o pipefail\n" + text], cwd=tmp, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"{b}: still running after {timeout:.0f} s\n{out[-3000:]}\n{err[-3000:]}") from None
+    assert p.returncode == 0, f"{b}\n--- exit {p.returncode}\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-3000:]}"
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def test_quick_start_loopback_with_a_key(env, tmp_path) -> None:
+    """The quick start's own server: on loopback, a request without the key is 401, one with it
+    lists the model; `kill %1 && wait %1` is a clean stop (exit code 0) that takes the ready file."""
+    b = the("--api-key my-secret-key")
+    assert b.section == "Quick start" and "--host 127.0.0.1" in b.text
+    r = run_serving_block(b, {**env, "BANYAN_HOST": "0.0.0.0"}, tmp_path)  # (the block's --host is what binds it)
+    assert re.search(r"^401$", r.stdout, re.M) and '"id":"banyan-demo"' in r.stdout, r.stdout[-3000:]
+    assert not (tmp_path / "banyan.ready").exists()
+
+
+@pytest.fixture(scope="module")
+def hub_cache(demo_dir, tmp_path_factory) -> Path:
+    """A Hugging Face cache holding one snapshot, of a tiny Qwen3 model (with the demo tokenizer), as
+    `hf download` leaves it."""
+    cache = tmp_path_factory.mktemp("hf-cache")
+    repo = cache / f"models--{HUB_ID.replace('/', '--')}"
+    rev = "0" * 40
+    make_tiny_model("qwen3", repo / "snapshots" / rev, demo_dir)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rev)
+    return cache
+
+
+def test_own_model_block_serves_a_hub_id(env, tmp_path, hub_cache) -> None:
+    """"Serve your own model" as written, on a cached hub id: `hf download` (offline here: the
+    snapshot is in the cache, so it only resolves it), `banyan serve --model ID` found in the cache,
+    a chat completion naming the model by its id, a clean stop."""
+    b = the("hf download Qwen/Qwen3-0.6B")
+    assert b.section == "Serve your own model"
+    r = run_serving_block(b, {**env, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}, tmp_path,
+                          swap={"Qwen/Qwen3-0.6B": HUB_ID})
+    body = json.loads(r.stdout[r.stdout.index('{"id"'):].splitlines()[0])
+    assert body["object"] == "chat.completion" and body["model"] == HUB_ID and body["usage"]["completion_tokens"] > 0
+    assert not (tmp_path / "banyan.ready").exists()
