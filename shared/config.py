@@ -17,7 +17,7 @@ ENV_PREFIX = "BANYAN_"
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8")  # fp8: fp8_e4m3
 QUANTIZATIONS = ("", "fp8")
 WRITE_POLICIES = ("write_through", "write_back")
-# the piecewise graphs' size when left to the worker (measured on the H200, docs/perf.md 2026-12-03: W3 level,
+# the piecewise graphs' size when left to the worker (measured on the H200, 2026-12-03: W3 level,
 # W4 +8 %, W5's and W7's prompt steps no longer launch-bound)
 PIECEWISE_AUTO_TOKENS = 1536
 

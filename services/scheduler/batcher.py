@@ -40,7 +40,7 @@ from services.scheduler.counters import Counters
 from services.scheduler.kv import KVManager
 from services.scheduler.plan import Plan
 from services.scheduler.policy import Policy
-from services.scheduler.request import Req, Status
+from services.scheduler.request import Req, Status, worker_extras
 from services.scheduler.step_model import StepModel
 
 log = get_logger("scheduler")
@@ -310,8 +310,8 @@ class Batcher:
             running.append(r)
             scratch.add(r.ns, key)
             new_reqs.append(NewReq(rid=r.rid, row=r.row, params=r.params, prefix_slots=i32(r.slots),
-                                   output_ids=i32(r.output) if r.output and r.params.penalized else b"",
-                                   traceparent=r.traceparent))
+                                   output_ids=i32(r.output) if r.output and (r.params.penalized or r.params.processed)
+                                   else b"", traceparent=r.traceparent, **worker_extras(r)))
             queue_ms = r.wait_ms()
             if not r.retractions:
                 plan.queue_s.append(queue_ms / 1e3)

@@ -126,5 +126,6 @@ class StepApplier:
         return FinishReason.STOP if done else None
 
     def _may_jump(self, r: Req) -> bool:
-        """Forced tokens carry no logprobs and are not seen by the worker's penalty counts."""
-        return self.jump_forward and not (r.params.logprobs or r.params.penalized)
+        """Forced tokens carry no logprobs and are not seen by the worker's penalty counts (or its
+        logit processors' state)."""
+        return self.jump_forward and not (r.params.logprobs or r.params.penalized or r.params.processed)

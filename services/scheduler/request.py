@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.messages.common import FinishReason, SamplingParams
+from shared.messages.common import FinishReason, SamplingParams, i32
 from services.scheduler.cache import CacheHandle
 
 
@@ -137,3 +137,15 @@ class Req:
         if len(self.output) >= self.params.max_new_tokens or len(self.prompt) + len(self.output) >= context_length:
             return FinishReason.LENGTH
         return None
+
+
+def worker_extras(r: Req) -> dict:
+    """What the worker's logit processors need of ``r`` beyond its params (``NewReq`` fields): its
+    prompt length (min_new_tokens) and, for a repetition penalty, the prompt itself."""
+    p = r.params
+    if not p.processed:
+        return {}
+    extra: dict = {"prompt_len": len(r.prompt)}
+    if p.repetition_penalty != 1.0:
+        extra["prompt_ids"] = i32(r.prompt)
+    return extra

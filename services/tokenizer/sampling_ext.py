@@ -1,9 +1,11 @@
 """Validation of the sampling extensions beyond the basic knobs (shared by every API front through
-``validation.sampling``): prompt log-probs from a start position with alternatives. Each check
-names the field in the front's spelling (``prefix``) and returns ``SamplingParams`` fields."""
+``validation.sampling``): prompt log-probs from a start position with alternatives, and the logit
+processors (``logit_bias``, ``min_tokens``, ``repetition_penalty``). Each check names the field in
+the front's spelling (``prefix``) and returns ``SamplingParams`` fields. See docs/sampling.md."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from shared.errors import InvalidArgument
@@ -12,6 +14,9 @@ if TYPE_CHECKING:
     from services.tokenizer.validation import SamplingRequest
 
 MAX_PROMPT_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries
+LOGIT_BIAS_LIMIT = 100.0  # biases are clamped to [-100, 100] (OpenAI's range)
+MAX_REPETITION_PENALTY = 2.0
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -35,3 +40,34 @@ def prompt_logprob_fields(s: SamplingRequest, input_len: int, context: int, pref
         _require(start < input_len, f"{prefix}prompt_logprobs_start={start} is past the prompt's last token "
                                     f"(the prompt has {input_len} tokens)")
     return dict(prompt_logprobs_from=context + start, prompt_top_logprobs=top)
+
+
+def processor_fields(s: SamplingRequest, vocab_size: int, max_new_tokens: int, prefix: str) -> dict:
+    """``logit_bias`` (token id → bias, clamped to ±100), ``min_tokens`` (≤ max_tokens) and
+    ``repetition_penalty`` (in (0, 2], 1 = off) → their ``SamplingParams`` fields (only those set)."""
+    out: dict = {}
+    bias = s.logit_bias or {}
+    _require(len(bias) <= MAX_LOGIT_BIAS, f"{prefix}logit_bias has {len(bias)} entries (at most {MAX_LOGIT_BIAS})")
+    clamped = {}
+    for tok, value in bias.items():
+        _require(isinstance(tok, int) and 0 <= tok < vocab_size,
+                 f"{prefix}logit_bias: token id {tok!r} is out of the vocabulary [0, {vocab_size})")
+        _require(isinstance(value, (int, float)) and math.isfinite(value),
+                 f"{prefix}logit_bias[{tok}] must be a finite number, got {value!r}")
+        value = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(value)))
+        if value:
+            clamped[tok] = value
+    if clamped:
+        out["logit_bias"] = clamped
+    if s.min_tokens is not None:
+        _require(0 <= s.min_tokens <= max_new_tokens,
+                 f"{prefix}min_tokens must be in [0, max_tokens={max_new_tokens}], got {s.min_tokens}")
+        if s.min_tokens:
+            out["min_new_tokens"] = s.min_tokens
+    if s.repetition_penalty is not None:
+        p = s.repetition_penalty
+        _require(isinstance(p, (int, float)) and math.isfinite(p) and 0 < p <= MAX_REPETITION_PENALTY,
+                 f"{prefix}repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off), got {p}")
+        if p != 1.0:
+            out["repetition_penalty"] = float(p)
+    return out

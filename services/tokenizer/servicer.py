@@ -73,7 +73,8 @@ def _sampling(sp: pb.SamplingParams) -> SamplingRequest:
                            presence_penalty=opt("presence_penalty"), frequency_penalty=opt("frequency_penalty"),
                            logprobs=sp.logprobs, top_logprobs=opt("top_logprobs"),
                            stream_interval=opt("stream_interval"), prompt_logprobs_start=opt("prompt_logprobs_start"),
-                           prompt_top_logprobs=opt("prompt_top_logprobs"))
+                           prompt_top_logprobs=opt("prompt_top_logprobs"), logit_bias=dict(sp.logit_bias) or None,
+                           min_tokens=opt("min_tokens"), repetition_penalty=opt("repetition_penalty"))
 
 
 def _response(rid: str, c: Chunk) -> pb.GenerateResponse:

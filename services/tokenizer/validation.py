@@ -18,7 +18,7 @@ from shared.errors import FailedPrecondition, InvalidArgument
 from shared.messages.common import Constraint, SamplingParams
 from shared.messages.to_scheduler import GenerateReq, SessionTurn
 from shared.messages.to_tokenizer import ModelInfo, SessionView
-from services.tokenizer.sampling_ext import prompt_logprob_fields
+from services.tokenizer.sampling_ext import processor_fields, prompt_logprob_fields
 from services.tokenizer.text import Message, TextProcessor
 
 MAX_REQUEST_ID = 256
@@ -74,6 +74,10 @@ class SamplingRequest:
     # logprob is None; None = off), with this many alternatives per position (0..20).
     prompt_logprobs_start: int | None = None
     prompt_top_logprobs: int | None = None
+    # Logit processors (sampling_ext.py; applied on the worker to the rows that use them):
+    logit_bias: dict[int, float] | None = None  # token id → bias added to its logit, clamped to [-100, 100]
+    min_tokens: int | None = None  # stop tokens (EOS included) are not sampled before this many new tokens
+    repetition_penalty: float | None = None  # HF's, over prompt + output, in (0, 2]; 1 = off
 
 
 @dataclass(frozen=True)
@@ -239,12 +243,14 @@ def sampling(s: SamplingRequest, prompt_len: int, info: ModelInfo, prefix: str, 
     _check_vocab(f"{prefix}stop_token_ids", stop_ids, info.vocab_size)
     if not s.ignore_eos:
         stop_ids += [t for t in info.eos_token_ids if t not in stop_ids]
+    max_new = room if s.max_tokens is None else s.max_tokens
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, min_p=min_p,
-                          seed=seed, max_new_tokens=room if s.max_tokens is None else s.max_tokens,
+                          seed=seed, max_new_tokens=max_new,
                           stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, presence_penalty=presence,
                           frequency_penalty=frequency, logprobs=s.logprobs or top_logprobs > 0,
                           top_logprobs=top_logprobs, stream_interval=interval,
-                          **prompt_logprob_fields(s, prompt_len - context, context, prefix))
+                          **prompt_logprob_fields(s, prompt_len - context, context, prefix),
+                          **processor_fields(s, info.vocab_size, max_new, prefix))
 
 
 def check_constraint(c: Constraint | None) -> Constraint | None:

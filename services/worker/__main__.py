@@ -14,6 +14,9 @@ def main(argv: list[str] | None = None) -> None:
     ns = ap.parse_args(argv)
     cfg = configured(ap.prog, ns.debug, lambda: from_namespace(WorkerConfig, ns), WorkerConfig)
     setup_logging("worker", cfg.log_level, cfg.log_format)
+    from shared import knobs
+
+    configured(ap.prog, ns.debug, knobs.load)  # (every BANYAN_* knob parsed and checked once, here)
     from shared.model_path import resolve_model
 
     model_dir, name = configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # before the heavy imports

@@ -51,10 +51,19 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     prompt_logprobs_from: int = -1
     prompt_top_logprobs: int = 0
     stream_interval: int = 1  # the scheduler sends new tokens this many at a time (the first at once)
+    # Logit processors (services/worker/sampling/processors.py), applied only to the rows that use them:
+    logit_bias: dict[int, float] = {}  # token id → added to its logit (in [-100, 100])
+    min_new_tokens: int = 0  # stop_token_ids (EOS included) cannot be sampled before this many new tokens
+    repetition_penalty: float = 1.0  # HF: logits of prompt + output tokens divided (> 0) or multiplied (< 0) by it
 
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def processed(self) -> bool:
+        """A logit processor applies (logit_bias, min_new_tokens or repetition_penalty)."""
+        return bool(self.logit_bias) or self.min_new_tokens > 0 or self.repetition_penalty != 1.0
 
     @property
     def scores_prompt(self) -> bool:

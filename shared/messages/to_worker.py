@@ -24,6 +24,8 @@ class NewReq(msgspec.Struct, frozen=True):
     params: SamplingParams
     prefix_slots: bytes = b""  # int32: KV slots of the cached prefix (matched in the scheduler)
     output_ids: bytes = b""  # int32: tokens already generated (a retracted request resuming; penalties)
+    prompt_len: int = 0  # its prompt's tokens (min_new_tokens counts the new ones after it)
+    prompt_ids: bytes = b""  # int32: the whole prompt, when a repetition penalty needs it
     traceparent: str = ""  # W3C trace context (the scheduler's span of the request): stage logs, worker span
 
 

@@ -172,3 +172,83 @@ def test_prefill_only_with_n_is_invalid_argument(stub, hf):
         generate(stub, prompt_ids(hf, 10), max_tokens=0, n=2)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "sampling_params.n must be 1 with max_tokens 0" in e.value.details()
+
+
+# ---- logit processors: logit_bias, min_tokens, repetition_penalty --------------------------------
+def f32(x: float) -> float:
+    """The value as the proto's float carries it."""
+    import numpy as np
+
+    return float(np.float32(x))
+
+
+def hf_greedy(hf, ids: list[int], n: int, **kw) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = hf[0].generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, pad_token_id=0,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), **kw)
+    return out[0, len(ids):].tolist()
+
+
+def tokens(resps) -> list[int]:
+    return [t for r in resps for t in r.token_ids]
+
+
+@pytest.mark.parametrize("text,penalty", [("Hello world. " * 6, 1.3), (TEXT, 0.8)])
+def test_repetition_penalty_matches_hf_generate(stub, hf, text, penalty):
+    ids = hf[1].encode(text)[:40]
+    got = tokens(generate(stub, ids, max_tokens=16, repetition_penalty=penalty))
+    assert got == hf_greedy(hf, ids, 16, repetition_penalty=f32(penalty))
+    assert got != tokens(generate(stub, ids, max_tokens=16))  # (it changed something)
+
+
+def test_logit_bias_matches_hf_sequence_bias(stub, hf):
+    ids = prompt_ids(hf, 12)
+    plain = tokens(generate(stub, ids, max_tokens=8))
+    bias = {plain[0]: -100.0, 1234: 7.5, 99: 250.0}  # (250 is clamped to 100)
+    got = tokens(generate(stub, ids, max_tokens=8, logit_bias=bias, ignore_eos=True))
+    want = hf_greedy(hf, ids, 8, sequence_bias={(t,): min(b, 100.0) for t, b in bias.items()})
+    assert got == want and plain[0] not in got
+
+
+def test_min_tokens_holds_back_eos(stub, hf):
+    eos = list(stub.GetModelInfo(pb.GetModelInfoRequest()).eos_token_ids)
+    ids = prompt_ids(hf, 10)
+    push = {eos[0]: 100.0}  # EOS would come first
+    assert tokens(generate(stub, ids, max_tokens=8, logit_bias=push)) == [eos[0]]
+    resps = generate(stub, ids, max_tokens=8, logit_bias=push, min_tokens=4)
+    got = tokens(resps)
+    assert got == hf_greedy(hf, ids, 8, sequence_bias={(eos[0],): 100.0}, min_new_tokens=4, eos_token_id=eos)
+    assert len(got) == 5 and got[-1] == eos[0] and not set(got[:4]) & set(eos)
+    assert resps[-1].finish_reason == pb.FINISH_REASON_STOP
+    # ignore_eos: the EOS is generated but does not stop it
+    got = tokens(generate(stub, ids, max_tokens=6, logit_bias=push, ignore_eos=True))
+    assert got == [eos[0]] * 6
+
+
+def test_processors_with_sampling_and_n_follow_their_own_rows(stub, hf):
+    """Rows with and without processors in one batch: each seeded sample is what it is alone."""
+    ids = prompt_ids(hf, 15)
+    kw = dict(max_tokens=6, temperature=0.9, seed=11, repetition_penalty=1.5, logit_bias={5: 3.0})
+    together = generate(stub, ids, n=3, **kw)
+    per_index = {i: [t for r in together if r.index == i for t in r.token_ids] for i in range(3)}
+    alone = tokens(generate(stub, ids, **kw))
+    assert per_index[0] == alone
+
+
+@pytest.mark.parametrize("sampling,words", [
+    (dict(logit_bias={10**7: 1.0}), "sampling_params.logit_bias: token id 10000000 is out of the vocabulary"),
+    (dict(logit_bias={5: float("nan")}), "sampling_params.logit_bias[5] must be a finite number"),
+    (dict(min_tokens=9, max_tokens=4), "sampling_params.min_tokens must be in [0, max_tokens=4]"),
+    (dict(repetition_penalty=0.0), "sampling_params.repetition_penalty must be in (0, 2]"),
+    (dict(repetition_penalty=3.0), "sampling_params.repetition_penalty must be in (0, 2]"),
+])
+def test_bad_processor_fields_are_invalid_argument(stub, hf, sampling, words):
+    import grpc
+
+    sampling.setdefault("max_tokens", 2)
+    with pytest.raises(grpc.RpcError) as e:
+        generate(stub, prompt_ids(hf, 5), **sampling)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in e.value.details()

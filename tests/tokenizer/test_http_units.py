@@ -31,13 +31,13 @@ def test_chat_conversion():
     req = api.ChatCompletionRequest(
         messages=[{"role": "system", "content": "Be brief."},
                   {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                  {"role": "assistant", "content": None}],
+                  {"role": "developer", "content": ""}],
         max_tokens=5, max_completion_tokens=7, stop="x", logprobs=True, top_logprobs=3, top_k=4, seed=1,
         stream_interval=8)
     prompt, s, constraint = convert.chat_request(req)
     assert s.stream_interval == 8  # (an extension: validated with the rest, [1, 1024])
     assert [(m.role, m.content) for m in prompt.messages] == [("system", "Be brief."), ("user", "a\nb"),
-                                                             ("assistant", "")]
+                                                             ("system", "")]
     assert (s.max_tokens, s.stop, s.logprobs, s.top_logprobs, s.top_k, s.seed) == (7, ["x"], True, 3, 4, 1)
     assert constraint is None
     with pytest.raises(InvalidArgument, match="only text parts"):

@@ -25,8 +25,10 @@ from services.tokenizer.auth import ApiKey
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.http import convert, errors, native
 from services.tokenizer.http.docs import install_docs
+from services.tokenizer.http import responses, responses_api, scoring_out
 from services.tokenizer.http import protocol as api
 from services.tokenizer.http.middleware import Edge
+from services.tokenizer.http.tokenizer_info import tokenizer_info
 from services.tokenizer.http.streams import ClientGone, merge, unless_disconnected
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient
@@ -90,7 +92,7 @@ class Frontend:
         return info
 
     async def generate(self, request: Request, prepared: list[Prepared], rid: str, object_id: str, fmt: Format,
-                       stream: bool, include_usage: bool) -> Response:
+                       stream: bool, options: api.StreamOptions | None) -> Response:
         n = prepared[0].req.n
         trace: Trace = request.state.trace  # one trace for the HTTP request, a span per prompt
         rids = [rid] if len(prepared) == 1 else [f"{rid}-{i}" for i in range(len(prepared))]
@@ -107,7 +109,11 @@ class Frontend:
         except BaseException:
             await outputs.aclose()
             raise
-        events = self._events(outputs, first, n, len(prepared) * n, fmt, object_id, created, model, include_usage)
+        running = convert.RunningUsage(p.prompt_tokens for p in prepared) if options and \
+            options.continuous_usage_stats else None
+        include_usage = options is not None and options.include_usage
+        events = self._events(outputs, first, n, len(prepared) * n, fmt, object_id, created, model, include_usage,
+                              running)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers=headers | {"Cache-Control": "no-cache"})
 
@@ -134,7 +140,8 @@ class Frontend:
         return fmt.response(object_id, created, model, choices, usage.usage())
 
     async def _events(self, outputs: Outputs, first: tuple[int, Chunk] | None, n: int, num_choices: int, fmt: Format,
-                      object_id: str, created: int, model: str, include_usage: bool) -> AsyncIterator[str]:
+                      object_id: str, created: int, model: str, include_usage: bool,
+                      running: convert.RunningUsage | None = None) -> AsyncIterator[str]:
         usage = convert.UsageAcc()
         try:
             opening = [c for c in (fmt.opening(i) for i in range(num_choices)) if c is not None]
@@ -146,8 +153,9 @@ class Frontend:
                 if c.usage is not None:
                     usage.add(i, c.usage)
                 choice = fmt.delta(i * n + c.index, c)
+                now = running.add(c) if running is not None else None  # usage so far on every chunk (vLLM's)
                 if choice is not None:
-                    yield _event(fmt.chunk(object_id, created, model, [choice], None))
+                    yield _event(fmt.chunk(object_id, created, model, [choice], now))
                 item = await anext(outputs, None)
             if include_usage:
                 yield _event(fmt.chunk(object_id, created, model, [], usage.usage()))
@@ -156,6 +164,15 @@ class Frontend:
         finally:
             await outputs.aclose()
         yield "data: [DONE]\n\n"
+
+
+def _completion_format(front: Frontend, body: api.CompletionRequest, prompts: list[Prompt]) -> Format:
+    if not body.echo and body.prompt_logprobs is None:
+        return convert.CompletionFormat(front.token_texts, body.logprobs is not None)
+    scoring_out.check(body.stream, body.prompt_logprobs)
+    echo = [scoring_out.EchoPrompt(p.text if p.text is not None else front.text.decode(
+        p.token_ids or [], skip_special_tokens=body.skip_special_tokens)) for p in prompts] if body.echo else None
+    return scoring_out.ScoringCompletionFormat(front.token_texts, body.logprobs, body.n or 1, echo, body.prompt_logprobs)
 
 
 def request_priority(request: Request, body_value: int | None) -> int:
@@ -175,7 +192,7 @@ def request_priority(request: Request, body_value: int | None) -> int:
 def _request_id(request: Request, prefix: str) -> str:
     """The request id (X-Request-Id or a new one); the trace context (traceparent or a new one) goes
     to ``request.state.trace``."""
-    rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+    rid = request.state.rid = request.headers.get("x-request-id") or uuid.uuid4().hex
     trace = request.state.trace = Trace.incoming(request.headers.get("traceparent"))
     stage("received", rid, trace_id=trace.trace_id, api=prefix)
     return rid
@@ -204,8 +221,10 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         p = validation.prepare(prompt, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
                                constraint=constraint, priority=priority, session=session)
         fmt = convert.ChatFormat(front.token_texts, body.logprobs)
-        usage = body.stream_options is not None and body.stream_options.include_usage
-        return await front.generate(request, [p], rid, f"chatcmpl-{rid}", fmt, body.stream, usage)
+        if body.prompt_logprobs is not None:
+            scoring_out.check(body.stream, body.prompt_logprobs)
+            fmt = scoring_out.ScoringChatFormat(front.token_texts, body.logprobs, body.prompt_logprobs)
+        return await front.generate(request, [p], rid, f"chatcmpl-{rid}", fmt, body.stream, body.stream_options)
 
     @app.post("/v1/completions", response_model=api.Completion, responses=_ERRORS | _SSE)
     async def completions(body: api.CompletionRequest, request: Request) -> Response:
@@ -217,9 +236,13 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         priority, session = await front.turn(request, body, prompts[0], sampling, info)
         prepared = [validation.prepare(pr, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
                                        constraint=constraint, priority=priority, session=session) for pr in prompts]
-        fmt = convert.CompletionFormat(front.token_texts, body.logprobs is not None)
-        usage = body.stream_options is not None and body.stream_options.include_usage
-        return await front.generate(request, prepared, rid, f"cmpl-{rid}", fmt, body.stream, usage)
+        fmt = _completion_format(front, body, prompts)
+        return await front.generate(request, prepared, rid, f"cmpl-{rid}", fmt, body.stream, body.stream_options)
+
+    @app.post("/v1/responses", response_model=responses_api.Response, responses=_ERRORS | _SSE)
+    async def create_response(body: responses_api.ResponseRequest, request: Request) -> Response:
+        info = front.model(body.model)
+        return await responses.create(front, request, body, info, _request_id(request, "responses"))
 
     @app.post("/v1/sessions", response_model=api.Session, responses=_ERRORS)
     async def open_session(body: api.SessionRequest) -> api.Session:
@@ -265,6 +288,11 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
     async def detokenize(body: api.DetokenizeRequest) -> api.DetokenizeResponse:
         front.model(body.model)
         return api.DetokenizeResponse(prompt=tokens.detokenize(text, body.tokens, body.skip_special_tokens, "tokens"))
+
+    @app.get("/tokenizer_info", responses=_ERRORS)
+    async def get_tokenizer_info() -> JSONResponse:
+        front.model()
+        return JSONResponse(tokenizer_info(text))
 
     @app.get("/health", responses={503: {"description": "the model is not loaded yet, or shutting down"}})
     async def health() -> JSONResponse:

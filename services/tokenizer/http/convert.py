@@ -4,6 +4,7 @@ and generation ``Chunk``s → OpenAI choices, logprobs and usage."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shared.errors import InvalidArgument
@@ -44,22 +45,23 @@ def messages(msgs: list[api.ChatMessage], name: str = "messages") -> list[Messag
     """Chat messages for the template; text parts of a message are joined with newlines."""
     out = []
     for i, m in enumerate(msgs):
+        role = "system" if m.role == "developer" else m.role  # (OpenAI's newer name; templates know system)
         if m.content is None or isinstance(m.content, str):
-            out.append(Message(m.role, m.content or ""))
+            out.append(Message(role, m.content or ""))
             continue
         texts = []
         for j, part in enumerate(m.content):
             if part.type != "text" or part.text is None:
                 raise InvalidArgument(f"{name}[{i}].content[{j}]: only text parts are supported, got {part.type!r}")
             texts.append(part.text)
-        out.append(Message(m.role, "\n".join(texts)))
+        out.append(Message(role, "\n".join(texts)))
     return out
 
 
 def _sampling(req: api.CompletionRequest | api.ChatCompletionRequest, max_tokens: int | None, logprobs: bool,
-              top_logprobs: int | None) -> SamplingRequest:
-    if req.logit_bias:
-        raise InvalidArgument("logit_bias is not supported")
+              top_logprobs: int | None, prompt_top: int | None = None) -> SamplingRequest:
+    """``prompt_top``: prompt log-probs from the first token, with that many alternatives (``None``: none)."""
+    _not_yet(req)
     if req.stream_options is not None and not req.stream:
         raise InvalidArgument("stream_options is only allowed when stream is true")
     stop = [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
@@ -68,7 +70,18 @@ def _sampling(req: api.CompletionRequest | api.ChatCompletionRequest, max_tokens
                            stop_token_ids=list(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
                            skip_special_tokens=req.skip_special_tokens, presence_penalty=req.presence_penalty,
                            frequency_penalty=req.frequency_penalty, logprobs=logprobs, top_logprobs=top_logprobs,
-                           stream_interval=req.stream_interval)
+                           stream_interval=req.stream_interval,
+                           prompt_logprobs_start=None if prompt_top is None else 0, prompt_top_logprobs=prompt_top)
+
+
+def _not_yet(req: api.CompletionRequest | api.ChatCompletionRequest) -> None:
+    """Extensions the engine does not apply yet: only their neutral values pass."""
+    if req.logit_bias:
+        raise InvalidArgument("logit_bias is not supported yet (only an empty map)")
+    if req.min_tokens not in (None, 0):
+        raise InvalidArgument(f"min_tokens is not supported yet (only 0), got {req.min_tokens}")
+    if req.repetition_penalty not in (None, 1.0):
+        raise InvalidArgument(f"repetition_penalty is not supported yet (only 1.0), got {req.repetition_penalty}")
 
 
 def chat_request(req: api.ChatCompletionRequest) -> tuple[Prompt, SamplingRequest, Constraint | None]:
@@ -77,12 +90,10 @@ def chat_request(req: api.ChatCompletionRequest) -> tuple[Prompt, SamplingReques
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     prompt = Prompt(messages=messages(req.messages), add_generation_prompt=req.add_generation_prompt)
     top = req.top_logprobs if req.logprobs else None
-    return prompt, _sampling(req, max_tokens, req.logprobs, top), constraint(req)
+    return prompt, _sampling(req, max_tokens, req.logprobs, top, req.prompt_logprobs), constraint(req)
 
 
 def completion_request(req: api.CompletionRequest) -> tuple[list[Prompt], SamplingRequest, Constraint | None]:
-    if req.echo:
-        raise InvalidArgument("echo is not supported")
     if req.suffix:
         raise InvalidArgument("suffix is not supported")
     if req.best_of not in (None, 1):
@@ -90,7 +101,12 @@ def completion_request(req: api.CompletionRequest) -> tuple[list[Prompt], Sampli
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.logprobs}")
     logprobs = req.logprobs is not None
-    return _prompts(req.prompt), _sampling(req, req.max_tokens, logprobs, req.logprobs), constraint(req)
+    if req.echo and logprobs and req.stream and (req.n or 1) > 1:
+        raise InvalidArgument("echo with logprobs streams one choice per prompt: n must be 1 with stream")
+    wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    prompt_top = max(wanted) if wanted else None  # (echo's alternatives and vLLM's prompt_logprobs: the most)
+    return (_prompts(req.prompt), _sampling(req, req.max_tokens, logprobs, req.logprobs, prompt_top),
+            constraint(req))
 
 
 def _prompts(p: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
@@ -160,9 +176,12 @@ class ChoiceAcc:
     texts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     last: Chunk | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def add(self, c: Chunk) -> None:
         self.texts.append(c.text)
+        if c.prompt_logprobs is not None:
+            self.prompt_logprobs = c.prompt_logprobs
         self.logprobs.extend(c.logprobs or ())
         if c.finish:
             self.last = c
@@ -186,6 +205,24 @@ class UsageAcc:
         return api.Usage(prompt_tokens=prompt, completion_tokens=self._completion,
                          total_tokens=prompt + self._completion,
                          prompt_tokens_details=api.PromptTokensDetails(cached_tokens=cached))
+
+
+class RunningUsage:
+    """Usage so far, for ``stream_options.continuous_usage_stats``: every prompt's tokens and the
+    completion tokens streamed until now (cached tokens once a choice has ended)."""
+
+    def __init__(self, prompt_tokens: Iterable[int]) -> None:
+        self._prompt = sum(prompt_tokens)
+        self._completion = 0
+        self._cached: int | None = None
+
+    def add(self, c: Chunk) -> api.Usage:
+        self._completion += len(c.token_ids)
+        if c.usage is not None:
+            self._cached = c.usage.cached_tokens if self._cached is None else min(self._cached, c.usage.cached_tokens)
+        return api.Usage(prompt_tokens=self._prompt, completion_tokens=self._completion,
+                         total_tokens=self._prompt + self._completion,
+                         prompt_tokens_details=api.PromptTokensDetails(cached_tokens=self._cached or 0))
 
 
 class ChatFormat:

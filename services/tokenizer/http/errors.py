@@ -1,10 +1,14 @@
 """OpenAI-shaped error bodies ``{"error": {"message", "type", "param", "code"}}`` and the exception
 handlers that map every failure to one: Banyan's errors by their status code, FastAPI's request
-validation (422) as 400, unknown routes and methods, and anything unexpected as a logged 500."""
+validation (422) as 400, unknown routes and methods, and anything unexpected as a logged 500.
+Every 400 names its field in ``param`` (and in the message); every refused request is logged once,
+at warning level, with its request id and the reason (``request_rejected``)."""
 
 from __future__ import annotations
 
 import json
+import re
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,7 +17,9 @@ from starlette.exceptions import HTTPException
 
 from shared.errors import BanyanError
 from shared.logging import get_logger
+from services.tokenizer.http import fields
 from services.tokenizer.http.protocol import ErrorDetail, ErrorResponse
+from services.tokenizer.http.unserved import unserved
 
 log = get_logger("tokenizer")
 
@@ -51,13 +57,32 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def api_error(e: Exception) -> ApiError:
+_NAMES = sorted({r.name for r in fields.RULES} | {"prompt", "messages", "input", "n"}, key=len, reverse=True)
+_NAME = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, _NAMES)) + r")((?:\[\d+\]|\.\w+)*)(?![\w-])")
+_PROMPT = {fields.CHAT: "messages", fields.RESPONSES: "input"}  # what "the prompt" is called there
+
+
+def param_of(message: str, endpoint: str | None = None) -> str | None:
+    """The request field a validation message is about: the first field name it mentions
+    (``messages[0].role …`` → ``messages.0.role``; "the prompt has …" → ``prompt``, or ``messages`` /
+    ``input`` on the chat / responses endpoints)."""
+    m = _NAME.search(message)
+    if m is None:
+        return None
+    name = m.group(1) + re.sub(r"\[(\d+)\]", r".\1", m.group(2))
+    if m.group(1) == "prompt" and endpoint in _PROMPT:
+        return _PROMPT[endpoint] + name[len("prompt"):]
+    return name
+
+
+def api_error(e: Exception, endpoint: str | None = None) -> ApiError:
     """Any exception as an ``ApiError`` (unexpected ones become a 500 and are logged)."""
     if isinstance(e, ApiError):
         return e
     if isinstance(e, BanyanError):
         status, type_ = _BY_CODE.get(e.code, (500, "server_error"))
-        return ApiError(status, str(e), type=type_, code=e.code.lower())
+        param = param_of(str(e), endpoint) if status == 400 else None
+        return ApiError(status, str(e), type=type_, code=e.code.lower(), param=param)
     log.error("http_request_failed", error=repr(e), exc_info=e)
     return ApiError(500, f"internal error: {type(e).__name__}", type="server_error", code="internal")
 
@@ -73,9 +98,9 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "constrained-int"
 
 def _field(loc: tuple) -> str:
     """``("body", "prompt", "list[constrained-int]", 0)`` → ``"prompt.0"``: the field path without
-    the body marker and pydantic's union-member tags."""
+    the body marker and pydantic's union-member tags (a model member's tag is its class name)."""
     return ".".join(str(x) for x in loc[1 if loc[:1] == ("body",) else 0:]
-                    if not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS)))
+                    if not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS or x[:1].isupper())))
 
 
 def _rank(kind: str) -> int:
@@ -85,18 +110,25 @@ def _rank(kind: str) -> int:
     return 0 if kind == "value_error" else 2 if kind.endswith("_type") else 1
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_message(exc: RequestValidationError, endpoint: str | None) -> tuple[str, str | None]:
     by_field: dict[str, list[tuple[int, str]]] = {}  # a union's members fail at one field: one line per field
     for err in exc.errors():
         if err.get("type") == "json_invalid":
             return f"invalid JSON body: {err.get('ctx', {}).get('error', err['msg'])}", None
         if err.get("type") == "model_attributes_type" and tuple(err.get("loc", ())) == ("body",):
             return "the body must be a JSON object (send Content-Type: application/json)", None
+        loc = tuple(err.get("loc", ()))
+        if err.get("type") == "missing" and loc == ("body",):
+            return "the request body is missing: send a JSON object (Content-Type: application/json)", None
         if err.get("type") == "extra_forbidden":
-            msg = "unrecognized request argument (not supported)"
+            msg = (fields.refusal(endpoint, str(loc[-1])) if endpoint and len(loc) == 2 else None) or \
+                "unrecognized request argument (not supported)"
+        elif err.get("type") == "missing":
+            msg = "is required"
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
-        msgs = by_field.setdefault(_field(tuple(err.get("loc", ()))), [])
+        name = _field(loc) + (".content" if err.get("type") == "missing_content" else "")
+        msgs = by_field.setdefault(name, [])
         if msg not in (m for _, m in msgs):
             msgs.append((_rank(str(err.get("type", ""))), msg))
     first = {name: min(msgs, key=lambda m: m[0]) for name, msgs in by_field.items()}  # ties: the earliest
@@ -107,30 +139,52 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return text or "invalid request", next(iter(first), None) or None
 
 
+def request_id(request: Request) -> str:
+    """The request's id: the one its route took (``request.state.rid``), its X-Request-Id header, or a new one."""
+    rid = getattr(request.state, "rid", None) or request.headers.get("x-request-id") or uuid.uuid4().hex
+    request.state.rid = rid
+    return rid
+
+
+def rejected(request: Request, error: ApiError) -> JSONResponse:
+    """The error's response; a refusal (4xx) is logged once, with the request id and the reason."""
+    response = error.response()
+    if error.status < 500:
+        rid = request_id(request)
+        log.warning("request_rejected", request_id=rid, method=request.method, path=request.url.path,
+                    status=error.status, param=error.param, reason=error.message)
+        response.headers["X-Request-Id"] = rid
+    return response
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return ApiError(400, message, code="invalid_argument", param=param).response()
+    async def _invalid(req: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc, fields.endpoint_of(req.url.path))
+        return rejected(req, ApiError(400, message, code="invalid_argument", param=param))
 
     @app.exception_handler(HTTPException)
-    async def _http(_req: Request, exc: HTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: HTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         detail = str(exc.detail)
         if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "error parsing the body"
             detail = f"the body is not valid UTF-8: {exc.__cause__}"
-        response = ApiError(exc.status_code, detail, type=type_).response()
+        error = ApiError(exc.status_code, detail, type=type_)
+        if exc.status_code == 404:
+            status, message, code = unserved(req.method, req.url.path)
+            error = ApiError(status, message, code=code)
+        response = rejected(req, error)
         response.headers.update(exc.headers or {})  # e.g. Allow on 405
         return response
 
     @app.exception_handler(ApiError)
-    async def _api(_req: Request, exc: ApiError) -> JSONResponse:
-        return exc.response()
+    async def _api(req: Request, exc: ApiError) -> JSONResponse:
+        return rejected(req, exc)
 
     @app.exception_handler(BanyanError)
-    async def _banyan(_req: Request, exc: BanyanError) -> JSONResponse:
-        return api_error(exc).response()
+    async def _banyan(req: Request, exc: BanyanError) -> JSONResponse:
+        return rejected(req, api_error(exc, fields.endpoint_of(req.url.path)))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
-        return api_error(exc).response()
+    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        return rejected(req, api_error(exc))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.logging import get_logger
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.http.errors import ApiError
 from services.tokenizer.http.native import protocol as native
@@ -17,9 +18,10 @@ from services.tokenizer.metrics import TokenizerMetrics
 OPEN_PATHS = (frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
               | native.OPEN_PATHS)
 OPEN_PREFIX = "/docs/assets/"  # Swagger UI's own files
+log = get_logger("tokenizer")
 MAX_BODY = 64 << 20  # bytes, as the gRPC front's message limit
-KNOWN_PATHS = (frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize"})
-               | native.PATHS)
+KNOWN_PATHS = (frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize",
+                          "/detokenize", "/tokenizer_info"}) | native.PATHS)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -75,6 +77,9 @@ class Edge:
         try:
             error = self._refuse(scope)
             if error is not None:
+                rid = (_header(scope, b"x-request-id") or b"").decode(errors="replace") or None
+                log.warning("request_rejected", request_id=rid, method=scope.get("method"), path=scope["path"],
+                            status=error.status, param=None, reason=error.message)
                 await error.response()(scope, receive, send_status)
             else:
                 await self.app(scope, _limited(receive), send_status)

@@ -1,18 +1,19 @@
 """Pydantic models of the OpenAI-compatible HTTP API (they also make ``/openapi.json``).
 
-Requests reject unknown fields (as OpenAI does), so an unsupported feature (``tools``, ``audio`` …)
-is a clear 400 instead of being silently ignored. Fields that only make sense to OpenAI's platform
-(``user``, ``metadata``, ``store``, ``service_tier``) are accepted and ignored. Banyan's extensions
-carry the names vLLM and SGLang use (``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
-``regex``, ``ebnf``, ``choice``, ``cache_salt`` …). Value rules live in ``validation.py``, not here: these
-models only fix JSON types and the integer ranges of the wire.
+Which fields each endpoint honours, ignores or refuses is ``fields.py``'s policy; these models declare
+exactly the accepted ones (a test checks it). Unknown fields are a 400 naming them (as OpenAI does);
+types are strict (``"max_tokens": "10"`` is a 400, not 10) and ``null`` is "not given" for every
+optional field. Banyan's extensions carry the names vLLM and SGLang use (``top_k``, ``min_p``,
+``ignore_eos``, ``stop_token_ids``, ``regex``, ``ebnf``, ``choice``, ``cache_salt`` …). Value rules live
+in ``validation.py``, not here: these models only fix JSON types and the integer ranges of the wire.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 
 def _unicode(s: str) -> str:
@@ -29,8 +30,24 @@ Int64 = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # seeds: validation ta
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
+def _nullable(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    return any(_nullable(a) for a in getattr(annotation, "__args__", ()) if not isinstance(a, (str, int)))
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        """``"field": null`` means "not given" for a field that has a default but no null value."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if not (
+                v is None and k in fields and not fields[k].is_required() and not _nullable(fields[k].annotation))}
+        return data
 
 
 class ContentPart(BaseModel):
@@ -41,10 +58,20 @@ class ContentPart(BaseModel):
     text: Text | None = None
 
 
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(_Request):
-    role: Text
+    role: Role = Field(description="developer is given to the chat template as system")
     content: Text | list[ContentPart] | None = None
     name: Text | None = None  # accepted, not passed to the template
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and getattr(self, "tool_calls", None)):
+            raise PydanticCustomError("missing_content", "content is required (role {role})",
+                                      {"role": self.role})
+        return self
 
 
 class JsonSchemaFormat(_Request):
@@ -61,6 +88,8 @@ class ResponseFormat(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="vLLM's extension: usage so far on every chunk")
+    include_obfuscation: bool | None = Field(None, description="accepted, ignored (no obfuscation padding)")
 
 
 class _Generate(_Request):
@@ -76,11 +105,13 @@ class _Generate(_Request):
     frequency_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+    logit_bias: dict[str, float] | None = Field(None, description="not supported yet: must be empty")
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     response_format: ResponseFormat | None = None
     # Extensions (vLLM / SGLang names)
     top_k: Int32 | None = Field(None, description="sample from the k most likely tokens (-1 or 0: off)")
@@ -88,6 +119,11 @@ class _Generate(_Request):
     ignore_eos: bool = Field(False, description="keep generating past EOS tokens")
     stop_token_ids: list[TokenId] | None = Field(None, description="token ids that end a choice")
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool | None = Field(None, description="accepted, ignored")
+    min_tokens: Int32 | None = Field(None, description="not supported yet: only 0")
+    repetition_penalty: float | None = Field(None, description="not supported yet: only 1.0")
+    prompt_logprobs: Int32 | None = Field(None, description="vLLM's: the prompt tokens' log-probs with this many "
+                                          "alternatives each, 0..20 (not with stream)")
     stream_interval: Int32 | None = Field(None, description="stream tokens this many at a time, in [1, 1024] "
                                           "(the first at once; default 1)")
     cache_salt: Text = Field("", description="prefix-cache namespace: requests share cached KV only within one")
@@ -110,6 +146,9 @@ class ChatCompletionRequest(_Generate):
     logprobs: bool = False
     top_logprobs: Int32 | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = Field(None, description="accepted, ignored: the model reasons as its template says")
+    verbosity: str | None = None
+    modalities: list[Literal["text"]] | None = None
     add_generation_prompt: bool = Field(True, description="end the prompt with the assistant's turn header")
 
 
@@ -117,7 +156,7 @@ class CompletionRequest(_Generate):
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
     max_tokens: Int32 | None = Field(16, description="OpenAI's default is 16; null: up to the context window")
     logprobs: Int32 | None = Field(None, description="return this many most likely tokens per position")
-    echo: bool = Field(False, description="not supported")
+    echo: bool = Field(False, description="the prompt (and with logprobs its logprobs) before the completion")
     suffix: Text | None = Field(None, description="not supported")
     best_of: Int32 | None = Field(None, description="only 1 is supported")
 
@@ -172,8 +211,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # (None: an echoed prompt's first token)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -201,6 +240,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(None, description="vLLM's prompt_logprobs")
 
 
 class Delta(BaseModel):
@@ -231,6 +271,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: StopReason = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(None, description="vLLM's prompt_logprobs")
 
 
 class Completion(BaseModel):

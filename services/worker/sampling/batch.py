@@ -1,5 +1,6 @@
 """Between the model and the StepOutput: per-request sampling state and the per-step logit work —
-grammar bitmasks, presence/frequency penalties, seeded draws, logprobs, prompt (scoring) logprobs."""
+grammar bitmasks, presence/frequency penalties, the logit processors (``processors.py``), seeded draws,
+logprobs, prompt (scoring) logprobs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from shared.messages.to_worker import ForwardBatch, NewReq
 from services.worker.hostio import HostCopy, to_device
 from services.worker.sampling.logits import PenaltyState, apply_bitmask, logprobs, step_seed
 from services.worker.sampling.draw import TokenSampler
+from services.worker.sampling.processors import LogitProcessors
 
 
 class BatchSampler:
@@ -23,15 +25,19 @@ class BatchSampler:
         self.sampler, self.device = sampler, device
         self.params: dict[int, SamplingParams] = {}  # by row
         self.penalties = PenaltyState(vocab_size, device)
+        self.processors = LogitProcessors(vocab_size, device)
 
     def admit(self, nr: NewReq) -> None:
         self.params[nr.row] = nr.params
         if nr.params.penalized:
             self.penalties.add_row(nr.row, from_i32(nr.output_ids))
+        if nr.params.processed:
+            self.processors.add_row(nr)
 
     def release(self, row: int) -> None:
         self.params.pop(row, None)
         self.penalties.drop_row(row)
+        self.processors.drop_row(row)
 
     def sample(self, b: ForwardBatch, logits: torch.Tensor, sample: np.ndarray, bitmask: bytes = b"") -> Sampled:
         """logits (N, V) of the N sampling requests (batch order) → their ids on the device, with
@@ -55,11 +61,16 @@ class BatchSampler:
                                  [params[k].frequency_penalty for k in pen])
         # seeded requests: a generator per (seed, position) — reproducible whatever the batch
         seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]
+        proc = [k for k, p in enumerate(params) if p.processed]
+        if proc:  # logit_bias, min_new_tokens, repetition_penalty: only rows that ask
+            self.processors.apply(logits, rows, params, seq_end)
         gens = [torch.Generator(device=dev).manual_seed(step_seed(p.seed, int(pos)))
                 if p.seed is not None and not p.greedy else None for p, pos in zip(params, seq_end)]
         next_ids = self.sampler.sample(logits, params, gens)
         if pen:
             self.penalties.record([rows[k] for k in pen], next_ids[to_device(pen, torch.int64, dev)])
+        if proc:
+            self.processors.record([rows[k] for k in proc], next_ids[to_device(proc, torch.int64, dev)])
         out = Sampled(sel=sel, ids=next_ids)
         if want_lp:
             out.top_k = max(p.top_logprobs for p in params)

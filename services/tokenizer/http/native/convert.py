@@ -9,6 +9,7 @@ position from k on, the first one's log-prob ``None``; -1 (the default) none.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from shared.errors import InvalidArgument
@@ -43,6 +44,20 @@ SAMPLING_UNSUPPORTED = {
     "custom_params": "custom logit processor parameters", "watermark": "watermarks",
     "ebnf_full_assistant": "EBNF over the whole assistant turn",
 }
+
+
+# validation.py's field names → SGLang's
+_NAMES = [(re.compile(r"\bsampling_params\.(prompt_)?top_logprobs\b"), "top_logprobs_num"),
+          (re.compile(r"\bsampling_params\.prompt_logprobs_start\b"), "logprob_start_len"),
+          (re.compile(r"\bmax_tokens\b"), "max_new_tokens"), (re.compile(r"\brequest_id\b"), "rid")]
+
+
+def sglang_names(e: InvalidArgument) -> InvalidArgument:
+    """A validation error with the fields named as SGLang names them."""
+    msg = str(e)
+    for pattern, name in _NAMES:
+        msg = pattern.sub(name, msg)
+    return InvalidArgument(msg)
 
 
 @dataclass(frozen=True)
@@ -129,11 +144,9 @@ def sampling(sp: api.SamplingParams, return_logprob: bool, top: int, prefix: str
     max_new = DEFAULT_MAX_NEW_TOKENS if sp.max_new_tokens is None else sp.max_new_tokens
     if max_new < 0:
         raise InvalidArgument(f"{prefix}max_new_tokens must be >= 0 (0: prefill only), got {max_new}")
-    if max_new == 0 and sp.n not in (None, 1):
-        raise InvalidArgument(f"{prefix}n must be 1 with max_new_tokens 0 (a prefill-only request has no outputs)")
     stop = [] if sp.stop is None else [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
     req = SamplingRequest(
-        max_tokens=max_new or None, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
+        max_tokens=max_new, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
         seed=sp.seed if sp.seed is not None else sp.sampling_seed, n=sp.n, stop=stop,
         stop_token_ids=list(sp.stop_token_ids or ()), ignore_eos=bool(sp.ignore_eos),
         skip_special_tokens=sp.skip_special_tokens is not False, presence_penalty=sp.presence_penalty,

@@ -39,7 +39,6 @@ class SamplingParams(BaseModel):
     repetition_penalty: float | None = None
     stop: Text | list[Text] | None = None
     stop_token_ids: list[TokenId] | None = None
-    stop_regex: Text | list[Text] | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
@@ -48,7 +47,6 @@ class SamplingParams(BaseModel):
     regex: Text | None = None
     json_schema: Text | None = None
     ebnf: Text | None = None
-    structural_tag: Text | None = None
     logit_bias: dict[str, float] | None = None
     sampling_seed: Int64 | None = None
     seed: Int64 | None = None

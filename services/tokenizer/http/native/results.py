@@ -34,9 +34,8 @@ class Output:
         self.parts.append(c.text)
         self.ids.extend(c.token_ids)
         self.logprobs.extend(c.logprobs or ())
-        plps = getattr(c, "prompt_logprobs", None)
-        if plps is not None and not self.prompt_logprobs:
-            self.prompt_logprobs.append(plps)
+        if c.prompt_logprobs is not None and not self.prompt_logprobs:
+            self.prompt_logprobs.append(c.prompt_logprobs)
         if c.finish:
             self.last = c
 

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import msgspec
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -69,20 +68,19 @@ class Native:
     def prepare(self, item: convert.Item, rid: str, priority: int, session: SessionView | None) -> Prepared:
         text, vinfo = self.front.text, self.front.model()
         prompt, sampling = item.prompt, item.sampling
-        if item.logprob_start >= 0:
-            if session is not None:
-                raise InvalidArgument("logprob_start_len >= 0 is not supported with session_params")
-            ids = validation.input_ids(prompt, text, vinfo)
-            if item.logprob_start > len(ids):
-                raise InvalidArgument(f"logprob_start_len={item.logprob_start} is higher than the number of input "
-                                      f"tokens ({len(ids)}): use a smaller logprob_start_len")
-            prompt, sampling = Prompt(token_ids=ids), _prompt_logprobs(sampling, item, len(ids))
-        p = validation.prepare(prompt, sampling, text, vinfo, request_id=rid, prefix="", constraint=item.constraint,
-                               priority=priority, session=session)
-        if item.prefill_only:  # computed and cached, nothing sampled: the scheduler ends it after its prompt
-            p = Prepared(msgspec.structs.replace(p.req, params=msgspec.structs.replace(p.req.params, max_new_tokens=0)),
-                         p.stop, p.skip_special_tokens, p.context_tokens)
-        return p
+        try:
+            if item.logprob_start >= 0:
+                if session is not None:
+                    raise InvalidArgument("logprob_start_len >= 0 is not supported with session_params")
+                ids = validation.input_ids(prompt, text, vinfo)
+                if item.logprob_start > len(ids):
+                    raise InvalidArgument(f"logprob_start_len={item.logprob_start} is higher than the number of "
+                                          f"input tokens ({len(ids)}): use a smaller logprob_start_len")
+                prompt, sampling = Prompt(token_ids=ids), _prompt_logprobs(sampling, item, len(ids))
+            return validation.prepare(prompt, sampling, text, vinfo, request_id=rid, prefix="sampling_params.",
+                                      constraint=item.constraint, priority=priority, session=session)
+        except InvalidArgument as e:
+            raise convert.sglang_names(e) from None
 
     async def generate(self, body: api.GenerateRequest, request: Request) -> Response:
         from services.tokenizer.http.app import request_priority
@@ -136,7 +134,10 @@ class Native:
         if len(items) > 1:
             raise InvalidArgument("session_params takes one prompt (a session turn continues one conversation)")
         it, vinfo = items[0], self.front.model()
-        validation.precheck(it.prompt, it.sampling, vinfo, priority=priority, prefix="sampling_params.")
+        try:
+            validation.precheck(it.prompt, it.sampling, vinfo, priority=priority, prefix="sampling_params.")
+        except InvalidArgument as e:
+            raise convert.sglang_names(e) from None
         return await self.front.sessions.view(sp.id, sp.rid or "")
 
     def _group(self, rank: int | None) -> int | None:

@@ -1,0 +1,210 @@
+"""``POST /v1/responses`` (OpenAI's Responses API) on the chat path: ``instructions`` + ``input``
+become chat messages rendered by the model's template, the generation runs as a chat completion's
+does, and the answer is a ``response`` object, or streamed as its events (``response.created``,
+``response.output_item.added``, ``response.output_text.delta`` … ``response.completed``).
+
+Function tools and the ``function_call`` / ``function_call_output`` input items need tool calling
+(the chat template's ``tools=`` and a tool-call parser); until the server has them they are a 400
+that says so. ``_output_items`` is where parsed calls become ``function_call`` items (and their
+``response.function_call_arguments.*`` events)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
+
+from shared.errors import InvalidArgument
+from shared.logging import stage
+from shared.messages.common import Constraint, FinishReason
+from shared.messages.to_tokenizer import ModelInfo
+from services.tokenizer import validation
+from services.tokenizer.generation import Chunk
+from services.tokenizer.http import errors
+from services.tokenizer.http import responses_api as rapi
+from services.tokenizer.http.streams import merge, unless_disconnected
+from services.tokenizer.text import Message
+from services.tokenizer.validation import Prompt, SamplingRequest
+
+_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+def _content(item: dict[str, Any], name: str) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidArgument(f"{name}.content is required: a string or a list of input_text parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InvalidArgument(f"{name}.content[{j}]: only text parts (input_text, output_text) are supported, "
+                                  f"got {kind!r}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def messages(body: rapi.ResponseRequest) -> list[Message]:
+    """``instructions`` (a system message) and ``input`` as chat messages."""
+    out = [Message("system", body.instructions)] if body.instructions else []
+    if isinstance(body.input, str):
+        return out + [Message("user", body.input)]
+    for i, item in enumerate(body.input):
+        name, kind = f"input[{i}]", item.get("type", "message")
+        if kind == "reasoning":  # a previous answer's reasoning summary: not part of the prompt
+            continue
+        if kind in ("function_call", "function_call_output"):
+            raise InvalidArgument(f"{name}: {kind} items need tool calling, which this server does not serve yet")
+        if kind != "message":
+            raise InvalidArgument(f"{name}.type {kind!r} is not supported (message, function_call, "
+                                  "function_call_output)")
+        role = item.get("role")
+        if role not in _ROLES:
+            raise InvalidArgument(f"{name}.role must be one of user, system, developer, assistant, got {role!r}")
+        out.append(Message(_ROLES[role], _content(item, name)))
+    if not out:
+        raise InvalidArgument("input must not be empty")
+    return out
+
+
+def _constraint(body: rapi.ResponseRequest) -> Constraint | None:
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint("json_object")
+    if fmt.schema_ is None:
+        raise InvalidArgument("text.format.schema is required when type is json_schema")
+    return Constraint("json_schema", value=json.dumps(fmt.schema_))
+
+
+def convert_request(body: rapi.ResponseRequest) -> tuple[Prompt, SamplingRequest, Constraint | None]:
+    if body.tools:
+        raise InvalidArgument("tools: function tools are not served yet (tool calling): send an empty list")
+    sampling = SamplingRequest(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
+                               seed=body.seed)
+    return Prompt(messages=messages(body)), sampling, _constraint(body)
+
+
+def _usage(c: Chunk | None) -> rapi.ResponseUsage | None:
+    if c is None or c.usage is None:
+        return None
+    u = c.usage
+    return rapi.ResponseUsage(input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens,
+                              total_tokens=u.prompt_tokens + u.completion_tokens,
+                              input_tokens_details=rapi.InputTokensDetails(cached_tokens=u.cached_tokens))
+
+
+class _Answer:
+    """The response object being built (the same fields streamed and not)."""
+
+    def __init__(self, rid: str, body: rapi.ResponseRequest, model: str) -> None:
+        self.body, self.model = body, model
+        self.id, self.msg_id = f"resp_{rid}", f"msg_{rid}"
+        self.created = int(time.time())
+        self.text: list[str] = []
+        self.last: Chunk | None = None
+
+    def add(self, c: Chunk) -> None:
+        self.text.append(c.text)
+        if c.finish:
+            self.last = c
+
+    def _output_items(self, status: str) -> list[rapi.OutputMessage | rapi.FunctionCall]:
+        return [self.message(status)]
+
+    def message(self, status: str) -> rapi.OutputMessage:
+        text = "".join(self.text)
+        return rapi.OutputMessage(id=self.msg_id, status=status, content=[rapi.OutputText(text=text)] if (
+            text or status != "in_progress") else [])
+
+    def response(self, done: bool) -> rapi.Response:
+        b = self.body
+        length = self.last is not None and self.last.finish is FinishReason.LENGTH
+        status = "in_progress" if not done else "incomplete" if length else "completed"
+        item_status = "in_progress" if not done else "incomplete" if length else "completed"
+        fmt = b.text.format.model_dump(by_alias=True, exclude_none=True) if b.text and b.text.format else None
+        return rapi.Response(
+            id=self.id, created_at=self.created, status=status, model=self.model,
+            output=self._output_items(item_status) if done else [], usage=_usage(self.last) if done else None,
+            incomplete_details=rapi.IncompleteDetails(reason="max_output_tokens") if done and length else None,
+            instructions=b.instructions, max_output_tokens=b.max_output_tokens,
+            parallel_tool_calls=b.parallel_tool_calls is not False, temperature=b.temperature, top_p=b.top_p,
+            text={"format": fmt or {"type": "text"}}, tool_choice=b.tool_choice or "auto", user=b.user,
+            metadata=b.metadata or {}, reasoning=b.reasoning, store=False)
+
+
+class _Events:
+    """Server-sent events of one streamed response, numbered."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def __call__(self, type_: str, **data: Any) -> str:
+        payload = {"type": type_, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return f"event: {type_}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def create(front, request: Request, body: rapi.ResponseRequest, info: ModelInfo, rid: str) -> Response:
+    """Answer one ``POST /v1/responses`` (``front``: the app's ``Frontend``)."""
+    prompt, sampling, constraint = convert_request(body)
+    prepared = validation.prepare(prompt, sampling, front.text, info, request_id=rid, constraint=constraint)
+    trace = request.state.trace
+    stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(prepared.req.input_ids), n=1)
+    outputs = front._tracked([rid], merge([front.generator.stream(prepared, rid, trace)]))
+    answer = _Answer(rid, body, info.model)
+    headers = {"X-Request-Id": rid}
+    if not body.stream:
+        async def collect() -> rapi.Response:
+            try:
+                async for _, c in outputs:
+                    answer.add(c)
+            finally:
+                await outputs.aclose()
+            return answer.response(done=True)
+
+        result = await unless_disconnected(request, collect())
+        return Response(result.model_dump_json(), media_type="application/json", headers=headers)
+    try:  # wait for the first output, so that errors before it still get their HTTP status
+        first = await unless_disconnected(request, anext(outputs))
+    except BaseException:
+        await outputs.aclose()
+        raise
+    return StreamingResponse(_stream(answer, outputs, first[1]), media_type="text/event-stream",
+                             headers=headers | {"Cache-Control": "no-cache"})
+
+
+async def _stream(answer: _Answer, outputs: AsyncIterator[tuple[int, Chunk]], first: Chunk) -> AsyncIterator[str]:
+    ev = _Events()
+    part = dict(output_index=0, item_id=answer.msg_id, content_index=0)
+    try:
+        yield ev("response.created", response=answer.response(done=False).model_dump())
+        yield ev("response.in_progress", response=answer.response(done=False).model_dump())
+        yield ev("response.output_item.added", output_index=0, item=answer.message("in_progress").model_dump())
+        yield ev("response.content_part.added", **part, part=rapi.OutputText(text="").model_dump())
+        c: Chunk | None = first
+        while c is not None:
+            answer.add(c)
+            if c.text:
+                yield ev("response.output_text.delta", **part, delta=c.text, logprobs=[])
+            nxt = await anext(outputs, None)
+            c = nxt[1] if nxt is not None else None
+        done = answer.response(done=True)
+        msg = done.output[0]
+        text = "".join(answer.text)
+        yield ev("response.output_text.done", **part, text=text, logprobs=[])
+        yield ev("response.content_part.done", **part, part=rapi.OutputText(text=text).model_dump())
+        yield ev("response.output_item.done", output_index=0, item=msg.model_dump())
+        kind = "response.completed" if done.status == "completed" else "response.incomplete"
+        yield ev(kind, response=done.model_dump())
+    except Exception as e:  # the status line is gone: the error travels as an event
+        yield errors.sse_error(e)
+    finally:
+        await outputs.aclose()
