@@ -28,7 +28,7 @@ from shared.messages.to_tokenizer import SessionView
 from shared.tracing import Trace
 from services.tokenizer import validation
 from services.tokenizer.flush import Flusher
-from services.tokenizer.generation import Chunk
+from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.http import errors
 from services.tokenizer.http.native import convert, info
 from services.tokenizer.http.native import protocol as api
@@ -67,6 +67,7 @@ class Native:
     def __init__(self, front: Frontend) -> None:
         self.front = front
         self.flusher = Flusher.for_client(front.client)
+        self.probe = Generator(front.text, front.client)  # /health_generate's (not in the request metrics)
 
     # ---- /generate ---------------------------------------------------------------------------
     def prepare(self, item: convert.Item, rid: str, priority: int, session: SessionView | None) -> Prepared:
@@ -195,7 +196,7 @@ class Native:
             vinfo = front.model()
             p = validation.prepare(Prompt(token_ids=[0]), SamplingRequest(max_tokens=1, temperature=0.0),
                                    front.text, vinfo, request_id=f"health-{uuid.uuid4().hex}")
-            stream = front.generator.stream(p, p.req.rid)
+            stream = self.probe.stream(p, p.req.rid)
 
             async def run() -> None:
                 try:
