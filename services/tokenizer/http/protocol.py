@@ -110,7 +110,8 @@ class _Generate(_Request):
     frequency_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="not supported yet: must be empty")
+    logit_bias: dict[str, float] | None = Field(None, description="token id → bias added to its logit (clamped to "
+                                                "[-100, 100])")
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -125,8 +126,8 @@ class _Generate(_Request):
     stop_token_ids: list[TokenId] | None = Field(None, description="token ids that end a choice")
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool | None = Field(None, description="accepted, ignored")
-    min_tokens: Int32 | None = Field(None, description="not supported yet: only 0")
-    repetition_penalty: float | None = Field(None, description="not supported yet: only 1.0")
+    min_tokens: Int32 | None = Field(None, description="no stop token (EOS included) before this many new tokens")
+    repetition_penalty: float | None = Field(None, description="HF's, over prompt + output, in (0, 2]; 1 = off")
     prompt_logprobs: Int32 | None = Field(None, description="vLLM's: the prompt tokens' log-probs with this many "
                                           "alternatives each, 0..20 (not with stream)")
     stream_interval: Int32 | None = Field(None, description="stream tokens this many at a time, in [1, 1024] "
