@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import jsonschema
 import openai
 import pytest
 import transformers
 
+from shared.proto.banyan.v1 import generation_pb2 as pb
+from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 from tests.scripted_model import make_scripted_model
 from tests.support import ROOT, Server
 
@@ -53,11 +56,16 @@ def demo(demo_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def scripted(demo_dir, tmp_path_factory):
+def scripted_server(demo_dir, tmp_path_factory):
     model = make_scripted_model(tmp_path_factory.mktemp("scripted-model"), demo_dir, SCRIPT)
     s = Server(str(model), tmp_path_factory.mktemp("tools-scripted") / "server.log")
-    yield openai_client(s)
+    yield s
     assert s.stop() == 0, s.log_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def scripted(scripted_server):
+    return openai_client(scripted_server)
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +208,35 @@ def test_auto_parses_prose_and_parallel_calls_streamed_and_not(scripted):
     # none: the same model's text is content, not parsed
     n = whole(scripted, **{**kw, "tool_choice": "none"})
     assert n["calls"] == [] and n["finish"] == "stop" and n["content"] is not None
+
+
+def test_grpc_generate_with_tools(scripted_server, scripted):
+    """banyan.v1: the same calls as HTTP's, as ToolCallDelta pieces; text holds only the prose."""
+    want = whole(scripted, model=scripted.models.list().data[0].id, messages=ASK, tools=TOOLS, **MODEL_ARGS)
+    tools = [pb.Tool(name=t["function"]["name"], description=t["function"].get("description", ""),
+                     parameters=json.dumps(t["function"]["parameters"])) for t in TOOLS]
+    req = pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="user", content=ASK[0]["content"])]),
+                             tools=tools, sampling_params=pb.SamplingParams(temperature=0.0, max_tokens=160))
+    with scripted_server.channel() as ch:
+        resps = list(pb_grpc.GenerationServiceStub(ch).Generate(req, timeout=60))
+        calls: dict[int, list[str]] = {}
+        for r in resps:
+            for t in r.tool_calls:
+                if t.index not in calls:
+                    assert t.id.startswith("call_") and t.name
+                    calls[t.index] = [t.name, ""]
+                calls[t.index][1] += t.arguments
+        assert "".join(r.text for r in resps) == want["content"]
+        assert [tuple(calls[i]) for i in sorted(calls)] == want["calls"]
+        assert resps[-1].finish_reason == pb.FINISH_REASON_TOOL_CALLS
+        # a history with a call and its result renders (arguments must be JSON)
+        hist = [pb.ChatMessage(role="user", content="hi"),
+                pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="c1", name="get_time", arguments="{x")])]
+        bad = pb.GenerateRequest(chat=pb.ChatInput(messages=hist), tools=tools)
+        with pytest.raises(grpc.RpcError) as e:
+            list(pb_grpc.GenerationServiceStub(ch).Generate(bad, timeout=60))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "chat.messages[1].tool_calls[0].function.arguments" in e.value.details()
 
 
 # ---- reasoning: the Qwen3 tokenizer's template, a model that thinks first ----
