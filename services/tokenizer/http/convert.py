@@ -11,6 +11,7 @@ from shared.errors import InvalidArgument
 from shared.messages.common import Constraint
 from services.tokenizer.generation import Chunk, TokenLogprob, Usage
 from services.tokenizer.http import protocol as api
+from services.tokenizer.http.history import message_fields
 from services.tokenizer.text import Message, TextProcessor
 from services.tokenizer.validation import MAX_TOP_LOGPROBS, Prompt, SamplingRequest
 
@@ -47,14 +48,14 @@ def messages(msgs: list[api.ChatMessage], name: str = "messages") -> list[Messag
     for i, m in enumerate(msgs):
         role = "system" if m.role == "developer" else m.role  # (OpenAI's newer name; templates know system)
         if m.content is None or isinstance(m.content, str):
-            out.append(Message(role, m.content or ""))
+            out.append(Message(role, m.content or "", **message_fields(m, i)))
             continue
         texts = []
         for j, part in enumerate(m.content):
             if part.type != "text" or part.text is None:
                 raise InvalidArgument(f"{name}[{i}].content[{j}]: only text parts are supported, got {part.type!r}")
             texts.append(part.text)
-        out.append(Message(role, "\n".join(texts)))
+        out.append(Message(role, "\n".join(texts), **message_fields(m, i)))
     return out
 
 

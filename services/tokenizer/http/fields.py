@@ -71,10 +71,11 @@ RULES: tuple[Rule, ...] = (
     Rule("max_completion_tokens", H, (CHAT,)),
     Rule("logprobs", H, GEN, "chat: true/false; completions: how many alternatives (0..20)"),
     Rule("top_logprobs", H, (CHAT,), "0..20, with logprobs: true"),
-    Rule("parallel_tool_calls", I, (CHAT,), example=True),
-    Rule("tools", R, (CHAT,), "tool calling is not served yet",
-         example=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    Rule("tool_choice", R, (CHAT,), "tool calling is not served yet", example="auto"),
+    Rule("parallel_tool_calls", H, (CHAT,), "false: at most one call (grammar-enforced under required / named)"),
+    Rule("tools", H, (CHAT,), "function tools, rendered by the model's chat template; [] or null: none "
+                              "(docs/tools.md)"),
+    Rule("tool_choice", H, (CHAT,), "none, auto (needs --tool-call-parser or a template it detects), required, "
+                                    "a named function; required / named and strict functions grammar-enforced"),
     Rule("functions", R, (CHAT,), "OpenAI's deprecated function calling: use tools",
          example=[{"name": "f", "parameters": {}}]),
     Rule("function_call", R, (CHAT,), "OpenAI's deprecated function calling: use tool_choice", example="auto"),
@@ -146,7 +147,8 @@ RULES: tuple[Rule, ...] = (
     Rule("return_tokens_as_token_ids", R, GEN, "not supported", example=True),
     Rule("logits_processors", R, GEN, "no custom logits processors", example=["x"]),
     Rule("chat_template", R, (CHAT,), "the model's own chat template is used", example="{{ messages }}"),
-    Rule("chat_template_kwargs", R, (CHAT,), "not served yet", example={"enable_thinking": False}),
+    Rule("chat_template_kwargs", H, (CHAT,), "more template variables (e.g. enable_thinking); not those the "
+                                             "server sets (messages, tools, add_generation_prompt …)"),
     Rule("continue_final_message", R, (CHAT,), "use add_generation_prompt: false", example=True),
     Rule("documents", R, (CHAT,), "no RAG documents for the template", example=[{"text": "x"}]),
 )
