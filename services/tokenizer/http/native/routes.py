@@ -40,9 +40,9 @@ if TYPE_CHECKING:
     from services.tokenizer.http.app import Frontend
 
 HEALTH_TIMEOUT_S = 20.0
-# SGLang endpoints with no meaning here: 400 naming them (and what to use instead, where there is something)
+# SGLang endpoints with no meaning here: 501 naming them, as http/unserved.py answers OpenAI's (/classify is there)
 NOT_SERVED = {
-    "/encode": "embeddings", "/classify": "reward models",
+    "/encode": "embeddings",
     "/update_weights_from_disk": "weight updates", "/update_weights_from_tensor": "weight updates",
     "/update_weights_from_distributed": "weight updates", "/init_weights_update_group": "weight updates",
     "/get_weights_by_name": "weight inspection", "/release_memory_occupation": "memory release",
@@ -280,7 +280,7 @@ def install(app: FastAPI, front: Frontend) -> Native:
 
     for path, what in NOT_SERVED.items():
         def refuse(what: str = what, path: str = path) -> None:
-            raise errors.ApiError(400, f"{path} is not supported: Banyan does not serve {what}",
-                                  code="not_supported")
+            raise errors.ApiError(501, f"{path} is not supported: Banyan does not serve {what}",
+                                  code="not_implemented")
         app.add_api_route(path, refuse, methods=["GET", "POST", "PUT"], include_in_schema=False)
     return native
