@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+from shared import knobs
 from shared.config import ConfigError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as on the Hugging Face hub
@@ -64,8 +65,8 @@ def cached_snapshot(repo_id: str) -> tuple[str, str]:
 def cache_root() -> Path:
     """Banyan's cache folder (the demo model, built kernels): ``$BANYAN_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/banyan``, else ``~/.cache/banyan``."""
-    if os.environ.get("BANYAN_CACHE_DIR"):
-        return Path(os.environ["BANYAN_CACHE_DIR"]).expanduser()
+    if given := knobs.get("cache_dir", fresh=True):
+        return Path(given).expanduser()
     if os.environ.get("XDG_CACHE_HOME"):
         return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "banyan"
     return Path.home() / ".cache" / "banyan"

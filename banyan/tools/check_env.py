@@ -270,8 +270,30 @@ def check_caches(gpu: bool) -> list[Row]:
     return rows
 
 
+def check_knobs() -> Row:
+    """The ``BANYAN_*`` variables of ``shared/knobs.py`` this environment sets, each parsed as the services will."""
+    from shared import knobs
+
+    try:
+        knobs.load()
+    except knobs.KnobError as e:
+        return Row("knobs", "fail", str(e))
+    given = [f"{env}={value}" for env, _, value, _ in knobs.describe() if value != "default"]
+    return Row("knobs", "ok", (f"{len(given)} set: {', '.join(given)}" if given else "none set (every default)")
+               + f"; {len(knobs.KNOBS)} declared (banyan check-env --knobs lists them)")
+
+
+def knobs_table() -> str:
+    """Every declared knob: its variable, kind, the value here and its meaning."""
+    from shared import knobs
+
+    rows = knobs.describe()
+    w, k = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    return "\n".join(f"{env:<{w}}  {kind:<{k}}  {value:<8}  {meaning}" for env, kind, value, meaning in rows)
+
+
 def run_checks(model: str, host: str, grpc_port: int, http_port: int) -> list[Row]:
-    rows = [check_python()]
+    rows = [check_python(), check_knobs()]
     rows += check_torch()
     gpu = any(r.check == "cuda" and r.status == "ok" for r in rows)
     rows += check_flashinfer(gpu)
@@ -326,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-port", type=int, default=int(env("BANYAN_HTTP_PORT", 8000)),
                     help="HTTP port banyan serve would use (-1: none) [env BANYAN_HTTP_PORT, default 8000]")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    ap.add_argument("--knobs", action="store_true", help="list every BANYAN_* knob (shared/knobs.py) and exit")
     ns = ap.parse_args(argv)
+    if ns.knobs:
+        print(knobs_table())
+        return 0
     rows = run_checks(ns.model, ns.host, ns.grpc_port, ns.http_port)
     ok = not any(r.status == "fail" for r in rows)
     if ns.json:

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu.decode_parts_bench import D, HKV, HQ, LAYERS, graph_time
+HQ, HKV, D, LAYERS = 32, 8, 128, 8  # (the 8B shape's heads; a call reads another of 8 layers' caches, as 32 do)
+
+
+def graph_time(fn, calls: int = 8, reps: int = 10) -> float:
+    """µs per ``fn(i)`` call (i = 0..calls-1), replayed from one CUDA graph (the small-M tuner's timer)."""
+    from services.worker.kernels.small_m import _time
+
+    return _time(fn, calls, reps) * 1e6
+
 
 SHAPES = "1x1024,1x8192,16x2048,64x1024,256x1536,600x1536,1024x1024"
 CONFIGS = ((64, 4, 2, False, "cvt"), (64, 4, 3, False, "cvt"), (64, 4, 2, True, "cvt"), (64, 4, 3, True, "cvt"),

@@ -7,7 +7,6 @@ table, writes JSON.
 
     python -m benchmarks.gpu.small_m_bench --out /tmp/banyan-gpu/small_m.json       # ~1 min (compiles)
     python -m benchmarks.gpu.small_m_bench --sweep --ms 1 --out s.json   # FP8 at M = 1: ~90 more configs
-    python -m benchmarks.gpu.small_m_bench --sweep --ms 1,4 --only 'p$' --out s.json   # the prefetching ones
     python -m benchmarks.gpu.small_m_bench --library-only --ms 64,128,600 --out l.json   # decode batches: the libraries
 
 ``--library-only`` (the M of W2's decode steps, which the small-M kernels do not take): cuBLAS bf16, the served FP8
@@ -16,9 +15,7 @@ path, and its ``_scaled_mm`` alone on pre-quantized activations — row-wise sca
 scaling picks a faster GEMM; and both with fast accumulation (``scaled_mm_fp8_fast``,
 ``scaled_mm_fp8_gemm_rowwise_fast``: ``BANYAN_FP8_FAST_ACCUM``'s GEMM), and our FP8 GEMM's configs on the same
 quantized activations (``w8a8_<config>``, ``kernels/gemm.py``: what its start-up tuning chooses from) and its bf16
-configs on the bf16 weight (``bf16_<config>``, against cuBLAS), and cuBLASLt's other algorithms for it
-(``cublaslt_lt<rank>``: the heuristic's first ``MAX_ALGOS``, ``kernels/cublaslt.py``; with ``BANYAN_GEMM_LT=1``);
-and the ops before an FP8 linear — add-RMSNorm or
+configs on the bf16 weight (``bf16_<config>``, against cuBLAS); and the ops before an FP8 linear — add-RMSNorm or
 SiLU-and-multiply, then the per-token quantization — against the kernels that quantize as they write.
 """
 
@@ -39,7 +36,6 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 from services.worker import kernels  # noqa: E402
 from services.worker.kernels import small_m as sm  # noqa: E402
 from services.worker.kernels import cuda_gemv  # noqa: E402
-from services.worker.kernels import cublaslt  # noqa: E402
 from services.worker.kernels import gemm as fg  # noqa: E402
 from services.worker.quant import enable_cuda_kernels, fp8  # noqa: E402
 from services.worker.quant.fp8 import library_fp8_linear, quantize_per_token, quantize_rows  # noqa: E402
@@ -64,10 +60,7 @@ def sweep_configs() -> list[sm.Config]:
            for bn, bk in ((16, 512), (32, 512), (64, 256), (64, 512), (128, 256)) for w in (4, 8) for sp in (1, 2, 4)]
     fma = [sm.Config(bn, bk, warps=w, stages=st, m_tile=1)
            for bn, bk in ((2, 2048), (4, 2048), (8, 1024), (16, 512), (8, 512)) for w in (2, 4, 8) for st in (2, 4)]
-    # the CUDA-core loop with the next weight tile loaded by hand (Triton does not pipeline it: small_m_ptx)
-    fetch = [sm.Config(bn, bk, warps=w, stages=1, m_tile=1, prefetch=True, split=sp)
-             for bn, bk in ((4, 1024), (8, 1024), (8, 512), (16, 512), (4, 2048)) for w in (2, 4, 8) for sp in (1, 2)]
-    return [c for c in dot + fma + fetch if c not in sm.CONFIGS]
+    return [c for c in dot + fma if c not in sm.CONFIGS]
 
 
 def time_fused_quant(ms: list[int], hidden: int = 4096, inter: int = 14336) -> list[dict]:
@@ -103,7 +96,7 @@ def main() -> int:
     ap.add_argument("--fp8-only", action="store_true", help="only FP8 weights (and cuBLAS bf16 as the yardstick)")
     ap.add_argument("--sweep", action="store_true", help="FP8 only, with ~90 more configs (sweep_configs), no lm_head")
     ap.add_argument("--library-only", action="store_true", help="cuBLAS bf16 and the FP8 library paths only, no tune")
-    ap.add_argument("--only", default="", help="(with --sweep) the configs whose name matches this regex, e.g. 'p$'")
+    ap.add_argument("--only", default="", help="(with --sweep) the configs whose name matches this regex, e.g. 'k2'")
     args = ap.parse_args()
     args.fp8_only |= args.sweep
     cuda = list(cuda_gemv.CONFIGS) if cuda_gemv.library(True) is not None else []  # (gemv.cu, built here)
@@ -153,9 +146,7 @@ def main() -> int:
                              *[(f"w8a8_{c}", lambda i, c=c: fg.matmul(xq, qs[i], torch.bfloat16, c, xs, s), q.numel(),
                                 len(qs)) for c in fg.CONFIGS],
                              *[(f"bf16_{c}", lambda i, c=c: fg.matmul(x, ws[i], torch.bfloat16, c), w.numel() * 2,
-                                len(ws)) for c in fg.PLAIN_CONFIGS],
-                             *[(f"cublaslt_{c}", lambda i, c=c: fg.matmul(x, ws[i], torch.bfloat16, c), w.numel() * 2,
-                                len(ws)) for c in cublaslt.candidates(m, n, k, torch.bfloat16)]]
+                                len(ws)) for c in fg.PLAIN_CONFIGS]]
             for label, fn, nbytes, copies in (
                     ("cublas_bf16", lambda i: F.linear(x, ws[i]), w.numel() * 2, len(ws)),  # (always: the yardstick)
                     *[(f"kernel_bf16_{c}", lambda i, c=c: sm.linear(x, ws[i], None, c),
@@ -196,18 +187,16 @@ def main() -> int:
               f"{kf[1].removeprefix('kernel_fp8_')} |")
     if args.library_only:
         print("\n| shape | M | cuBLAS bf16 µs | FP8 as served µs · fast accum. | its GEMM alone: row-wise · "
-              "tensor-wise · row-wise fast µs | our FP8 GEMM, best µs (config) | our bf16 GEMM, best µs (config) | "
-              "cuBLASLt's bf16 candidates, best µs (rank) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+              "tensor-wise · row-wise fast µs | our FP8 GEMM, best µs (config) | our bf16 GEMM, best µs (config) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         us = lambda r, k: r.get(k, {}).get("us", float("nan"))  # noqa: E731
         for r in rows:
-            ours, ours16, lt = best(r, "w8a8_"), best(r, "bf16_"), best(r, "cublaslt_")
+            ours, ours16 = best(r, "w8a8_"), best(r, "bf16_")
             print(f"| {r['shape']} | {r['m']} | {us(r, 'cublas_bf16'):.1f} | {us(r, 'scaled_mm_fp8'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_fast'):.1f} | {us(r, 'scaled_mm_fp8_gemm_rowwise'):.1f} · "
                   f"{us(r, 'scaled_mm_fp8_gemm_tensorwise'):.1f} · {us(r, 'scaled_mm_fp8_gemm_rowwise_fast'):.1f} | "
                   f"{ours[0]:.1f} ({ours[1].removeprefix('w8a8_')}) | "
-                  f"{ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) | "
-                  f"{lt[0]:.1f} ({lt[1].removeprefix('cublaslt_')}) |")
+                  f"{ours16[0]:.1f} ({ours16[1].removeprefix('bf16_')}) |")
     if fused:
         print("\n| M | add-RMSNorm, then quantization µs | quantized by the norm µs | SiLU-and-multiply (14,336), then "
               "quantization µs | quantized by it µs |\n| ---: | ---: | ---: | ---: | ---: |")

@@ -30,8 +30,8 @@ from services.scheduler.request import Req
 class CascadePolicy:
     """When groups pay. A grouped step always runs eagerly: when the same step without groups would
     replay a CUDA graph (a pure decode of at most ``graph_bs`` requests), the groups must save at
-    least ``min_saved`` KV tokens (what running eagerly costs, in KV tokens read: measured by
-    ``benchmarks/gpu/cascade_cost.py``); when it would run eagerly anyway (prefill chunks in it, or
+    least ``min_saved`` KV tokens (what running eagerly costs, in KV tokens read: measured on the H200,
+    docs/architecture.md); when it would run eagerly anyway (prefill chunks in it, or
     a batch above the largest graph), ``min_saved_eager`` (the merge pass and the second plan)."""
 
     min_group: int = 4  # requests reading one prefix before it is read once for all

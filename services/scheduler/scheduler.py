@@ -9,12 +9,12 @@ every request with UNAVAILABLE until a new worker is ready), and the request (``
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 import zmq
 
+from shared import knobs
 from shared.config import SchedulerConfig
 from shared.gc_pause import FullCollections
 from shared.logging import get_logger
@@ -42,7 +42,7 @@ from services.scheduler.summary import Summary
 from services.scheduler.worker_link import WorkerLink
 
 log = get_logger("scheduler")
-CHECK_EVERY_STEP = os.environ.get("BANYAN_CHECK_INTEGRITY") == "1"  # (tests and debugging: the KV books every step)
+CHECK_EVERY_STEP = knobs.get("check_integrity")  # (tests and debugging: the KV books every step)
 
 
 class Scheduler:

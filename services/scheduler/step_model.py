@@ -4,7 +4,7 @@ request's next token for a whole prompt's worth of GEMMs).
 
 A step's device time is modelled as ``base + per_row × decode rows + per_token × prompt tokens
 + prompt_step × (1 if it carries prompt tokens)`` (the GEMMs and the attention of a step grow with its rows
-and tokens; docs/perf.md measures ~23 µs a prompt token and ~30–70 µs a decode row on the H200 for the 8B
+and tokens; the suite measures ~23 µs a prompt token and ~30–70 µs a decode row on the H200 for the 8B
 shape; a step with prompt tokens is not a decode graph's replay: its own fixed cost). The four coefficients
 are fitted online by recursive least squares with forgetting (recent steps weigh more: the running
 requests' contexts grow, the machine warms), starting from a weak prior, from every step the worker

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shared import knobs
 from shared.config import WorkerConfig
 from shared.logging import get_logger
 from shared.messages.common import from_i32
@@ -306,7 +307,7 @@ def build_tiers(cfg: WorkerConfig, kv: KVPool, pool_size: int, model_dir: str, t
         raise ValueError(f"the host KV tier needs {(n + 1) * bpt / 2**30:.1f} GiB of host memory and "
                          f"{free / 2**30:.1f} GiB is available: lower --hicache-size or --hicache-ratio")
     t0 = time.perf_counter()
-    faults = Faults(os.environ.get("BANYAN_HICACHE_FAULTS", ""))
+    faults = Faults(knobs.get("hicache_faults", fresh=True))
     host = HostPool(n + 1, bpt, pin=kv.device.type == "cuda")
     disk, files, next_file = None, [], 0
     if cfg.hicache_storage_dir:
@@ -317,7 +318,7 @@ def build_tiers(cfg: WorkerConfig, kv: KVPool, pool_size: int, model_dir: str, t
             files, next_file = agree(files, next_file, tp, kv.device)
     log.info("host_kv_tier", tokens=n, gib=round(host.data.numel() / 2**30, 3), pinned=host.data.is_pinned(),
              seconds=round(time.perf_counter() - t0, 2), disk=disk.dir if disk else None, disk_files=len(files),
-             disk_gib=cfg.hicache_storage_size if disk else 0, faults=os.environ.get("BANYAN_HICACHE_FAULTS") or None)
+             disk_gib=cfg.hicache_storage_size if disk else 0, faults=knobs.get("hicache_faults", fresh=True) or None)
     return Tiers(TierCopier(kv, host, disk, faults), n, int(cfg.hicache_storage_size * 2**30) if disk else 0, files,
                  next_file)
 

@@ -96,7 +96,7 @@ class KVPool:
                    rope) -> tuple[torch.Tensor, torch.Tensor]:
         """``rope`` (a ``RopeStep``) applied to q (T, Hq, D) and k, then ``store`` of the rotated k
         and v → the rotated (q, k). One launch where the fused kernel is enabled (CUDA, checked at
-        start-up: ``kernels.enable_rope_store``), rotating q and k in place."""
+        start-up: ``startup.enable_rope_store``), rotating q and k in place."""
         fused = rope_store_kernel()
         if fused is not None and (args := self.rope_args(layer, q, k, v, rope)) is not None:
             fused(q, k, v, self.k[layer], self.v[layer], slots, *args)

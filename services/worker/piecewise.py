@@ -4,7 +4,7 @@ and only the attention (whose plan depends on every request's lengths) runs eage
 
 An eager step queues ~30 kernels a layer from Python, ~0.6 ms of host time a layer on the H200's
 host (~20 ms a step for an 8B model): a step of a few hundred tokens, ~12 ms of device work, is
-bound by that launch (docs/perf.md). Here a step of T tokens replays, for the captured size
+bound by that launch. Here a step of T tokens replays, for the captured size
 ``size_for(T)`` ≥ T (padded), L + 1 graphs for L layers:
 
     graph 0: embed, layer 0's input norm, q/k/v projection, rope + KV write → q, k, v buffers, the pool
@@ -19,7 +19,7 @@ every size: graphs of one size replay in capture order, never interleaved with a
 Padding rows (token id stale, position 0, slot 0 — the pool's padding slot, never allocated — the
 attention sees only the step's T rows) compute garbage that no real row reads: every op between
 attentions is row-wise. The rope and the KV write inside the graphs leave one launch a layer to the
-eager attention (a mixed step of W5 is bound by the host's launches, docs/perf.md). Without a pool
+eager attention (a mixed step of W5 is bound by the host's launches). Without a pool
 (``pool=None``) the attention rotates and writes, as in the model's own forward.
 """
 

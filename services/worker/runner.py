@@ -16,12 +16,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from shared import knobs
 from shared.config import PIECEWISE_AUTO_TOKENS, WorkerConfig
 from shared.logging import get_logger, stage
 from shared.messages.common import SamplingParams, from_i32
 from shared.messages.to_worker import ForwardBatch
 from shared.tracing import Span, Tracer
-from services.worker.attention import decode_rope, make_backend, resolve_backend
+from services.worker.attention import make_backend, resolve_backend
 from services.worker.attention.base import AttentionBatch, make_cascade
 from services.worker.cuda_graph import IDS, NUM_INPUTS, ROWS, DecodeGraphs
 from services.worker.piecewise import PiecewiseGraphs
@@ -29,15 +30,12 @@ from services.worker.host_pool import Tiers, build_tiers
 from services.worker.kv_pool import KVPool, pool_slots_for_memory
 from services.worker.tp import TPGroup
 from services.worker.models.loader import load_model
-from services.worker.models.ops import TORCH_OPS, flashinfer_ops
+from services.worker.kernels.ops import TORCH_OPS, flashinfer_ops
 from services.worker.hostio import DeviceTimer, HostCopy, to_device
 from services.worker.laps import Laps
 from services.worker.launched import Launched, step_kind
-from services.worker.split_step import StepLanes
-from services.worker.kernels import (chain_l2, enable_cuda_norm, enable_norm_linear, enable_rope_store, tune_gemm,
-                                     tune_small_m)
 from services.worker.sampling.batch import BatchSampler, prompt_logprobs, score_positions, score_top_k
-from services.worker.quant import enable_cuda_kernels, enable_plain_kv_store
+from services.worker.startup import choose_kernels
 from services.worker.quant.kv import layer_scales, resolve_kv_dtype
 from services.worker.sampling.draw import TokenSampler, flashinfer_draw
 
@@ -83,24 +81,9 @@ class ModelRunner:
                                            flashinfer_ops() if fused else TORCH_OPS, cfg.quantization, cfg.fp8_vocab)
         self.quant = self.model.quant
         lap("load")
-        kernels = {}
-        if self.device.type == "cuda" and (self.quant is not None or self.kv_dtype != self.dtype):
-            kernels = enable_cuda_kernels(self.device)  # the fused FP8 kernels, where they check out
-        lap("kernels")
-        if self.device.type == "cuda" and not cfg.disable_small_m_kernel:
-            kernels["small_m"] = tune_small_m(self.model, self.dtype)
-            lap("tune_small_m")
-        if self.device.type == "cuda":
-            kernels["gemm"] = tune_gemm(self.model, self.dtype)
-            lap("tune_gemm")
-        if self.device.type == "cuda":
-            kernels["kv_store_plain"] = enable_plain_kv_store(self.device)
-            kernels["rope_store"] = enable_rope_store(self.device)
-            kernels["rope_decode"] = decode_rope.enable_rope(self.device, self.dtype)
-            kernels["norm"] = enable_cuda_norm(self.device)
-            kernels["norm_linear"] = enable_norm_linear(self.device, self.model, self.dtype)
-            torch.cuda.empty_cache()  # (the tunings' weight copies and activations: free for the pool's sizing)
-            lap("kernels")
+        kernels = choose_kernels(self.model, self.device, self.dtype,  # (startup.py: the kernel steps, in order)
+                                 fp8_paths=self.quant is not None or self.kv_dtype != self.dtype,
+                                 small_m=not cfg.disable_small_m_kernel, lap=lap)
         self.context_length = cfg.context_length or self.spec.context_length
         kv_heads = self.spec.kv_heads_per_rank(self.tp.size)
         self.pool_size = cfg.max_total_tokens or self._default_pool_size(kv_heads, cfg.mem_fraction_static)
@@ -119,10 +102,6 @@ class ModelRunner:
                 scales=[s.tolist() for s in scales.k + scales.v] if scales else None))
         lap("pool")
         self.attn = make_backend(self.backend, self.kv, self.spec.num_heads // self.tp.size, cfg.decode_attention)
-        self.lanes = StepLanes.build(self.backend, self.kv, self.spec.num_heads // self.tp.size,  # (opt-in: steps
-                                     cfg.decode_attention, self.device, self.tp.size)  # as two lanes)
-        if self.lanes is not None:
-            kernels["lanes"] = str(self.lanes.knobs)
         self.sampler = TokenSampler(seed=cfg.seed, fused=flashinfer_draw() if fused else None)
         # (a row a multiple of 16 wide: Triton compiles a variant per stride class, warmed up for that one)
         self.table_width = -(-self.context_length // 16) * 16
@@ -130,8 +109,6 @@ class ModelRunner:
         self.pad_row = 0  # the table's last row: all zeros (slot 0), never a request's
         self.graphs: DecodeGraphs | None = None
         lap("attention")
-        if self.device.type == "cuda":  # (before the graphs: they fix the kernels' arguments)
-            kernels["l2_chain"] = chain_l2(self.model, self.device, self.attn)
         if self.device.type == "cuda" and self.attn.supports_cuda_graph and not cfg.disable_cuda_graph:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self.model, self.attn, cfg.cuda_graph_max_bs, self.context_length,
@@ -143,8 +120,8 @@ class ModelRunner:
             piece_tokens = PIECEWISE_AUTO_TOKENS if self.graphs is not None and self.tp.size == 1 else 0
         if piece_tokens > 0 and (self.graphs is not None or self.device.type == "cpu"):
             try:  # (on the CPU the pieces run eagerly in place of graphs: the same path, for tests)
-                write = os.environ.get("BANYAN_PIECEWISE_WRITE", "1") == "1"  # (an A/B knob: the rope + KV write
-                self.pieces = PiecewiseGraphs(self.model, piece_tokens, self.device, self.dtype,  # in the graphs)
+                write = knobs.get("piecewise_write")  # (the rope + KV write in the graphs)
+                self.pieces = PiecewiseGraphs(self.model, piece_tokens, self.device, self.dtype,
                                               capture=self.device.type == "cuda", pool=self.kv if write else None)
             except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # (a capture that fails: eager steps as before)
                 if self.device.type == "cuda":
@@ -166,7 +143,8 @@ class ModelRunner:
                  kv_scales=scales.source if scales else None, quantization=self.quantization,
                  weight_gib=round(self.weight_bytes / 2**30, 3), kernels=kernels or None,
                  context_length=self.context_length, attention=self.backend, tp_rank=self.tp.rank,
-                 tp_size=self.tp.size, cuda_graph_bs=self.graphs.batch_sizes if self.graphs else [], startup_s=lap.s)
+                 tp_size=self.tp.size, cuda_graph_bs=self.graphs.batch_sizes if self.graphs else [], startup_s=lap.s,
+                 kernel_map=[" · ".join(e) for e in self.attn.kernel_map()], knobs=knobs.given() or None)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -327,10 +305,6 @@ class ModelRunner:
         if pending:
             self._resolve(ids_d, tok_rows_d, every)
         self.req_to_token[tok_rows_d, pos_d] = slots_d.to(torch.int32)
-        if self.lanes is not None and not (eager or all_logits) and (nd := self.lanes.rows(extend)):
-            self._kind = "mixed_split" if extend.max() > 1 else "decode_split"
-            return self.lanes.logits(self, nd, dev, (ids_d, slots_d, pos_d, rows_d, prefix_d, extend_d), prefix,
-                                     extend, sample, lambda: self._tier_fence(b))
         cascade = None
         if b.cascade_group:
             cascade = make_cascade(from_i32(b.cascade_group), from_i32(b.cascade_lens), rows, extend, self.device)

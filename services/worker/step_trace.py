@@ -1,5 +1,5 @@
 """A per-step timeline of rank 0's worker, for locating device idle between steps
-(``BANYAN_STEP_TRACE=FILE``: one JSON line a step, appended; off when unset).
+(the ``step_trace`` knob, ``BANYAN_STEP_TRACE=FILE``: one JSON line a step, appended; off when unset).
 
 Each line: the step id and kind, its rows and tokens, and host times in ms since the worker
 started — ``recv`` (the batch taken off the socket), ``queued`` (its launch returned), ``answered``
@@ -11,14 +11,15 @@ with the device's busy and idle ms as the step metrics measure them.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import TextIO
+
+from shared import knobs
 
 
 class StepTrace:
     def __init__(self, path: str | None = None) -> None:
-        path = path if path is not None else os.environ.get("BANYAN_STEP_TRACE", "")
+        path = path if path is not None else knobs.get("step_trace", fresh=True)
         self._file: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (process-long)
         self._t0 = time.perf_counter()
         self._open: dict[int, tuple[float, float]] = {}  # step id -> (recv, queued), until answered

@@ -98,6 +98,7 @@ RUN = {
     "from openai import OpenAI": r"^stop \{'name': .*\}$",
     "@bn.function": r"^(weather|arithmetic|small talk) ",
     '"stream": true, "stream_options"': r"data: \[DONE\]",
+    """-d '{"prompt": "Hello", "max_tokens": 16}'""": r'"object":"text_completion"',
     "banyan check-env": r"(?s)ready to serve.*^banyan top .*^group +running",
     "banyan bench --dataset shared-prefix": r"(?s)Successful requests +32\b.*Successful requests +16\b",
     "stub.OpenSession(": r"(?s)^prompt \d+ cached (\d+)\n.*^closed, it held [1-9]\d* tokens$",

@@ -121,7 +121,7 @@ def test_silu_mul_in_the_kernel_and_before_it(gemv, dtype) -> None:
     activation kernel first."""
     import torch.nn.functional as F
 
-    from services.worker.models.ops import current_ops
+    from services.worker.kernels.ops import current_ops
 
     g = torch.Generator(device="cpu").manual_seed(2)
     for k in (14336, 64, 96):
@@ -145,41 +145,6 @@ def test_silu_mul_in_the_kernel_and_before_it(gemv, dtype) -> None:
                         assert torch.equal(gemv.linear(current_ops().silu_and_mul(h), w, sc, cfg), got), (k, m, cfg)
 
 
-def test_the_l2_chain_changes_no_result_eagerly_or_in_a_graph(gemv) -> None:
-    """Linears feeding each other (PDL configs, each one's blocks let the next start once its loads are issued),
-    each prefetching the next weight into L2 (``chain``, the last the first's): the same bits as unchained,
-    eagerly and replayed from a graph."""
-    g = torch.Generator(device="cpu").manual_seed(4)
-    ws = [(torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(FP8).cuda() for n, k in
-          ((6144, 4096), (4096, 6144), (4096, 4096))]
-    ss = [(torch.rand(w.shape[0], generator=g) / 3000).cuda() for w in ws]
-    x0 = torch.randn(1, 4096, generator=g).to(torch.bfloat16).cuda()
-    cfgs = [c for c in gemv.CONFIGS if c.pdl]
-
-    def step(cfg):
-        x = x0
-        for w, s in zip(ws, ss):
-            x = gemv.linear(x, w, s, cfg)
-        return x
-
-    try:
-        want = {cfg: step(cfg) for cfg in cfgs}
-        assert gemv.chain(ws, 8 << 20) == 3
-        for cfg in cfgs:
-            assert all(torch.equal(step(cfg), want[cfg]) for _ in range(5)), cfg
-            out = torch.empty_like(want[cfg])
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out.copy_(step(cfg))
-            for _ in range(3):
-                out.zero_()
-                graph.replay()
-                torch.cuda.synchronize()
-                assert torch.equal(out, want[cfg]), cfg
-    finally:
-        gemv.chain([], 0)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_activation_made_as_the_sums_are_stored(gemv, dtype) -> None:
     """``act_out``: w = [gate | up], each block 8 gate rows and their 8 up rows; silu(gate) · up (M, N / 2) within
@@ -187,7 +152,7 @@ def test_the_activation_made_as_the_sums_are_stored(gemv, dtype) -> None:
     e4m3 and plain weights, every config, M 1–8; N not a multiple of 16 refused."""
     import torch.nn.functional as F
 
-    from services.worker.models.ops import _torch_silu_and_mul
+    from services.worker.kernels.ops import _torch_silu_and_mul
 
     g = torch.Generator(device="cpu").manual_seed(5)
     for inter, k in ((64, 128), (1024, 4096), (14336 // 4, 4096)):

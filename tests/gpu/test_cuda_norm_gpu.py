@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.models.ops import _torch_fused_add_rmsnorm, _torch_rmsnorm
+from services.worker.kernels.ops import _torch_fused_add_rmsnorm, _torch_rmsnorm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -92,8 +92,8 @@ def test_launched_overlapping_the_kernel_before_it_reads_that_kernels_output(lib
 
 
 def test_the_flashinfer_ops_take_it_for_decode_rows_only(lib, monkeypatch) -> None:
-    from services.worker.kernels import enable_cuda_norm
-    from services.worker.models import ops
+    from services.worker.startup import enable_cuda_norm
+    from services.worker.kernels import ops
 
     assert enable_cuda_norm(torch.device("cuda")).startswith("ours")
     calls = []

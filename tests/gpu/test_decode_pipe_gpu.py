@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 
+from shared import knobs as registry
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
@@ -26,12 +28,12 @@ def rule(monkeypatch):
             monkeypatch.delenv("BANYAN_DECODE_PIPE", raising=False)
         else:
             monkeypatch.setenv("BANYAN_DECODE_PIPE", pipe)
-        dr.pipelined.cache_clear()
+        registry.reload()
 
     turn(None)
     yield turn
     monkeypatch.delenv("BANYAN_DECODE_PIPE", raising=False)
-    dr.pipelined.cache_clear()
+    registry.reload()
 
 
 @pytest.mark.parametrize("fp8", [False, True])

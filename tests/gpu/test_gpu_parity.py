@@ -1,7 +1,7 @@
 """GPU checks (skipped without CUDA + FlashInfer): FlashInfer attention and fused kernels against the
 torch reference, CUDA-graph replay against eager steps, and the worker's bf16 logits against HF
 transformers in fp32 on the same weights (``BANYAN_GPU_MODEL``: the Llama-3.1-8B-shaped model that
-benchmarks/gpu/run_h200.sh builds; without it, a 2-layer model of that shape built here).
+benchmarks/gpu/make_model.py builds; without it, a 2-layer model of that shape built here).
 ``BANYAN_GPU_REPORT``: write the measured errors there as JSON."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.cascade_cases import build as cascade_batch
 from services.worker.attention.base import AttentionBatch
 from services.worker.attention.torch_backend import TorchAttention
 from services.worker.kv_pool import KVPool
-from services.worker.models.ops import TORCH_OPS
+from services.worker.kernels.ops import TORCH_OPS
 from services.worker.runner import ModelRunner
 from shared.config import WorkerConfig
 
@@ -131,7 +131,7 @@ def test_flashinfer_cascade_matches_plain_attention(monkeypatch, name, grouped, 
 
 
 def test_fused_ops_match_torch() -> None:
-    from services.worker.models.ops import flashinfer_ops
+    from services.worker.kernels.ops import flashinfer_ops
 
     fi, g = flashinfer_ops(), torch.Generator(device="cuda").manual_seed(0)
     x, r = (torch.randn(64, 4096, generator=g, device="cuda").bfloat16() for _ in range(2))

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("t", [13, 64, 1000])  # a head a program (decode sizes); token blocks (prefill sizes)
 def test_rope_store_agrees_with_flashinfer_rope_then_the_write(t) -> None:
     from services.worker.kernels import rope_store as rs
-    from services.worker.models.ops import flashinfer_ops
+    from services.worker.kernels.ops import flashinfer_ops
     from services.worker.models.rotary import RopeConfig, RotaryEmbedding
 
     dev = torch.device("cuda")

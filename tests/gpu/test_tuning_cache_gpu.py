@@ -38,13 +38,13 @@ def test_a_second_tuning_reuses_every_decision(cache) -> None:
     from services.worker.kernels import gemm, small_m
 
     w = weights()
-    first = gemm.tune(w, torch.bfloat16)
+    first = gemm.tune(w, torch.bfloat16, fp8.quantize_activation, fp8.library_gemm)
     sm_first = small_m.tune([w[1]], lambda x, w, s: F.linear(x, w), torch.bfloat16)
     chosen, sm_chosen = dict(kernels.gemm_choices), dict(kernels.choices)
     assert len(list(cache.glob("*.json"))) == 1  # (one fingerprint; its lock file beside it)
     assert not any("(cached)" in v for v in [*first.values(), *sm_first.values()])
     kernels.reset()
-    again = gemm.tune(w, torch.bfloat16)
+    again = gemm.tune(w, torch.bfloat16, fp8.quantize_activation, fp8.library_gemm)
     sm_again = small_m.tune([w[1]], lambda x, w, s: F.linear(x, w), torch.bfloat16)
     assert again == {k: v + " (cached)" for k, v in first.items()}
     assert sm_again == {k: v + " (cached)" for k, v in sm_first.items()}
@@ -55,12 +55,12 @@ def test_a_cached_config_that_fails_its_check_is_timed_again(cache, monkeypatch)
     from services.worker.kernels import gemm, small_m
 
     w = weights()[:1]
-    first = gemm.tune(w, torch.bfloat16)
+    first = gemm.tune(w, torch.bfloat16, fp8.quantize_activation, fp8.library_gemm)
     if not kernels.gemm_choices:
         pytest.skip("the library won every range of this shape here: no config to check again")
     kernels.reset()
     monkeypatch.setattr(small_m, "_close", lambda got, want: False)  # (every check fails: configs are wrong now)
-    again = gemm.tune(w, torch.bfloat16)
+    again = gemm.tune(w, torch.bfloat16, fp8.quantize_activation, fp8.library_gemm)
     assert not kernels.gemm_choices and all("(cached)" not in v for v in again.values())
     assert again.keys() == first.keys()
 

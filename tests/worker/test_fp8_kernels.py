@@ -3,7 +3,7 @@ quantize as they write, the quantized KV write — and the same write unscaled, 
 interpreter on the CPU, against the PyTorch reference math: indexing, strides, per-head scales,
 saturation, all-zero rows. They write float32 here (the interpreter's emulated fp8 cast does not
 round as the GPU does); the e4m3 cast itself is checked on the GPU at start-up (``check_*``) and by
-benchmarks/gpu/fp8_check.py. Skipped visibly where Triton is not installed."""
+the GPU tests. Skipped visibly where Triton is not installed."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from tests.support import run_in_triton_interpreter
 SCRIPT = r"""
 import torch
 from services.worker.kernels import rope_store as rs
-from services.worker.models.ops import TORCH_OPS, apply_rotary
+from services.worker.kernels.ops import TORCH_OPS, apply_rotary
 
 g = torch.Generator().manual_seed(0)
 t, hq, hkv, d = 5, 8, 2, 64

@@ -19,8 +19,6 @@ from services.worker.kernels import small_m as sm
 from services.worker.quant.fp8 import quantize_rows
 
 g = torch.Generator().manual_seed(0)
-# the CUDA-core loop that loads the next weight tile by hand (benchmarks' sweep): K split, 2–8 tiles a part
-PREFETCHING = (sm.Config(8, 64, stages=1, m_tile=1, prefetch=True, split=2),)
 for n, k in ((40, 300), (64, 1024)):
     w = torch.randn(n, k, generator=g)
     q, s = quantize_rows(w)
@@ -28,7 +26,7 @@ for n, k in ((40, 300), (64, 1024)):
         x = torch.randn(m, k + 8, generator=g)[:, :k]  # a strided view
         want_plain = x @ w.t()
         want_q = (x @ q.float().t()) * s
-        for cfg in sm.CONFIGS + PREFETCHING:
+        for cfg in sm.CONFIGS:
             got = sm.linear(x, w, None, cfg)
             assert torch.equal(sm.linear(x[:1], w, None, cfg), got[:1])  # row 0 alone: the same bits
             h = torch.randn(m, 2 * k, generator=g)  # [gate | up]: the activation fused into the read
@@ -157,7 +155,7 @@ def test_tune_times_the_gate_up_kernel_with_its_activation_made_as_it_stores(mon
     import torch.nn.functional as F
 
     from services.worker.kernels import small_m as sm
-    from services.worker.models.ops import _torch_silu_and_mul
+    from services.worker.kernels.ops import _torch_silu_and_mul
 
     kernels.reset()
     seen = []
@@ -178,34 +176,6 @@ def test_tune_times_the_gate_up_kernel_with_its_activation_made_as_it_stores(mon
         assert kernels.small_m_config(x, w, act_out=True) is not None and kernels.small_m_config(x, w) is None
         full = x @ w.t()
         assert torch.allclose(kernel(x, w, None, None, act_out=True), F.silu(full[:, :24]) * full[:, 24:])
-    finally:
-        kernels.reset()
-
-
-def test_the_fused_norm_is_timed_only_for_linears_that_take_a_norms_output(monkeypatch) -> None:
-    """``tune_norm_linear``: only the linears marked ``norm_input`` (q/k/v) whose shape chose the CUDA kernel are
-    timed, once per shape; the fused kernel recorded where it timed faster."""
-    pytest.importorskip("triton", reason="Triton is not installed")
-    from services.worker.kernels import cuda_gemv
-    from services.worker.kernels import small_m as sm
-    from services.worker.models.layers import QKVParallelLinear, RowParallelLinear
-    from services.worker.tp import TPGroup
-
-    kernels.reset()
-    model = torch.nn.ModuleList([RowParallelLinear(96, 64, False, TPGroup()),  # (a CUDA choice, not after a norm)
-                                 QKVParallelLinear(64, 16, 2, 1, False, TPGroup()),  # (64 rows)
-                                 QKVParallelLinear(64, 16, 2, 1, False, TPGroup()),  # (the same shape: once)
-                                 QKVParallelLinear(32, 16, 4, 2, False, TPGroup())])  # (128 rows: a Triton choice)
-    cuda = cuda_gemv.CudaConfig(8, 2, 0, True, True)
-    kernels.choices.update({(64, 64, torch.float32): ((1, cuda),), (64, 96, torch.float32): ((1, cuda),),
-                            (128, 32, torch.float32): ((1, sm.CONFIGS[0]),)})
-    times = iter([10e-6, 5e-6])  # (apart, then fused)
-    timed = []
-    monkeypatch.setattr(sm, "_time", lambda fn_for, copies: timed.append(copies) or next(times))
-    try:
-        report = sm.tune_norm_linear(model, torch.float32)
-        assert list(report) == ["64x64 float32"] and report["64x64 float32"].startswith("fused: 5.0 us")
-        assert len(timed) == 2 and kernels.norm_fused == {(64, 64, torch.float32)}
     finally:
         kernels.reset()
 

@@ -2,15 +2,13 @@
 optimizer, LLVM and ptxas run on the host, so a kernel that would not compile on the GPU (a construct the
 interpreter accepts but the compiler does not, a register or shared-memory overflow, inline PTX ptxas rejects)
 fails here, in CI, before a device call is spent on it. The configurations are the served ones
-(``triton_decode.decode``'s choices, ``rope_store``'s two launches). And what three of the decode's properties
-compile to: with ``prefetch`` (``PF``) bulk L2 prefetches, one a warp (a bulk operation's operands are uniform, so
-the lanes other than a warp's first pass no size), after the K/V loop and before the parts' stores, and none
-without it; the merge of a request's parts loads them a part a load with no barrier between the loads (each part's
+(``triton_decode.decode``'s choices, ``rope_store``'s two launches). And what two of the decode's properties
+compile to: the merge of a request's parts loads them a part a load with no barrier between the loads (each part's
 sum is its threads' own; a cross-thread reduction a part would make the kernel's end a chain of L2 round trips,
 and all the parts as one tile measured slower on the H200); with the
 rope inside, the first block's table slots are prefetched into L1 before the rope's barrier (after it, the loop's
 first load of them would be one more round trip before the K/V loads). The interpreter tests check the results, but
-never trace ``PF`` or ``WARM``: inline assembly is not interpreted. Skipped visibly where Triton or its CUDA back
+never trace ``WARM``: inline assembly is not interpreted. Skipped visibly where Triton or its CUDA back
 end is not installed."""
 
 from __future__ import annotations
@@ -106,38 +104,31 @@ def test_the_gemm_compiles_to_wgmma_without_spills() -> None:
     cases = ([(c, "fp8e4nv", precise) for c in gemm.CONFIGS for precise in (True, False)]
              + [(c, "bf16", False) for c in gemm.PLAIN_CONFIGS])
     for cfg, dt, precise in cases:
-        partial = cfg.split > 1  # (K in parts: float32 sums out, unscaled)
-        types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
-                 "c_ptr": "*fp32" if partial else "*bf16", "K": "i32"}
+        types = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16",
+                 "K": "i32"}
         k = compile_sm90(gemm._gemm_kernel, {"SCALED": dt != "bf16", "EVEN_K": True, "PRECISE": precise,
                                              "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                                             "GROUP_M": cfg.group_m, "PARTIAL": partial},
+                                             "GROUP_M": cfg.group_m},
                          "*bf16", num_warps=cfg.warps, num_stages=cfg.stages, aligned=True, pointers=types)
         ptx = k.asm["ptx"]
         assert re.search(r"wgmma\.mma_async\S*" + ("e4m3" if dt != "bf16" else "bf16"), ptx), (cfg, dt)
         assert ".local" not in ptx and k.metadata.shared <= 227 << 10, (cfg, dt)
         # promoted to float32 every tile (a float32 add per accumulator) unless fast accumulation
         assert bool(re.search(r"add(\.rn)?\.f32", ptx)) == precise, (cfg, dt, precise)
-    assert any(c.split > 1 for c in gemm.CONFIGS) and any(c.split > 1 for c in gemm.PLAIN_CONFIGS)
-    for parts, scaled in ((2, True), (4, False)):  # (the parts' sum, in order)
-        k = compile_sm90(gemm._add_parts, {"PARTS": parts, "SCALED": scaled, "BLOCK": gemm.ADD_BLOCK}, "*bf16",
-                         pointers={"part_ptr": "*fp32", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "c_ptr": "*bf16"})
-        assert ".local" not in k.asm["ptx"], (parts, scaled)
 
 
-SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, rope inside, prefetching the o
-    # projection: BANYAN_L2_ATTN_MIB), large FP8 batches (one split, rope inside), a
+SERVED = {  # the decode's launches: W1 (bf16, many splits; a batch-1 graph's, rope inside), large FP8 batches
+    # (one split, rope inside), a
     # cascade step's own level on an FP8 pool (starts, LSE), integer widening both ways
     "bf16_splits8": dict(pool="*bf16", SPLITS=8, BLOCK=64, F16=False, WIDEN=0, ROPE=False, QUANT=False, stages=2),
-    "bf16_splits16_rope_prefetch": dict(pool="*bf16", SPLITS=16, BLOCK=64, F16=False, WIDEN=0, ROPE=True, QUANT=False,
-                                        PF=True, stages=2),
+    "bf16_splits16_rope": dict(pool="*bf16", SPLITS=16, BLOCK=64, F16=False, WIDEN=0, ROPE=True, QUANT=False,
+                                stages=2),
     "fp8_one_split_rope": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=128, F16=True, WIDEN=2, ROPE=True, QUANT=True,
                                stages=3),
     "fp8_own_level": dict(pool="*fp8e4nv", SPLITS=2, BLOCK=128, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                           HAS_START=True, WRITE_LSE=True, stages=3),
     "fp8_int_widen": dict(pool="*fp8e4nv", SPLITS=4, BLOCK=64, F16=True, WIDEN=1, ROPE=False, QUANT=False, stages=3),
-    # FP8 from 512 rows: 64-token blocks on 2 warps (a W3 own level: starts, LSE); bf16, large batches
-    # (BANYAN_TRITON_FROM)
+    # FP8 from 512 rows: 64-token blocks on 2 warps (a W3 own level: starts, LSE); bf16 at one split
     "fp8_narrow_own_level": dict(pool="*fp8e4nv", SPLITS=1, BLOCK=64, F16=True, WIDEN=2, ROPE=False, QUANT=False,
                                  HAS_START=True, WRITE_LSE=True, stages=3, warps=2),
     # BANYAN_DECODE_PIPE=1: the table slots a block ahead (3 stages, 32-token blocks)
@@ -155,7 +146,7 @@ def compile_decode(name: str, aligned: bool = False, **over):
     pool, stages, warps = cfg.pop("pool"), cfg.pop("stages"), cfg.pop("warps", 4)
     splits = cfg["SPLITS"]
     constexprs = dict(G=4, BLOCK_H=16, D=128, BLOCK_D=128, BLOCK_S=triton.next_power_of_2(splits), HAS_START=False,
-                      WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0, PF=False, PF_WARPS=warps, BLOCK_G=4,
+                      WRITE_LSE=False, PDL=True, FMAX=448.0, MIN_PER=0, BLOCK_G=4,
                       WARM=cfg.get("ROPE", False), PIPE=False)  # (as ``decode`` sets them on CUDA, G = 4, D = 128)
     constexprs.update(cfg)
     return compile_sm90(td._partial_kernel, constexprs, pool, num_warps=warps, num_stages=stages, aligned=aligned)
@@ -169,22 +160,9 @@ def test_the_decode_attention_compiles(name) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_the_prefetching_decode_issues_bulk_l2_prefetches_after_its_kv_loop_and_before_its_stores() -> None:
-    backend_or_skip()
-    lines = compile_decode("bf16_splits16_rope_prefetch", aligned=True).asm["ptx"].splitlines()
-    at = [i for i, line in enumerate(lines) if "cp.async.bulk.prefetch.L2.global" in line]
-    assert len(at) == 1  # (one instruction: each thread's element, predicated on its size)
-    assert re.search(r"setp\.gt\.s32\s+p,", lines[at[0] - 1]), "the prefetch is not predicated on its size"
-    mma = [i for i, line in enumerate(lines) if "mma.sync" in line]
-    stores = [i for i, line in enumerate(lines) if re.search(r"\bst\.global", line) and i > mma[-1]]
-    assert mma and mma[-1] < at[0] < stores[0]  # (after the products, before the part's stores)
-    assert "prefetch.L2" not in compile_decode("bf16_splits16_rope_prefetch", aligned=True, PF=False).asm["ptx"]
-
-
-@pytest.mark.timeout(300)
 def test_the_merge_loads_a_part_a_load_with_no_barrier_between_them() -> None:
     backend_or_skip()
-    lines = compile_decode("bf16_splits16_rope_prefetch", aligned=True, PF=False).asm["ptx"].splitlines()
+    lines = compile_decode("bf16_splits16_rope", aligned=True).asm["ptx"].splitlines()
     start = next(i for i, line in enumerate(lines) if "atom.global.gpu.acq_rel.add" in line)  # (the pair's count)
     parts = [i for i, line in enumerate(lines) if i > start and "ld.global.cg.v4" in line]
     assert len(parts) == 16  # (one 16-byte load a thread for each of the 16 parts: (4 heads, 128) values a part)
@@ -196,11 +174,11 @@ def test_the_merge_loads_a_part_a_load_with_no_barrier_between_them() -> None:
 @pytest.mark.timeout(300)
 def test_with_the_rope_inside_the_first_slots_are_prefetched_before_the_ropes_barrier() -> None:
     backend_or_skip()
-    lines = compile_decode("bf16_splits16_rope_prefetch", aligned=True).asm["ptx"].splitlines()
+    lines = compile_decode("bf16_splits16_rope", aligned=True).asm["ptx"].splitlines()
     l1 = [i for i, line in enumerate(lines) if "prefetch.global.L1" in line]
     first_bar = next(i for i, line in enumerate(lines) if "bar.sync" in line)
     assert l1 and max(l1) < first_bar
-    assert "prefetch.global.L1" not in compile_decode("bf16_splits16_rope_prefetch", aligned=True,
+    assert "prefetch.global.L1" not in compile_decode("bf16_splits16_rope", aligned=True,
                                                       WARM=False).asm["ptx"]
 
 

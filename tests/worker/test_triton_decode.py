@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shared import knobs as registry
 from tests.support import run_in_triton_interpreter
 
 SCRIPT = r"""
@@ -114,12 +115,12 @@ for splits in (16, 8, 3):
     assert torch.allclose(o, torch.stack(want2), atol=1e-4, rtol=1e-4), (splits, (o - torch.stack(want2)).abs().max())
 # BANYAN_DECODE_PIPE=1 (the table slots a block ahead, V loaded with K): the same bits, any split or block
 import os
-from services.worker.attention import decode_rules as dr
+from shared import knobs as registry
 for splits, block, st in ((1, 64, None), (3, 16, None), (16, 16, starts), (2, 32, starts)):
     got = []
     for pipe in ("0", "1"):
         os.environ["BANYAN_DECODE_PIPE"] = pipe
-        dr.pipelined.cache_clear()
+        registry.reload()
         got.append(td.decode(q, kc, vc, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, block=block,
                              return_lse=True, starts=st))
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]), (splits, block)
@@ -127,12 +128,12 @@ for splits, block, st in ((1, 64, None), (3, 16, None), (16, 16, starts), (2, 32
     fp8 = []  # (an FP8 pool widened in fp16: the same bits too)
     for pipe in ("0", "1"):
         os.environ["BANYAN_DECODE_PIPE"] = pipe
-        dr.pipelined.cache_clear()
+        registry.reload()
         fp8.append(td.decode(qs, k8, v8, table, rows, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, block=block,
                              f16=True, widen="int", starts=st))
     assert torch.equal(fp8[0], fp8[1]), (splits, block)
 os.environ.pop("BANYAN_DECODE_PIPE")
-dr.pipelined.cache_clear()
+registry.reload()
 for splits, block in ((1, 32), (3, 16)):  # (a graph's flat table, pipelined by the launch's own ``pipe``)
     a, b = (td.decode(q, kc, vc, flat, offsets, prefix, 1 / math.sqrt(d), 0.5, 2.0, splits=splits, block=block,
                       table_stride=1, pipe=pipe) for pipe in (False, True))
@@ -173,19 +174,21 @@ def test_pdl_launches_only_on_cuda_and_not_when_turned_off(monkeypatch) -> None:
 def test_which_decode_plans_auto_sends_to_the_triton_kernel(monkeypatch) -> None:
     from services.worker.attention import triton_decode as td
 
-    every, none = (td.MAX_PAIRS, 1), (0, td.MAX_PAIRS + 1)
-    assert td.row_bounds("flashinfer", "cuda", True) == none
-    assert td.row_bounds("triton", "cuda", False) == every
-    # bf16/fp16 pool: batches up to 255 rows (the decode graphs'); large ones only with BANYAN_TRITON_FROM
-    assert td.row_bounds("auto", "cuda", False) == (td.AUTO_TRITON_ROWS, td.AUTO_TRITON_FROM) == (255, 1 << 17)
-    assert td.AUTO_TRITON_FROM > td.MAX_PAIRS  # (no plan reaches it: MAX_PAIRS bounds a launch's rows)
-    monkeypatch.setenv("BANYAN_TRITON_FROM", "256")
-    monkeypatch.setenv("BANYAN_TRITON_ROWS", "16")  # (as before 2026-12-05: the A/B knob)
-    assert td.row_bounds("auto", "cuda", False) == (16, 256)
-    assert td.row_bounds("auto", "cuda", True) == every  # FP8 pool: every decode
-    assert td.row_bounds("auto", "cpu", True) == none  # (no Triton launches off CUDA)
-    with pytest.raises(ValueError, match="bad decode kernel"):
-        td.row_bounds("fa3", "cuda", False)
+    assert td.triton_rows_up_to("flashinfer", "cuda", True) == 0
+    assert td.triton_rows_up_to("triton", "cuda", False) == td.MAX_PAIRS
+    # bf16/fp16 pool: batches up to 255 rows (the decode graphs'), FlashInfer's above
+    assert td.triton_rows_up_to("auto", "cuda", False) == td.AUTO_TRITON_ROWS == 255
+    monkeypatch.setenv("BANYAN_DECODE_TRITON_ROWS", "16")  # (as before 2026-12-05: the A/B knob)
+    registry.reload()
+    try:
+        assert td.triton_rows_up_to("auto", "cuda", False) == 16
+        assert td.triton_rows_up_to("auto", "cuda", True) == td.MAX_PAIRS  # FP8 pool: every decode
+        assert td.triton_rows_up_to("auto", "cpu", True) == 0  # (no Triton launches off CUDA)
+        with pytest.raises(ValueError, match="bad decode kernel"):
+            td.triton_rows_up_to("fa3", "cuda", False)
+    finally:
+        monkeypatch.delenv("BANYAN_DECODE_TRITON_ROWS")
+        registry.reload()
 
 
 def test_launch_configurations_by_batch(monkeypatch) -> None:
@@ -194,8 +197,7 @@ def test_launch_configurations_by_batch(monkeypatch) -> None:
     from services.worker.attention.decode_rules import Launch as L
 
     def clear() -> None:
-        for f in (dr.knobs, dr.pipelined, dr.plain_stages):
-            f.cache_clear()
+        registry.reload()
 
     for name in ("BANYAN_DECODE_BLOCK", "BANYAN_DECODE_WARPS", "BANYAN_DECODE_STAGES", "BANYAN_DECODE_PIPE"):
         monkeypatch.delenv(name, raising=False)
@@ -267,10 +269,10 @@ qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=g)
 caches = [torch.randn(b * width, hkv, d, generator=g) for _ in range(2)]
 inv = torch.tensor([0.5, 2.0])
 import itertools, os
-from services.worker.attention import decode_rules as dr
+from shared import knobs as registry
 for pipe, splits in itertools.product(("0", "1"), (1, 3, 16)):  # (and with BANYAN_DECODE_PIPE=1)
     os.environ["BANYAN_DECODE_PIPE"] = pipe
-    dr.pipelined.cache_clear()
+    registry.reload()
     for scaled in (None, inv):
         outs = []
         for fused in (True, False):
@@ -295,7 +297,7 @@ for pipe, splits in itertools.product(("0", "1"), (1, 3, 16)):  # (and with BANY
         untouched[slots] = False
         assert torch.equal(kc[untouched], caches[0][untouched]) and not torch.equal(kc[slots], caches[0][slots])
 os.environ.pop("BANYAN_DECODE_PIPE")
-dr.pipelined.cache_clear()
+registry.reload()
 # the comparison tells a wrong rotation apart: the positions one off
 x, kv = qkv.clone(), [c.clone() for c in caches]
 q, k, v = (x[:, : hq * d].view(b, hq, d), x[:, hq * d: (hq + hkv) * d].view(b, hkv, d),
@@ -325,7 +327,7 @@ sys.modules["flashinfer"] = fake_flashinfer.module()
 from services.worker.attention import triton_decode as td
 from services.worker.attention.flashinfer_backend import FlashInferAttention
 from services.worker.attention.torch_backend import TorchAttention
-from services.worker.models.ops import TORCH_OPS
+from services.worker.kernels.ops import TORCH_OPS
 from tests.cascade_cases import build
 
 td.set_rope(True)
@@ -386,27 +388,27 @@ def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
     for name in ("BANYAN_DECODE_BLOCK", "BANYAN_DECODE_WARPS", "BANYAN_DECODE_MIN_PART", "BANYAN_DECODE_WARM"):
         monkeypatch.delenv(name, raising=False)
     try:
-        dr.knobs.cache_clear()
+        registry.reload()
         assert dr.knobs() == (None, None, dr.MIN_PART, True)  # (block and warps: the launch rule's)
         monkeypatch.setenv("BANYAN_DECODE_WARM", "0")
         assert dr.knobs()[3] is True  # (read once a process: unchanged until cleared)
-        dr.knobs.cache_clear()
+        registry.reload()
         assert dr.knobs()[3] is False
         monkeypatch.setenv("BANYAN_DECODE_BLOCK", "48")
-        dr.knobs.cache_clear()
-        with pytest.raises(ValueError, match="BANYAN_DECODE_BLOCK"):
+        registry.reload()
+        with pytest.raises(registry.KnobError, match="BANYAN_DECODE_BLOCK"):
             dr.knobs()
         monkeypatch.delenv("BANYAN_DECODE_STAGES", raising=False)
-        dr.plain_stages.cache_clear()
+        registry.reload()
         assert dr.plain_stages() is None
         monkeypatch.setenv("BANYAN_DECODE_STAGES", "3")
         assert dr.plain_stages() is None  # (read once)
-        dr.plain_stages.cache_clear()
+        registry.reload()
         assert dr.plain_stages() == 3
         monkeypatch.setenv("BANYAN_DECODE_STAGES", "9")
-        dr.plain_stages.cache_clear()
-        with pytest.raises(ValueError, match="BANYAN_DECODE_STAGES"):
+        registry.reload()
+        with pytest.raises(registry.KnobError, match="BANYAN_DECODE_STAGES"):
             dr.plain_stages()
     finally:
-        dr.knobs.cache_clear()
-        dr.plain_stages.cache_clear()
+        monkeypatch.undo()
+        registry.reload()

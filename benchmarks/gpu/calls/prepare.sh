@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Run here, on the host, before a session's first device call: makes the git-ignored folders the calls carry
 # (`.gpucache .assets .whl .kcache`) in a fresh checkout, each only if missing.
-#   bash benchmarks/gpu/calls/prepare.sh [RESULTS_DIR]
+#   [BEFORE_COMMIT=110603b] bash benchmarks/gpu/calls/prepare.sh [RESULTS_DIR]
 # RESULTS_DIR: a previous call's extracted $OUT; its tuning/ goes to .kcache/tuning (start-up tunings skipped).
-# .kcache's libraries (the CUDA decode linear and cuBLASLt's algorithm calls, built by this host's nvcc for sm_90a,
-# the latter against cuBLAS 13.0's headers, kept in .kcache/include) are rebuilt when a kernel source changed: their
-# file names carry the sources' hash, and a stale one is removed first.
+# BEFORE_COMMIT: that commit's code (what the suite runs: no docs, results or tests) unpacked into .before, for gpu.sh's cmp steps
+# (carry .before too, and run them with BEFORE=.before).
+# .kcache's library (the CUDA decode linear, built by this host's nvcc for sm_90a) is rebuilt when a kernel source
+# changed: its file name carries the sources' hash, and a stale one is removed first.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 shared=${BANYAN_SHARED:-../shared}
@@ -26,30 +27,12 @@ for bf16 in (True, False):
             old.unlink()
     print("kcache:", want.name)
 EOF
-if [ ! -f .kcache/include/cublasLt.h ]; then  # (cuBLASLt's headers for lt.cu: those of torch cu130's cuBLAS)
-  wheels=$(mktemp -d)
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$wheels" \
-    "nvidia-cublas>=13.0,<13.1"
-  python3 - "$wheels" <<'EOF'
-import pathlib, sys, zipfile
-out = pathlib.Path(".kcache/include")
-out.mkdir(parents=True, exist_ok=True)
-for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            if name.endswith(("/include/cublasLt.h", "/include/cublas_api.h")):
-                (out / pathlib.Path(name).name).write_bytes(z.read(name))
-EOF
-  rm -rf "$wheels"
+if [ -n "${BEFORE_COMMIT:-}" ]; then
+  rm -rf .before && mkdir .before
+  git archive "$BEFORE_COMMIT" services shared banyan protos pyproject.toml benchmarks/__init__.py benchmarks/gpu \
+    benchmarks/bench_worker.py benchmarks/driver.py tests/__init__.py tests/support.py tests/conftest.py \
+    | tar -x -C .before  # (what the suite runs: ~1.8 MB of the 64 MiB a device call carries)
+  echo "before: $BEFORE_COMMIT in .before"
 fi
-BANYAN_KERNEL_CACHE=$PWD/.kcache BANYAN_CUBLAS_INCLUDE=$PWD/.kcache/include python3 - <<'EOF'
-import pathlib
-from services.worker.kernels import cublaslt
-want = pathlib.Path(cublaslt.build("sm_90a"))
-for old in want.parent.glob("lt_sm_90a_*.so"):
-    if old != want:
-        old.unlink()
-print("kcache:", want.name)
-EOF
 if [ $# -gt 0 ] && [ -d "$1/tuning" ]; then cp "$1"/tuning/*.json .kcache/tuning/ && echo "tuning: from $1"; fi
 ls -d .gpucache .assets/llama3 .whl/*.whl .kcache/*.so

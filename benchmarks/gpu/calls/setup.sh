@@ -14,8 +14,3 @@ else g.unavailable(True))"
 # The start-up tunings' decisions (kernels/tuning_cache.py) kept in .kcache/tuning: a second server of the same
 # shapes skips the timing; the call scripts put them in $OUT/tuning to carry to the next call (copy them to .kcache).
 export BANYAN_TUNING_CACHE=${BANYAN_TUNING_CACHE:-$PWD/.kcache/tuning}
-# cuBLASLt's algorithm calls (kernels/lt.cu) against the headers prepare.sh keeps in .kcache/include (the same key:
-# the library carried in .kcache is used as it is).
-[ -f .kcache/include/cublasLt.h ] && export BANYAN_CUBLAS_INCLUDE=${BANYAN_CUBLAS_INCLUDE:-$PWD/.kcache/include}
-python3 -c "from services.worker.kernels import cublaslt as c; print('cublaslt:', 'ready' if c.library() \
-else c.unavailable())"

@@ -98,6 +98,12 @@ class AttentionBackend(ABC):
 
     supports_cuda_graph: bool = False
 
+    def kernel_map(self) -> list:
+        """Which kernel each kind of step runs (``kernel_map.attention_map``; logged at start-up): the reference."""
+        from services.worker.attention.kernel_map import attention_map
+
+        return attention_map("torch", str(self.pool.dtype).removeprefix("torch."), 0, False, False, 0)
+
     @abstractmethod
     def prepare(self, batch: AttentionBatch) -> None:
         """Build per-step metadata (index buffers, kernel plans) before the layers run."""

@@ -3,19 +3,18 @@ with ``new``): it is turned on only where it agrees, on the device, with the two
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from shared import knobs
 from services.worker.attention.triton_decode import decode, set_rope
 
 
 def enable_rope(device: torch.device, dtype: torch.dtype) -> str:
     """The Triton decode rotating q and k and writing the new token's K/V itself (no rope + write kernel before it in
     pure-decode steps) where ``check_rope`` finds it agreeing with the two steps on ``device`` → what the decode
-    steps use (logged). ``BANYAN_ROPE_IN_DECODE=0`` turns it off (W1 FP8 on the H200: 2.80 → 2.77 ms with it)."""
+    steps use (logged). The ``rope_in_decode`` knob off turns it off (W1 FP8 on the H200: 2.80 → 2.77 ms with it)."""
     set_rope(False)
-    if os.environ.get("BANYAN_ROPE_IN_DECODE", "1") != "1":
+    if not knobs.get("rope_in_decode"):
         return "off"
     try:
         if check_rope(device, dtype):

@@ -1,7 +1,6 @@
 """Which decode plans go to the Triton decode attention (``triton_decode``) and with what launch: the split
 count, the block and the warps by batch size (a graph's launch is fixed at its capture), and the rows the
-flashinfer backend's ``auto`` sends there. Measured on the H200 (``benchmarks/gpu/fp8_decode_bench.py``;
-docs/perf.md)."""
+flashinfer backend's ``auto`` sends there. Measured on the H200 and the H100 (``benchmarks/gpu/fp8_decode_bench.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +8,8 @@ import functools
 import math
 import os
 from typing import NamedTuple
+
+from shared import knobs as registry
 
 BLOCK_N = 64  # context tokens a program reads per iteration
 FP8_WIDE_BLOCK = 128  # context tokens an iteration for an FP8 pool at <= 2 splits (large batches)
@@ -33,12 +34,12 @@ def num_splits(batch: int, kv_heads: int, fp8: bool = False) -> int:
     return 1 << (max(1, want).bit_length() - 1)  # (the power of two at or below)
 
 
-# FP8 pool (fp8_decode_bench --spread 0.67 grid, H200, 8 KV heads, µs a layer; docs/perf.md 2026-12-04 seventeenth):
+# FP8 pool (fp8_decode_bench --spread 0.67 grid, H200, 8 KV heads, µs a layer, 2026-12-04):
 # two splits beat one at 96 × 2,560 (143 vs 150) and 128 × 2,560 (183 vs 191), lose at 256 × 1,536 (224 vs 211);
 # 64-token blocks on 2 warps beat 128 on 4 from 512 rows (512 × 768: 202 vs 219, 1,024 × 384: 213 vs 252,
 # 1,024 × 1,536: 724 vs 780), level at 256 rows, lose at 128 (217 vs 191).
 FP8_TWO_SPLIT_PAIRS = 1024
-# bf16 pool (fp8_decode_bench --splits 1,2,4, H200, 8 KV heads, µs a layer; docs/perf.md 2026-12-05 twenty-seventh):
+# bf16 pool (fp8_decode_bench --splits 1,2,4, H200, 8 KV heads, µs a layer, 2026-12-05):
 # two splits beat one at 96 rows (96 × 1,024: 110 vs 118; 96 × 2,048: 206 vs 236), are level at 64 and 192, lose at
 # 128 (145 vs 130).
 TWO_SPLIT_PAIRS = 768
@@ -58,7 +59,7 @@ class Launch(NamedTuple):
 
 # The pipelined bands: (request, KV head) pairs → a launch with each block's slots loaded a block ahead (None: the
 # launch before them), by the top pairs of each range; measured on the H100 (132 SMs, as the H200), 8 KV heads,
-# fp8_decode_bench's served launch against each candidate, µs a layer (docs/perf.md 2026-12-05 twenty-ninth session).
+# fp8_decode_bench's served launch against each candidate, µs a layer (2026-12-05, benchmarks/results/suite_h100_2026-12-05f).
 # What decides is how full the last wave is: a 32-token block's program at 4 stages takes 53 KiB of shared memory
 # (4 an SM: 528 a wave), at 3 stages 37 KiB (5 an SM: 660); an FP8 pool's 64-token one on 2 warps 4 an SM. One split
 # wins where its programs fill their last wave (a program streams a longer part), two where one split's would not.
@@ -86,42 +87,31 @@ def pipe_band(pairs: int, fp8: bool) -> Launch | None:
 
 @functools.cache
 def knobs() -> tuple[int | None, int | None, int, bool]:
-    """(block, warps, min part) of every launch — None (``launch_config``'s rule) and ``MIN_PART`` unless
-    ``BANYAN_DECODE_BLOCK`` (16, 32, 64, 128), ``BANYAN_DECODE_WARPS`` or ``BANYAN_DECODE_MIN_PART`` (measurement
-    knobs) say otherwise — and whether the first block's slots are prefetched into L1 with the rope inside
-    (``BANYAN_DECODE_WARM=0``: not). Read once a process (each decode launch asks): ``knobs.cache_clear()`` after
-    changing them."""
-    block, warps = (int(os.environ.get(f"BANYAN_DECODE_{k}") or 0) or None for k in ("BLOCK", "WARPS"))
-    if block not in (None, 16, 32, 64, 128):
-        raise ValueError(f"BANYAN_DECODE_BLOCK={block} (16 | 32 | 64 | 128)")
-    part = int(os.environ.get("BANYAN_DECODE_MIN_PART", MIN_PART))
-    return block, warps, part, os.environ.get("BANYAN_DECODE_WARM", "1") != "0"
+    """(block, warps, min part) of every launch — None (``launch_config``'s rule) and ``MIN_PART`` unless the
+    measurement knobs ``decode_block`` / ``decode_warps`` / ``decode_min_part`` (``shared/knobs.py``) say otherwise —
+    and whether the first block's slots are prefetched into L1 with the rope inside (``decode_warm``). Cached: each
+    decode launch asks (``registry.reload()`` clears it)."""
+    return (registry.get("decode_block") or None, registry.get("decode_warps") or None,
+            registry.get("decode_min_part") or MIN_PART, registry.get("decode_warm"))
 
 
 @functools.cache
 def pipelined() -> bool | None:
     """Whether launches load each block's table slots in the iteration before and its V with its K: None — by
-    ``launch_config``'s rule (the pipelined band) — unless ``BANYAN_DECODE_PIPE`` is 1 (every launch, any pool) or
+    ``launch_config``'s rule (the pipelined band) — unless the ``decode_pipe`` knob is 1 (every launch, any pool) or
     0 (none: the launches before the band, an A/B knob). Why: one wave of programs at 32-96 rows read the pool at
     75-85 % of HBM bandwidth, two waves at 128 rows at 96 % (H200); the PTX shows Triton's pipeliner keeping one
     K/V buffer and waiting for it at the top of every iteration (the addresses come from a load in the same
     iteration), so a program has nothing in flight while it computes; with the slots a block ahead it keeps
-    ``stages`` - 1 buffers in flight (docs/perf.md 2026-12-05 twenty-eighth session). The same products in the
-    same order: the same bits."""
-    pipe = os.environ.get("BANYAN_DECODE_PIPE", "")
-    if pipe not in ("", "0", "1"):
-        raise ValueError(f"BANYAN_DECODE_PIPE={pipe!r} (0 | 1, unset: by batch)")
+    ``stages`` - 1 buffers in flight. The same products in the same order: the same bits."""
+    pipe = registry.get("decode_pipe")
     return None if pipe == "" else pipe == "1"
 
 
 @functools.cache
 def plain_stages() -> int | None:
-    """Software-pipeline stages of every launch if ``BANYAN_DECODE_STAGES`` says (a measurement knob, as ``knobs``;
-    read once a process), else None: ``launch_config``'s."""
-    stages = os.environ.get("BANYAN_DECODE_STAGES")
-    if stages is not None and not 1 <= int(stages) <= 6:
-        raise ValueError(f"BANYAN_DECODE_STAGES={stages} (1-6)")
-    return None if stages is None else int(stages)
+    """Software-pipeline stages of every launch if the ``decode_stages`` knob says, else None: ``launch_config``'s."""
+    return registry.get("decode_stages") or None
 
 
 def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = None) -> Launch:
@@ -149,61 +139,40 @@ def launch_config(batch: int, kv_heads: int, fp8: bool, splits: int | None = Non
 def min_part_tokens() -> int:
     """Tokens each split of a launch reads at least (rounded up to the block): a short context then fills fewer
     programs, and one in a single part is stored without a merge (``knobs``: 0 unless ``BANYAN_DECODE_MIN_PART``;
-    more, shorter parts measured faster on the H200, docs/perf.md 2026-12-04 nineteenth session)."""
+    more, shorter parts measured faster on the H200)."""
     return knobs()[2]
 
 
-AUTO_TRITON_ROWS = 255  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``row_bounds``)
-AUTO_TRITON_FROM = 1 << 17  # ... and from which it takes it again: never by default (``BANYAN_TRITON_FROM``)
+AUTO_TRITON_ROWS = 255  # decode rows up to which "auto" takes this kernel on a bf16/fp16 pool (``triton_rows_up_to``)
 
 
-def row_bounds(decode_kernel: str, device_type: str, quantized: bool) -> tuple[int, int]:
-    """(up to, from): the flashinfer backend sends a decode plan of r rows here when r <= up to or r >= from — every
-    plan with ``decode_kernel`` "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool
-    (FlashInfer's FP8-KV decode reads it at under half the bandwidth: W2 +4 %, W3 +7 % on the H200) and, on a
-    bf16/fp16 pool, up to ``AUTO_TRITON_ROWS`` rows (``BANYAN_TRITON_ROWS``): at up to 16 rows the context split
-    over several programs a request (W1 4.43 → 4.29–4.38 ms); at 32–255 rows × 1,024 4–13 % faster a layer than
-    FlashInfer's tensor-core decode, and no FlashInfer plan to make on the host (H200: the 64 × 1k decode step 7.57
-    → 7.33 ms, W2 level; docs/perf.md, 2026-12-05 twenty-seventh session). ``BANYAN_TRITON_FROM=N``: bf16/fp16
-    plans from N rows too. In isolation this kernel beats FlashInfer's from 256 rows (256 × 1,536 268 µs a layer vs
-    290, 1,024 × 384 270 vs 394), but served from 256 rows W2's >512-row eager decodes ran 6 % slower a row and W3
-    was level (14,523 vs 14,589 tok/s), so it is off by default (docs/perf.md, 2026-12-04 seventeenth session).
-    None off CUDA."""
+def triton_rows_up_to(decode_kernel: str, device_type: str, quantized: bool) -> int:
+    """The flashinfer backend sends a decode plan of r rows here when r <= this — every plan with ``decode_kernel``
+    "triton", none with "flashinfer"; with "auto", every plan of an FP8 pool (FlashInfer's FP8-KV decode reads it at
+    under half the bandwidth: W2 +4 %, W3 +7 % on the H200) and, on a bf16/fp16 pool, up to ``AUTO_TRITON_ROWS``
+    rows (the ``decode_triton_rows`` knob): at up to 16 rows the context split over several programs a request
+    (W1 4.43 → 4.29–4.38 ms); at 32–255 rows × 1,024 4–13 % faster a layer than FlashInfer's tensor-core decode,
+    and no FlashInfer plan to make on the host (H200: the 64 × 1k decode step 7.57 → 7.33 ms, W2 level). From 256
+    rows FlashInfer's (docs/decisions/0005-triton-decode-from-256-rows.md). 0 off CUDA."""
     if decode_kernel not in ("flashinfer", "triton", "auto"):
         raise ValueError(f"bad decode kernel {decode_kernel!r} (auto | flashinfer | triton)")
-    every, none = (MAX_PAIRS, 1), (0, MAX_PAIRS + 1)
     if decode_kernel == "auto":
-        from_ = int(os.environ.get("BANYAN_TRITON_FROM", AUTO_TRITON_FROM))  # (an A/B knob: 65537 turns it off)
-        upto = int(os.environ.get("BANYAN_TRITON_ROWS", AUTO_TRITON_ROWS))  # (an A/B knob: the rows up to)
-        return none if device_type != "cuda" else every if quantized else (upto, from_)
-    return every if decode_kernel == "triton" else none
-
-
-MIXED_ONE_PLAN_ROWS = 0  # decode rows up to which a mixed step's decodes join its prompt chunks' paged prefill plan
-
-
-def mixed_one_plan_rows() -> int:
-    """Decode rows up to which a step mixing decodes with prompt chunks plans them all as one paged prefill (one
-    launch a layer) rather than two plans (the decodes through the decode kernel, the chunks through the prefill).
-    Off by default: on the H200 (16 decodes of 1,200 beside 64 / 256 prompt tokens, piecewise, docs/perf.md
-    2026-12-04 eighteenth session) the one plan queued in 6.9 / 7.4 ms against 8.9 / 8.9 but ran 10.8 / 14.4 ms
-    on the device against 8.8 / 11.8 (FA3's 128-row tiles for one-token rows). ``BANYAN_MIXED_ONE_PLAN=N``."""
-    return int(os.environ.get("BANYAN_MIXED_ONE_PLAN", MIXED_ONE_PLAN_ROWS))
+        return 0 if device_type != "cuda" else MAX_PAIRS if quantized else registry.get("decode_triton_rows")
+    return MAX_PAIRS if decode_kernel == "triton" else 0
 
 
 def mixed_decode_triton(decode_kernel: str, quantized: bool) -> bool:
     """Whether a mixed step's decode part takes the Triton decode where a decode-only step of as many rows
-    would (``row_bounds``): with "auto", only on an FP8 pool (FlashInfer's FP8-KV decode is slow). On a bf16/fp16
-    pool FlashInfer's decode: its launch is less Python than Triton's, and an eager step pays that on the host —
-    on the H200 16 decodes of 1,200 beside 64 / 256 prompt tokens queued in 9.3 / 6.1 ms against 12.6 / 11.8
-    through Triton, for the same device time (9.4 / 11.6 ms vs 12.5 / 12.0; docs/perf.md 2026-12-04 eighteenth).
-    ``BANYAN_MIXED_TRITON=1``: Triton's there too (an A/B knob)."""
-    return decode_kernel != "auto" or quantized or os.environ.get("BANYAN_MIXED_TRITON", "0") == "1"
+    would (``triton_rows_up_to``): with "auto", only on an FP8 pool (FlashInfer's FP8-KV decode is slow). On a
+    bf16/fp16 pool FlashInfer's decode: its launch is less Python than Triton's, and an eager step pays that on the
+    host — on the H200 16 decodes of 1,200 beside 64 / 256 prompt tokens queued in 9.3 / 6.1 ms against 12.6 / 11.8
+    through Triton, for the same device time (9.4 / 11.6 ms vs 12.5 / 12.0)."""
+    return decode_kernel != "auto" or quantized
 
 
 WIDEN_MODES = {"cvt": 0, "int": 1, "asm": 2}
 # (fp8_decode_bench, H200, µs a layer: 600 × 1,536 with 64-token blocks cvt 754, asm 767; with 128-token blocks —
-# then bound by the widening — cvt 735, asm 605; 256 × 512: 131 (64, cvt) → 100 (128, asm). docs/perf.md)
+# then bound by the widening — cvt 735, asm 605; 256 × 512: 131 (64, cvt) → 100 (128, asm).)
 WIDEN_DEFAULT = "asm"
 
 
@@ -211,12 +180,12 @@ def widen_mode(device, mode: str | None = None) -> str:
     """How an FP8 pool's e4m3 values become the fp16 products' operands (``f16``): "cvt", the conversion
     instruction (one a pair, on the narrow conversion pipe); "int", integer operations on each value (the bit
     pattern of value × 2^-8, exact, subnormals included); "asm", the same on four values at a time in 32-bit
-    registers (a byte permute, a shift, a mask: as ``kernels/gemv.cu`` widens FP8 weights). ``BANYAN_FP8_WIDEN``
-    overrides the default (read once a process: each FP8 decode launch asks), ``mode`` both; Triton's interpreter
+    registers (a byte permute, a shift, a mask: as ``kernels/gemv.cu`` widens FP8 weights). The ``fp8_widen`` knob
+    overrides the default (cached: each FP8 decode launch asks), ``mode`` both; Triton's interpreter
     (CPU tests) has no inline assembly: "int" there."""
     mode = mode or _widen_knob()
     if mode not in WIDEN_MODES:
-        raise ValueError(f"BANYAN_FP8_WIDEN={mode!r} (cvt | int | asm)")
+        raise ValueError(f"fp8 widen mode {mode!r} (cvt | int | asm)")
     if mode == "asm" and (device.type != "cuda" or _interpreting()):
         return "int"
     return mode
@@ -224,7 +193,11 @@ def widen_mode(device, mode: str | None = None) -> str:
 
 @functools.cache
 def _widen_knob() -> str:
-    return os.environ.get("BANYAN_FP8_WIDEN", WIDEN_DEFAULT)
+    return registry.get("fp8_widen")
+
+
+for _cached in (knobs, pipelined, plain_stages, _widen_knob):
+    registry.on_reload(_cached.cache_clear)
 
 
 @functools.cache

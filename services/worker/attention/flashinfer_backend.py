@@ -38,7 +38,7 @@ import torch
 
 from services.worker.attention import triton_decode
 from services.worker.attention.base import AttentionBackend, AttentionBatch
-from services.worker.attention.decode_rules import mixed_decode_triton, mixed_one_plan_rows
+from services.worker.attention.decode_rules import mixed_decode_triton, triton_rows_up_to
 from services.worker.attention.fi_plan import EagerDecodePlans, fa2_decode_plan, kv_indices
 from services.worker.attention.fi_plan import indptr as _indptr
 from services.worker.hostio import to_device
@@ -74,13 +74,11 @@ class FlashInferAttention(AttentionBackend):
         self.num_q_heads = num_q_heads
         group = num_q_heads // self.num_kv_heads
         self.tensor_cores = group >= 4 if decode_tensor_cores is None else decode_tensor_cores
-        self._triton_bounds = triton_decode.row_bounds(decode_kernel, pool.device.type, pool.quantized)
-        self._mixed_triton = mixed_decode_triton(decode_kernel, pool.quantized)  # (decode_rules: A/B knobs)
-        self._one_plan_rows = mixed_one_plan_rows()
+        self._triton_up_to = triton_rows_up_to(decode_kernel, pool.device.type, pool.quantized)
+        self._mixed_triton = mixed_decode_triton(decode_kernel, pool.quantized)
         self._f16 = pool.quantized  # (Triton, FP8 pool: products in fp16 — e4m3 widens to it in one instruction)
         self._sm_scale = self.head_dim ** -0.5
-        takes_any = self._triton_bounds[0] or self._triton_bounds[1] <= triton_decode.MAX_PAIRS
-        if takes_any and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
+        if self._triton_up_to and pool.device.type == "cuda":  # (each variant compiles on its first launch: now)
             try:
                 triton_decode.warm_up(pool.compute_dtype, pool.dtype, (num_q_heads, self.num_kv_heads,
                                                                        self.head_dim), pool.device, f16=self._f16)
@@ -88,7 +86,7 @@ class FlashInferAttention(AttentionBackend):
                 if decode_kernel != "auto":
                     raise
                 log.warning("triton_decode_unavailable", reason=f"{type(e).__name__}: {e}"[:300])
-                self._triton_bounds = (0, triton_decode.MAX_PAIRS + 1)
+                self._triton_up_to = 0
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
         self.decode_backend = decode_backend if self.tensor_cores else "auto"
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -97,7 +95,7 @@ class FlashInferAttention(AttentionBackend):
         self.paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
         self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend)
         # the shared level: a few groups of (members x GQA group) query rows against a long prefix; FA3
-        # leaves its 128-row tiles mostly empty there, FA2 runs it 3.3x faster (docs/perf.md, H200)
+        # leaves its 128-row tiles mostly empty there, FA2 runs it 3.3x faster (H200)
         self.shared = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=shared_backend)
         self._graph_decode: dict[int, object] = {}  # batch size -> wrapper on fixed buffers
         self._graph_plan_info: dict[int, list] = {}  # batch size -> FlashInfer's plan at capture
@@ -114,15 +112,18 @@ class FlashInferAttention(AttentionBackend):
         self._rope_in_decode = False  # the plan's decode does the rope and the K/V write (``_rope_new``)
         self._out_slots = torch.empty(0, dtype=torch.int64, device=pool.device)
         self._run: Run = self._run_ragged
-        # layer -> (o projection bytes, how many) graphs up to ``l2_rows`` prefetch (``kernels.attention_l2``)
-        self.l2_after: dict[int, tuple[torch.Tensor, int]] = {}
-        self.l2_rows, self._layer, self.counts = 0, 0, None  # counts: the Triton decode's (None: the device's)
         self._last_plan: torch.cuda.Event | None = None  # after the last plan's copy to the device
 
+    def kernel_map(self) -> list:
+        """Which kernel each kind of step runs, by rows (``kernel_map.attention_map``: these rules as a table)."""
+        from services.worker.attention.kernel_map import attention_map
+
+        return attention_map("flashinfer", str(self.pool.dtype).removeprefix("torch."), self._triton_up_to,
+                             self._mixed_triton, self.tensor_cores, triton_decode.MAX_PAIRS // self.num_kv_heads)
+
     def triton_rows(self, rows: int) -> bool:
-        """Whether a decode plan of ``rows`` requests goes through ``triton_decode`` (``triton_decode.row_bounds``)."""
-        up_to, from_ = self._triton_bounds
-        return (rows <= up_to or rows >= from_) and rows * self.num_kv_heads <= triton_decode.MAX_PAIRS
+        """Whether a decode plan of ``rows`` requests goes through ``triton_decode`` (``triton_rows_up_to``)."""
+        return rows <= self._triton_up_to and rows * self.num_kv_heads <= triton_decode.MAX_PAIRS
 
     # --- per step ------------------------------------------------------------------------------
     # A FlashInfer plan is written on the host into its wrapper's pinned buffer, and the copy that
@@ -170,7 +171,6 @@ class FlashInferAttention(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, rope=None,
                 written: bool = False) -> torch.Tensor:
-        self._layer = layer
         if not written and rope is not None and self._rope_in_decode \
                 and (new := self._rope_new(layer, q, k, v, rope)) is not None:
             return self._run(q, k, v, self.pool.k[layer], self.pool.v[layer], new=new)  # (rotates, writes, attends)
@@ -198,9 +198,8 @@ class FlashInferAttention(AttentionBackend):
                   lse: bool) -> Callable:
         """Each request's new tokens against its KV from position ``skip`` (0: all of it), causal →
         ``run(q, (k_cache, v_cache))`` (with ``lse``: also the log-sum-exp). All decodes: the decode
-        plan. Decodes mixed with prefill chunks: split in two (one paged prefill plan for all rows up to
-        ``decode_rules.mixed_one_plan_rows`` decodes, off by default) — the decode rows through the decode
-        plan (tensor-core FA2), the chunks through the paged prefill plan (FA3 on Hopper) — as the
+        plan. Decodes mixed with prefill chunks: split in two (one paged prefill plan over both measured slower,
+        docs/decisions/0004-mixed-steps-as-one-plan.md) — the decode rows through the decode plan (tensor-core FA2), the chunks through the paged prefill plan (FA3 on Hopper) — as the
         prefill kernel takes many one-token rows at a fraction of the decode kernel's speed (FA3 decode
         at batch 64 × 1k: 15.6 ms a step against 7.9)."""
         dev = self.pool.device
@@ -208,7 +207,7 @@ class FlashInferAttention(AttentionBackend):
             skip = np.zeros_like(prefix)
         own = prefix + extend - skip
         decode = extend == 1
-        if decode.all() or not decode.any() or decode.sum() <= self._one_plan_rows:
+        if decode.all() or not decode.any():
             return self._plan_part(batch, batch.rows, own, extend, skip, decode.all(), lse)
         rows_d, rows_p = np.flatnonzero(decode), np.flatnonzero(~decode)
         starts = np.cumsum(extend) - extend
@@ -317,7 +316,7 @@ class FlashInferAttention(AttentionBackend):
             table = self._g_indices[: bs * self._g_width].view(bs, self._g_width)
             n = max(batch.prefix_lens_cpu) + 1
             table[:, :n] = batch.req_to_token[batch.rows, :n]  # (one gather, one copy: no page list to build)
-            self._run = self._triton_run(table, self._g_rows[:bs], batch.prefix_lens, l2=bs <= self.l2_rows)
+            self._run = self._triton_run(table, self._g_rows[:bs], batch.prefix_lens)
             return
         wrapper = self._graph_decode[bs]
         if self._fast_replan and bs in self._graph_plan_info:
@@ -378,16 +377,15 @@ class FlashInferAttention(AttentionBackend):
         self._planned_once.add(id(wrapper))
 
     def _triton_run(self, table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
-                    starts: torch.Tensor | None = None, lse: bool = False, l2: bool = False) -> Run:
+                    starts: torch.Tensor | None = None, lse: bool = False) -> Run:
         """Decode rows through ``triton_decode`` (positions ``starts``..``last`` of each row ``rows`` of ``table``),
-        the layer's scales applied by the kernel; ``l2``: prefetching the layer's ``l2_after`` weight."""
+        the layer's scales applied by the kernel."""
 
         def run(q, k, v, k_cache, v_cache, new=None, out=None, lse_out=None):
             kw = self._scale_kw
             return triton_decode.decode(q, k_cache, v_cache, table, rows, last, self._sm_scale, kw.get("k_scale", 1.0),
                                         kw.get("v_scale", 1.0), return_lse=lse, starts=starts, f16=self._f16,
-                                        new=new, out=out, lse_out=lse_out, counts=self.counts,
-                                        prefetch=self.l2_after.get(self._layer) if l2 else None)
+                                        new=new, out=out, lse_out=lse_out)
 
         return run
 

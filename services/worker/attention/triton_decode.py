@@ -1,7 +1,7 @@
 """Decode attention over the paged pool in Triton (split-KV "flash decoding"), for FP8 pools.
 
 FlashInfer's FP8-KV decode kernels read the pool well below bandwidth on the H200 (batch 64 × 1k:
-0.20–0.23 ms a layer against bf16's 0.14–0.18, for half the bytes; docs/perf.md), so an FP8 pool
+0.20–0.23 ms a layer against bf16's 0.14–0.18, for half the bytes), so an FP8 pool
 made decode-heavy runs slower, not faster. This kernel reads each request's K/V rows through its
 ``req_to_token`` row (page size 1: one token's K of one KV head is ``head_dim`` contiguous
 elements), widens them in registers, and attends the GQA group's query heads to them at once (the
@@ -11,26 +11,25 @@ One launch: a grid of (request, KV head, split) programs, each over one contiguo
 request's context → a partial output and log-sum-exp per query head; the program that finishes a
 (request, KV head) last (a count per pair, reset by it) merges its parts by their log-sum-exp, times
 the pool's ``v_scale`` (a second kernel did that before: 1.7 µs a layer at batch 1 on the H200,
-docs/perf.md). Programs past a short context's last part store nothing; a context in one part is
+H200). Programs past a short context's last part store nothing; a context in one part is
 stored by its program as it is. Nothing is
 planned on the host: the programs read each request's table row and prefix length from the device
 (the graph buffers or the eager batch), and the split count depends only on the batch size, so a
 CUDA graph captured at a batch size replays for any context lengths.
 
 Works for any pool dtype: bf16/fp16 pools' decode-only steps take it up to 255 rows by default
-(``decode_rules.row_bounds``); the tests run float32 in Triton's interpreter."""
+(``decode_rules.triton_rows_up_to``); the tests run float32 in Triton's interpreter."""
 
 from __future__ import annotations
 
 import torch
 
 from services.worker.attention.decode_rules import (  # noqa: F401 (the launch rules: part of this module's API)
-    AUTO_TRITON_FROM, AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS,
-    MAX_SPLITS, SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, pipelined,
-    plain_stages, row_bounds, WIDEN_MODES, _interpreting, widen_mode)
-from services.worker.kernels import pow2_at_least
+    AUTO_TRITON_ROWS, BLOCK_N, FP8_NARROW_PAIRS, FP8_TWO_SPLIT_PAIRS, FP8_WIDE_BLOCK, MAX_PAIRS, MAX_SPLITS,
+    SPLIT_COUNTS, TARGET_PROGRAMS, knobs, launch_config, min_part_tokens, num_splits, pipelined, plain_stages,
+    triton_rows_up_to, WIDEN_MODES, _interpreting, widen_mode)
 from services.worker.kernels.triton_pdl import launch_pdl
-from services.worker.quant.fp8 import FP8_MAX
+from services.worker.numerics import FP8_MAX, pow2_at_least
 
 try:
     import triton
@@ -98,22 +97,6 @@ if triton is not None:
         return wide.to(tl.int16).to(tl.float16, bitcast=True)
 
     @triton.jit
-    def _prefetch_share(Pf, total, b, batch, i, n, WARPS: tl.constexpr):
-        """Program ``i`` (of request ``b``'s ``n`` with tokens)'s part of the ``total`` bytes at ``Pf`` into L2: one
-        bulk prefetch a warp (issued once per distinct operand in a warp: the other lanes pass a size of 0)."""
-        per_req = tl.cdiv(tl.cdiv(total, batch), 16) * 16
-        lo = b.to(tl.int64) * per_req
-        hi = tl.minimum(lo + per_req, total)
-        share = tl.cdiv(tl.cdiv(per_req, n), 16 * WARPS) * 16 * WARPS
-        chunk = share // WARPS
-        lane = tl.arange(0, 32 * WARPS)
-        at = lo + i.to(tl.int64) * share + (lane // 32).to(tl.int64) * chunk
-        size = tl.where(lane % 32 == 0, tl.minimum(tl.maximum(hi - at, 0), chunk), 0).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{\n.reg .pred p;\nsetp.gt.s32 p, $2, 0;\n@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}",
-            "=r,l,r", [Pf + at, size], dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
     def _prefetch_l1(ptrs, mask):
         """The lines at ``ptrs`` (where ``mask``) into L1 (and L2): a hint, no register waits on it."""
         tl.inline_asm_elementwise(
@@ -125,12 +108,12 @@ if triton is not None:
                         Knew, Vnew, CosSin, Pos, Slots, KInv, VInv, stride_nt, stride_nh, stride_vt, stride_vh,
                         stride_cs, stride_qt, stride_qh, stride_ks, stride_kh, stride_tab,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                        stride_out_t, stride_out_h, stride_lse_b, qk_scale, v_scale, Pf, pf_bytes,
+                        stride_out_t, stride_out_h, stride_lse_b, qk_scale, v_scale,
                         G: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_START: tl.constexpr,
                         F16: tl.constexpr, WRITE_LSE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
                         QUANT: tl.constexpr, FMAX: tl.constexpr, WIDEN: tl.constexpr, MIN_PER: tl.constexpr,
-                        PF: tl.constexpr, PF_WARPS: tl.constexpr, BLOCK_G: tl.constexpr, WARM: tl.constexpr,
+                        BLOCK_G: tl.constexpr, WARM: tl.constexpr,
                         PIPE: tl.constexpr = False):
         if PDL:  # (launched overlapping the kernel before: nothing read until it has ended; the next may start)
             tl.extra.cuda.gdc_wait()
@@ -144,7 +127,7 @@ if triton is not None:
         offs_n = tl.arange(0, BLOCK)
         gmask, dmask = offs_g < G, offs_d < D
         heads = h * G + offs_g
-        # loads that need no loaded value before the first use of one (a warp issues in order: docs/perf.md)
+        # loads that need no loaded value before the first use of one (a warp issues in order)
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
         if ROPE:  # (q's other half, the new token's k and v, its position and slot: the rope's inputs)
@@ -228,10 +211,6 @@ if triton is not None:
                 v = v.to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
-        if PF:  # (the next linear's weight into L2 while the parts are stored and merged: HBM is idle then)
-            if s < parts:
-                _prefetch_share(Pf, pf_bytes, b, tl.num_programs(0), h * parts + s, tl.num_programs(1) * parts,
-                                PF_WARPS)
         full = l_i > 0
         out = acc / tl.where(full, l_i, 1.0)[:, None]
         lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))  # log2 units
@@ -294,7 +273,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
            num_warps: int | None = None, num_stages: int | None = None, starts: torch.Tensor | None = None,
            table_stride: int | None = None, f16: bool = False, new: tuple | None = None, widen: str | None = None,
            min_part: int | None = None, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None,
-           prefetch: tuple[torch.Tensor, int] | None = None, counts: torch.Tensor | None = None,
            pipe: bool | None = None):
     """q (B, Hq, D) — one new token per request, its K/V already in the pool — against positions
     0 (``starts[i]`` when given) .. prefix_lens[i] of table row ``rows[i]`` → (B, Hq, D) in q's
@@ -315,10 +293,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     tensors are fine: their strides are the kernel's). ``min_part`` > 0: each split reads at least that many
     tokens (rounded up to the block), so that with more splits long contexts are spread over more programs while
     short ones leave theirs empty (None: ``decode_rules.min_part_tokens``); a program without tokens stores
-    nothing, and a context in one part is stored by its program directly (no merge). ``prefetch`` = (a flat uint8
-    tensor, bytes): its first bytes (the next kernel's weight) into L2 once the K/V is read, while this kernel's
-    end leaves HBM idle (CUDA only; a hint: the same bits). ``counts``: zeroed int32 pair counts (None: the
-    device's; a 2nd lane's own)."""
+    nothing, and a context in one part is stored by its program directly (no merge)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
@@ -342,24 +317,20 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     unit = 256.0 if mode else 1.0  # (widened values are value × 2^-8: see _widen_e4m3)
     warm = knobs()[3]
     asm = q.is_cuda and not _interpreting()  # (inline assembly: not in the interpreter)
-    pf = prefetch is not None and asm
-    pf_at, pf_bytes = prefetch if pf else (l_part, 0)
-    assert not pf or (pf_at.dtype == torch.uint8 and pf_at.dim() == 1 and 0 < pf_bytes <= pf_at.numel()
-                      and pf_bytes % 16 == 0 and pf_at.data_ptr() % 16 == 0)
     _partial_kernel[(bsz, hkv, splits)](
         q, k_cache, v_cache, req_to_token, rows, prefix_lens, prefix_lens if starts is None else starts, o_part, l_part,
-        out, lse, _pair_counts(q.device, bsz * hkv) if counts is None else counts,
+        out, lse, _pair_counts(q.device, bsz * hkv),
         kn, vn, cos_sin, pos, slots, k_inv if quant else cos_sin, v_inv if quant else cos_sin,
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cos_sin.stride(0),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         req_to_token.stride(0) if table_stride is None else table_stride,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit, pf_at, pf_bytes,  # (exp2: log2 units)
+        sm_scale * k_scale * unit * 1.4426950408889634, v_scale * unit,  # (exp2: log2 units)
         G=g, BLOCK_H=max(16, pow2_at_least(g)), D=d, BLOCK_D=block_d, BLOCK=block, SPLITS=splits,
         BLOCK_S=pow2_at_least(splits), HAS_START=starts is not None, F16=f16, WRITE_LSE=return_lse,
         PDL=pdl, ROPE=new is not None, QUANT=quant, FMAX=FP8_MAX, WIDEN=mode, MIN_PER=-(-min_part // block) * block,
-        PF=pf, PF_WARPS=num_warps, BLOCK_G=pow2_at_least(g),
+        BLOCK_G=pow2_at_least(g),
         WARM=warm and new is not None and asm, PIPE=pipe,
         num_warps=num_warps, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),

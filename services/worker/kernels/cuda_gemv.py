@@ -30,9 +30,6 @@ MAX_M = 8  # rows of x the kernel takes (one 8-column tensor-core tile)
 SILU_MAX_M = 2  # rows up to which it computes silu(gate) · up itself (more: the activation kernel first)
 _libs: dict[bool, ctypes.CDLL | None] = {}  # per activation type (bf16: True, fp16: False), once tried
 _errors: dict[bool, str] = {}  # why it is not there
-# The L2 chain (``chain``): a weight's data_ptr → (the data_ptr of the weight the decode step reads next, bytes of
-# it to prefetch into L2 once this one's loads are issued).
-_next: dict[int, tuple[int, int]] = {}
 
 
 @dataclass(frozen=True)
@@ -49,13 +46,12 @@ class CudaConfig:
         return f"cuda_w{self.warps}u{self.unroll}a{self.ahead}{'p' * self.pdl}{'d' * self.pipe}"
 
 
-# (warps, unroll: pairs gemv.cu instantiates; the configs that won a shape in the 2026-12-03 calls, each also
-# launched overlapping the kernel before it; the pipelined kernel with 4, 8 and 16 warps, PDL-launched)
+# (warps, unroll: pairs gemv.cu instantiates; each config won a shape in a recorded start-up — benchmarks/results/*,
+# docs/decisions/0007-tuner-configs-that-never-won.md —; the pipelined kernel with 4, 8 and 16 warps, PDL-launched)
 CONFIGS = tuple(CudaConfig(w, u, a, pdl) for pdl in (False, True)
-                for w, u, a in ((8, 4, 0), (8, 2, 0), (16, 4, 1), (16, 4, 2), (16, 2, 4))) + (
+                for w, u, a in ((8, 4, 0), (8, 2, 0), (16, 4, 1), (16, 4, 2), (16, 2, 4))
+                if (w, u, a, pdl) != (8, 2, 0, False)) + (
     CudaConfig(4, 2, 0, True, True), CudaConfig(8, 2, 0, True, True), CudaConfig(16, 2, 0, True, True))
-# the config of the linear with the add-RMSNorm in front (``norm_linear``: the pipelined kernel, 8 warps)
-NORM_CONFIG = CudaConfig(8, 2, 0, True, True)
 
 
 def build(arch: str, nvcc: str | None = None, out_dir: Path | None = None, bf16: bool = True) -> Path:
@@ -82,9 +78,8 @@ def library(bf16: bool = True) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(build(arch_flag(cap), bf16=bf16)))
         fn = lib.banyan_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 7 + [
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int] * 9 + [
+            ctypes.c_void_p]
         norm = lib.banyan_add_rmsnorm
         norm.restype = ctypes.c_int
         norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 2 + [ctypes.c_long] * 4 + [
@@ -120,7 +115,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     ``act_out``: w is [gate | up] (N a multiple of 16) and the result is silu(x gate^T) · (x up^T), (M, N / 2):
     each block reads 8 gate rows and their 8 up rows, the activation made as the sums are stored."""
     if silu_mul and x.shape[0] > SILU_MAX_M:
-        from services.worker.models.ops import current_ops
+        from services.worker.kernels.ops import current_ops
 
         x, silu_mul = current_ops().silu_and_mul(x), False
     bf16 = x.dtype == torch.bfloat16
@@ -136,53 +131,13 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None, cfg: CudaConfig, silu_mul
     if scale is not None:
         scale = scale.float().contiguous()
     y = torch.empty((m, n // 2 if act_out else n), dtype=x.dtype, device=x.device)
-    pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
     rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
                          m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
-                         cfg.ahead, int(cfg.pdl), int(silu_mul), pf, pf_bytes, int(cfg.pipe), None, 0, None, None,
-                         0, 0.0, int(act_out), torch.cuda.current_stream(x.device).cuda_stream)
+                         cfg.ahead, int(cfg.pdl), int(silu_mul), int(cfg.pipe), int(act_out),
+                         torch.cuda.current_stream(x.device).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"cuda gemv: launch failed ({rc}) for {cfg}")
     return y
-
-
-NORM_LINEAR_MAX_VALUES = 16384  # M x K of x the fused norm takes (its normed rows sit in 32 KB of shared memory)
-
-
-def norm_linear_supports(x: Tensor, norm_weight: Tensor, w: Tensor) -> bool:
-    """Whether ``norm_linear`` takes x (M ≤ 8, K; M·K ≤ ``NORM_LINEAR_MAX_VALUES``) with the norm's (K,) weight
-    of x's dtype and ``w`` (N, K)."""
-    return (supports(x, w) and x.shape[1] == w.shape[1] and norm_weight.dtype == x.dtype
-            and x.shape[0] * x.shape[1] <= NORM_LINEAR_MAX_VALUES
-            and norm_weight.shape == (x.shape[1],) and library(x.dtype == torch.bfloat16) is not None)
-
-
-def norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, w: Tensor,
-                scale: Tensor | None, cfg: CudaConfig = NORM_CONFIG) -> tuple[Tensor, Tensor]:
-    """(rmsnorm(x + residual) · norm_weight) @ w^T (× ``scale`` per row) and x + residual, in one kernel (the
-    pipelined one: each block norms x itself, block 0 writes x + residual; without ``residual`` the norm of x
-    alone, and x is returned as the residual) — what ``add_rmsnorm`` then ``linear`` make, as the reference
-    rounds them. ``norm_linear_supports`` must have taken the inputs."""
-    bf16 = x.dtype == torch.bfloat16
-    lib = library(bf16)
-    x, residual = _aligned_rows(x, residual)
-    norm_weight = norm_weight.contiguous()
-    if scale is not None:
-        scale = scale.float().contiguous()
-    m, k, n = x.shape[0], w.shape[1], w.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(x) if residual is not None else x
-    pf, pf_bytes = _next.get(w.data_ptr(), (None, 0))
-    rc = lib.banyan_gemv(x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else None, y.data_ptr(),
-                         m, n, k, x.stride(0), y.stride(0), int(w.dtype == FP8), int(bf16), cfg.warps, cfg.unroll,
-                         0, int(cfg.pdl), 0, pf, pf_bytes, 1,
-                         residual.data_ptr() if residual is not None else None,
-                         residual.stride(0) if residual is not None else 0, norm_weight.data_ptr(),
-                         res_out.data_ptr() if residual is not None else None, res_out.stride(0), eps, 0,
-                         torch.cuda.current_stream(x.device).cuda_stream)
-    if rc != 0:
-        raise RuntimeError(f"cuda norm_linear: launch failed ({rc}) for {cfg}")
-    return y, res_out
 
 
 def _aligned_rows(x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -232,20 +187,6 @@ def launch_add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: 
     if rc != 0:
         raise RuntimeError(f"cuda add_rmsnorm: launch failed ({rc})")
     return out, res_out
-
-
-def chain(order: list[Tensor], cap: int) -> int:
-    """Each weight of ``order`` (one decode step's linears, in the order the step reads them) prefetches
-    the first ``cap`` bytes of the next one (the last: the first, the next step's) into L2 → links made.
-    Replaces any chain before; an empty ``order`` clears it. The bytes are a hint: which weights
-    and how much change nothing but where the next kernel finds its first bytes."""
-    _next.clear()
-    if len(order) < 2:
-        return 0
-    for w, nxt in zip(order, order[1:] + order[:1]):
-        size = nxt.numel() * nxt.element_size()
-        _next[w.data_ptr()] = (nxt.data_ptr(), min(size, cap) // 16 * 16)
-    return len(_next)
 
 
 def configs_for(w: Tensor, x: Tensor) -> tuple[CudaConfig, ...]:

@@ -16,10 +16,9 @@
 // bytes of its weight rows and the matching 16 or 32 bytes of x: every load is a 16-byte vector. A block
 // of KW warps takes 16 weight rows; each warp a contiguous part of K; the warps' partial sums are added in
 // a fixed order (the same bits every run, whatever M). Options: chunks prefetched into L2 ahead of their
-// loads; a launch that overlaps the kernel before (PDL); silu(gate) * up made in the kernel (M <= 2); the next
-// linear's weight prefetched into L2 once this one's loads are issued; the pipelined kernel (gemv_pipe_kernel:
-// the first weight chunk loaded before waiting for the kernel before, each next chunk before the products of
-// this one), which may also take the add-RMSNorm in front of the linear (x + residual normed in the block).
+// loads; a launch that overlaps the kernel before (PDL); silu(gate) * up made in the kernel (M <= 2); the
+// pipelined kernel (gemv_pipe_kernel: the first weight chunk loaded before waiting for the kernel before, each
+// next chunk before the products of this one).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -30,19 +29,6 @@
 
 namespace {
 using namespace banyan;
-
-// The block's share of the next linear's weight (``pf``, ``pf_bytes``: the layer after this one in the decode
-// step, set by cuda_gemv.chain) into L2, issued when the block's own loads are: those bytes come in while the
-// kernels between the two (norm, rope, attention: latency-bound, little traffic) run, so the next linear reads
-// them from L2, not from HBM. (Opt-in: 30 MiB links measured slower with the plain kernel, docs/perf.md; the
-// pipelined kernel issues them too, after its last loads.)
-__device__ __forceinline__ void prefetch_next_weight(const uint8_t* pf, long pf_bytes) {
-  const long per = ((pf_bytes + gridDim.x - 1) / gridDim.x + 15) & ~15L;
-  const long hi = min(pf_bytes, (long)(blockIdx.x + 1) * per);
-  for (long o = (long)blockIdx.x * per + (long)threadIdx.x * 4096; o < hi; o += (long)blockDim.x * 4096)
-    prefetch_l2(pf + o, (int)min(4096L, hi - o));
-}
-
 
 // U steps of one warp from step s0: the loads of all U first (16 bytes each), then the products.
 template <bool FP8, bool BF16, int NT, int U, bool SILU>
@@ -155,8 +141,7 @@ template <bool FP8, bool BF16, int NT, int KW, int U, bool PF, bool SILU>
 __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                        const float* __restrict__ scale, void* __restrict__ y,
                                                        int M, int N, int K, long ldx, long ldy, float post,
-                                                       int act, int ahead, const uint8_t* __restrict__ pf,
-                                                       long pf_bytes) {
+                                                       int act, int ahead) {
   constexpr int E = FP8 ? 16 : 8;
   constexpr int STEP = 4 * E;
   const int lane = threadIdx.x & 31;
@@ -201,62 +186,8 @@ __global__ void __launch_bounds__(32 * KW) gemv_kernel(const void* __restrict__ 
   }
   for (; s0 < s_hi; ++s0) run_steps<FP8, BF16, NT, 1, SILU>(acc, wa, wb, xr, xin, s0, xs, ldx, M, K);
   let_next_kernel_start();
-  if (pf_bytes > 0) prefetch_next_weight(pf, pf_bytes);
   store_sums<BF16, NT, KW>(acc, scale, y, M, N, ldy, post, act != 0);
 }
-
-// NORM's first part, by the whole block: s = T(x + res) (block 0 also stores it to res_out), each row's sum of
-// squares, then the normed rows T(nw * T(s / rms)) in shared memory ``xn`` (M x K), as the add-RMSNorm kernel
-// rounds them. Every block adds the same values in the same order. Each thread norms the vectors it added.
-template <bool BF16, int KW>
-__device__ __forceinline__ void norm_rows(const uint16_t* xs, long ldx, const NormIn& nm, int M, int K, uint16_t* xn) {
-  __shared__ float red[KW][8];
-  __shared__ float inv_row[8];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool store = nm.res != nullptr && blockIdx.x == 0;
-  for (int m = 0; m < M; ++m) {
-    float ss = 0.f;
-    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
-      uint4 sv = load_x(xs + m * ldx + k);
-      if (nm.res != nullptr) {
-        const uint4 rv = load_x(nm.res + m * nm.ldr + k);
-        const uint16_t* re = reinterpret_cast<const uint16_t*>(&rv);
-        uint16_t* se = reinterpret_cast<uint16_t*>(&sv);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(se[j]) + to_f<BF16>(re[j]));
-        if (store) *reinterpret_cast<uint4*>(nm.res_out + m * nm.ldro + k) = sv;
-      }
-      const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss += to_f<BF16>(se[j]) * to_f<BF16>(se[j]);
-      *reinterpret_cast<uint4*>(xn + m * K + k) = sv;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp][m] = ss;
-  }
-  __syncthreads();
-  if (threadIdx.x < M) {
-    float total = 0.f;
-    for (int q = 0; q < KW; ++q) total += red[q][threadIdx.x];
-    inv_row[threadIdx.x] = rsqrtf(total / K + nm.eps);
-  }
-  __syncthreads();
-  for (int m = 0; m < M; ++m) {
-    const float inv = inv_row[m];
-    for (int k = threadIdx.x * 8; k < K; k += 32 * KW * 8) {
-      const uint4 wv = load_x(nm.nw + k);
-      const uint16_t* we = reinterpret_cast<const uint16_t*>(&wv);
-      uint16_t* se = xn + m * K + k;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) se[j] = from_f<BF16>(to_f<BF16>(we[j]) * to_f<BF16>(from_f<BF16>(to_f<BF16>(se[j]) * inv)));
-    }
-  }
-  __syncthreads();
-}
-
-// (the normed rows of NORM in shared memory: M x K values at most)
-constexpr int NORM_MAX_VALUES = 16384;
 
 // (blocks an SM must hold: registers capped so that 768-1024 threads fit, as the plain kernel's do — the two
 // chunks in flight must not cost resident warps; 4-warp blocks: more, smaller blocks, a finer last wave)
@@ -264,14 +195,12 @@ constexpr int NORM_MAX_VALUES = 16384;
 
 // The pipelined kernel (M <= 8, one column tile): each warp's first chunk of U steps loaded before the wait for
 // the kernel before it (a weight is no kernel's output: with PDL those loads overlap that kernel's end), then
-// each next chunk loaded before the products of the one in hand — two chunks a warp in flight. NORM: x is normed
-// first into shared memory by the whole block (norm_rows), as the add-RMSNorm kernel would have.
-template <bool FP8, bool BF16, int KW, int U, bool SILU, bool NORM>
+// each next chunk loaded before the products of the one in hand — two chunks a warp in flight.
+template <bool FP8, bool BF16, int KW, int U, bool SILU>
 __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(const void* __restrict__ x, const uint8_t* __restrict__ w,
                                                             const float* __restrict__ scale, void* __restrict__ y,
                                                             int M, int N, int K, long ldx, long ldy, float post,
-                                                            int act, NormIn nm, const uint8_t* __restrict__ pf,
-                                                            long pf_bytes) {
+                                                            int act) {
   constexpr int E = FP8 ? 16 : 8;
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   const WarpPart p = warp_part<FP8, KW>(w, N, K, act != 0);
@@ -281,20 +210,13 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
   uint4 va[U], vb[U];
   int s0 = p.s_lo;
   if (s0 + U <= p.s_hi) load_w<FP8, U>(va, vb, p.wa, p.wb, s0);
-  if (NORM)  // (the norm's weight, which no kernel writes, into L1 before the wait: norm_rows reads it after its sums)
-    for (int k = threadIdx.x * 64; k < K; k += 32 * KW * 64) prefetch_l1(nm.nw + k);
   wait_for_previous_kernel();
-  __shared__ __align__(16) uint16_t xn[NORM ? NORM_MAX_VALUES : 8];
   const uint16_t* xr[1] = {xs + (long)g * ldx + t * E};
-  if (NORM) {
-    norm_rows<BF16, KW>(xs, ldx, nm, M, K, xn);
-    xr[0] = xn + g * K + t * E;  // (the lane's row, normed, in shared memory)
-  }
   for (; s0 + U <= p.s_hi; s0 += U) {
     uint4 na[U], nb[U];
     const bool more = s0 + 2 * U <= p.s_hi;
     if (more) load_w<FP8, U>(na, nb, p.wa, p.wb, s0 + U);
-    products<FP8, BF16, 1, U, SILU, NORM>(acc, va, vb, xr, xin, s0, xs, ldx, M, K);
+    products<FP8, BF16, 1, U, SILU>(acc, va, vb, xr, xin, s0, xs, ldx, M, K);
     if (more) {
 #pragma unroll
       for (int u = 0; u < U; ++u) { va[u] = na[u]; vb[u] = nb[u]; }
@@ -303,10 +225,9 @@ __global__ void __launch_bounds__(32 * KW, PIPE_BLOCKS(KW)) gemv_pipe_kernel(con
   for (; s0 < p.s_hi; ++s0) {
     uint4 a1[1], b1[1];
     load_w<FP8, 1>(a1, b1, p.wa, p.wb, s0);
-    products<FP8, BF16, 1, 1, SILU, NORM>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K);
+    products<FP8, BF16, 1, 1, SILU>(acc, a1, b1, xr, xin, s0, xs, ldx, M, K);
   }
   let_next_kernel_start();
-  if (pf_bytes > 0) prefetch_next_weight(pf, pf_bytes);
   store_sums<BF16, 1, KW>(acc, scale, y, M, N, ldy, post, act != 0);
 }
 
@@ -325,35 +246,31 @@ int launch(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t st, b
 }
 
 // One launch of the kernel the arguments pick: (kw, unroll) among the pairs built here; ``pipe`` the pipelined
-// kernel (``nm.nw`` set: with the norm), else ``ahead`` > 0 the prefetching one. The pipelined kernel is built
-// for 2 steps a chunk only (two chunks in flight: with 4, the register cap spills), with 4, 8 or 16 warps; the
-// norm with 8 only (16: spills; 4: six blocks' normed rows would not fit an SM's shared memory).
+// kernel, else ``ahead`` > 0 the prefetching one. The pipelined kernel is built for 2 steps a chunk only (two
+// chunks in flight: with 4, the register cap spills), with 4, 8 or 16 warps.
 template <bool FP8, bool BF16, bool SILU>
 int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, cudaStream_t st, const void* x,
-                const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post, int act,
-                const uint8_t* pf, long pf_bytes, const NormIn& nm) {
+                const uint8_t* w, const float* s, void* y, int M, int N, int K, long ldx, long ldy, float post,
+                int act) {
   if (pipe) {
-    const bool norm = nm.nw != nullptr;
-    if (kw == 8 && unroll == 2 && !(SILU && norm))
-      return norm ? launch(gemv_pipe_kernel<FP8, BF16, 8, 2, false, true>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, act, nm, pf, pf_bytes)
-                  : launch(gemv_pipe_kernel<FP8, BF16, 8, 2, SILU, false>, grid, 256, st, pdl, x, w, s, y, M, N, K,
-                           ldx, ldy, post, act, nm, pf, pf_bytes);
-    if (kw == 4 && unroll == 2 && !norm)
-      return launch(gemv_pipe_kernel<FP8, BF16, 4, 2, SILU, false>, grid, 128, st, pdl, x, w, s, y, M, N, K, ldx,
-                    ldy, post, act, nm, pf, pf_bytes);
-    if (kw == 16 && unroll == 2 && !norm)
-      return launch(gemv_pipe_kernel<FP8, BF16, 16, 2, SILU, false>, grid, 512, st, pdl, x, w, s, y, M, N, K, ldx,
-                    ldy, post, act, nm, pf, pf_bytes);
+    if (kw == 8 && unroll == 2)
+      return launch(gemv_pipe_kernel<FP8, BF16, 8, 2, SILU>, grid, 256, st, pdl, x, w, s, y, M, N, K, ldx, ldy,
+                    post, act);
+    if (kw == 4 && unroll == 2)
+      return launch(gemv_pipe_kernel<FP8, BF16, 4, 2, SILU>, grid, 128, st, pdl, x, w, s, y, M, N, K, ldx, ldy,
+                    post, act);
+    if (kw == 16 && unroll == 2)
+      return launch(gemv_pipe_kernel<FP8, BF16, 16, 2, SILU>, grid, 512, st, pdl, x, w, s, y, M, N, K, ldx, ldy,
+                    post, act);
     return -1;
   }
 #define BANYAN_GEMV(KW_, U_)                                                                                    \
   if (kw == KW_ && unroll == U_) {                                                                             \
     if (ahead > 0)                                                                                             \
       return launch(gemv_kernel<FP8, BF16, 1, KW_, U_, true, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K, \
-                    ldx, ldy, post, act, ahead, pf, pf_bytes);                                                       \
+                    ldx, ldy, post, act, ahead);                                                               \
     return launch(gemv_kernel<FP8, BF16, 1, KW_, U_, false, SILU>, grid, 32 * KW_, st, pdl, x, w, s, y, M, N, K,  \
-                  ldx, ldy, post, act, 0, pf, pf_bytes);                                                             \
+                  ldx, ldy, post, act, 0);                                                                     \
   }
   BANYAN_GEMV(8, 2) BANYAN_GEMV(8, 4) BANYAN_GEMV(16, 2) BANYAN_GEMV(16, 4)
 #undef BANYAN_GEMV
@@ -363,35 +280,28 @@ int launch_kw_u(int kw, int unroll, int ahead, bool pdl, bool pipe, dim3 grid, c
 }  // namespace
 
 // -> 0, or -1 for a configuration not built here (M > 8, the other activation type: one library per type, built
-// with BANYAN_GEMV_BF16 = 1 or 0, so that a start-up compiles only what its model runs; the norm without the
-// pipelined kernel or with SILU), or a CUDA error code. ``nw`` non-null: the add-RMSNorm in front (``res``,
-// ``ldr``: the residual or null; ``res_out``, ``ldro``: where x + res goes; ``eps``). ``act``: W is [gate | up]
+// with BANYAN_GEMV_BF16 = 1 or 0, so that a start-up compiles only what its model runs), or a CUDA error code.
+// ``act``: W is [gate | up]
 // (N = 2I rows, N a multiple of 16) and y (M, I) gets silu(x gate^T) * (x up^T) (store_sums).
 #ifndef BANYAN_GEMV_BF16
 #define BANYAN_GEMV_BF16 1
 #endif
 extern "C" int banyan_gemv(const void* x, const void* w, const float* scale, void* y, int M, int N, int K, long ldx,
                            long ldy, int w_fp8, int act_bf16, int kw, int unroll, int ahead, int pdl, int silu,
-                           const void* pf, long pf_bytes, int pipe, const void* res, long ldr, const void* nw,
-                           void* res_out, long ldro, float eps, int act, void* stream) {
+                           int pipe, int act, void* stream) {
   constexpr bool BF16 = BANYAN_GEMV_BF16 != 0;
   if (M < 1 || M > (silu ? 2 : 8) || N < 1 || K % (w_fp8 ? 64 : 32) != 0 || (act_bf16 != 0) != BF16 ||
-      pf_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(pf) % 16 != 0 ||
-      (nw != nullptr && (!pipe || silu || (res != nullptr && res_out == nullptr) || M * K > NORM_MAX_VALUES)) ||
       (act && (N % 16 != 0 || silu)))
     return -1;
   const dim3 grid(act ? N / 16 : (N + 15) / 16);  // (act: 8 gate and 8 up rows a block, N / 2 apart)
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
-  const NormIn nm = {static_cast<const uint16_t*>(res), ldr, static_cast<const uint16_t*>(nw),
-                     static_cast<uint16_t*>(res_out), ldro, eps};
   // the power of two the widened e4m3 weights (and the x scaled up for bf16) carry, folded back
   const float post = !w_fp8 ? 1.f : BF16 ? 72057594037927936.f /* 2^56 */ : 256.f /* 2^8 */;
   const bool p = pdl != 0, q = pipe != 0;
   int rc;
 #define BANYAN_LAUNCH(FP8_, SILU_) \
-  launch_kw_u<FP8_, BF16, SILU_>(kw, unroll, ahead, p, q, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, act, \
-                                 static_cast<const uint8_t*>(pf), pf ? pf_bytes : 0, nm)
+  launch_kw_u<FP8_, BF16, SILU_>(kw, unroll, ahead, p, q, grid, st, x, wp, scale, y, M, N, K, ldx, ldy, post, act)
   if (silu)  // (K is the weight's: x holds 2K per row)
     rc = w_fp8 ? BANYAN_LAUNCH(true, true) : BANYAN_LAUNCH(false, true);
   else

@@ -102,17 +102,6 @@ __device__ __forceinline__ uint16_t from_f(float v) {  // round to nearest even,
   return __half_as_ushort(__float2half_rn(v));
 }
 
-// The add-RMSNorm in front of the linear (gemv_pipe_kernel with NORM): x is the layer's output, ``res`` the
-// residual stream (or null: x is normed alone), ``nw`` the norm's weight; block 0 writes x + res to ``res_out``.
-struct NormIn {
-  const uint16_t* res;
-  long ldr;
-  const uint16_t* nw;
-  uint16_t* res_out;
-  long ldro;
-  float eps;
-};
-
 // U steps of weight loads (16 bytes a lane from each of its two rows) from step s0.
 template <bool FP8, int U>
 __device__ __forceinline__ void load_w(uint4 (&va)[U], uint4 (&vb)[U], const uint8_t* wa, const uint8_t* wb, int s0) {
@@ -131,8 +120,7 @@ __device__ __forceinline__ void load_w(uint4 (&va)[U], uint4 (&vb)[U], const uin
 // the warp (lane p makes the pair at k 2p: 32 pairs a row for e4m3, 16 for T) and handed to the lanes that
 // multiply it by shuffles — 2 exponentials a lane and row, where each consumer lane making its own 16 would
 // keep the warp's special-function unit busy longer than its loads.
-// NORM (NT = 1): ``xr`` points into shared memory (the normed rows the block made first).
-template <bool FP8, bool BF16, int NT, int U, bool SILU, bool NORM = false>
+template <bool FP8, bool BF16, int NT, int U, bool SILU>
 __device__ __forceinline__ void products(float (&acc)[NT][4], const uint4 (&va)[U], const uint4 (&vb)[U],
                                          const uint16_t* const (&xr)[NT], const bool (&xin)[NT], int s0,
                                          const uint16_t* xs, long ldx, int M, int K) {
@@ -161,8 +149,7 @@ __device__ __forceinline__ void products(float (&acc)[NT][4], const uint4 (&va)[
 #pragma unroll
         for (int h = 0; h < XV; ++h) {
           const long k = (long)(s0 + u) * STEP + h * 8;
-          if (NORM) vx[n][u][h] = xin[n] ? *reinterpret_cast<const uint4*>(xr[n] + k) : zero;
-          else vx[n][u][h] = xin[n] ? load_x(xr[n] + k) : zero;
+          vx[n][u][h] = xin[n] ? load_x(xr[n] + k) : zero;
         }
     }
   }

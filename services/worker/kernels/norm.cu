@@ -4,7 +4,7 @@
 // same library as gemv.cu (kernels/cuda_gemv.py).
 //
 // Why: in the batch-1 decode step FlashInfer's fused add-RMSNorm took 3.8 us a call in the CUDA graph (64 calls,
-// 8 % of the FP8 step: docs/perf.md, 2026-12-03 twelfth session): a latency-bound single block that loops. Here
+// 8 % of the FP8 step, H200 2026-12-03): a latency-bound single block that loops. Here
 // each thread holds V 16-byte vectors of the row in registers (one read of x, residual and weight — the weight read
 // before the wait for the kernel before), one block reduction, one write. Launched with PDL, it lets the linear
 // after it start at once (its blocks prefetch their weights while this runs) and waits for the kernel before it

@@ -1,4 +1,4 @@
-"""Building Banyan's CUDA sources (``gemv.cu`` + ``norm.cu``, ``lt.cu``) into shared libraries with nvcc, once per
+"""Building Banyan's CUDA sources (``gemv.cu`` + ``norm.cu``) into shared libraries with nvcc, once per
 source, build flags and nvcc version, under the kernel cache: ``$BANYAN_KERNEL_CACHE``, else ``kernels/`` in Banyan's
 cache folder (``shared.model_path.cache_root``). The callers load them with ctypes."""
 
@@ -11,12 +11,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from shared import knobs
 from shared.model_path import cache_root
 
 
 def cache_dir() -> Path:
-    if os.environ.get("BANYAN_KERNEL_CACHE"):
-        return Path(os.environ["BANYAN_KERNEL_CACHE"]).expanduser()
+    if given := knobs.get("kernel_cache", fresh=True):
+        return Path(given).expanduser()
     return cache_root() / "kernels"
 
 

@@ -29,9 +29,4 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 #endif
 }
 
-// The 128-byte line at ``p`` into L1 (a hint: nothing waits on it).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 }  // namespace banyan

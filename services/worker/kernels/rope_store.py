@@ -1,6 +1,6 @@
 """Rotary embedding and the K/V write in one launch (a layer's two small kernels become one: at
 decode sizes each is mostly launch latency — on the H200 at batch 1 the rope and the KV write took
-~1.6 and ~1.1 µs a layer plus a launch gap each, docs/perf.md).
+~1.6 and ~1.1 µs a layer plus a launch gap each).
 
 One program per (token, head) of q and of k: q's heads are rotated in place; k's heads are rotated
 in place and written with v's to the token's pool slot (quantized to e4m3 with the head's inverse
@@ -16,9 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels import cdiv
 from services.worker.kernels.triton_pdl import launch_pdl
-from services.worker.quant.fp8 import FP8, FP8_MAX
+from services.worker.numerics import FP8, FP8_MAX, cdiv
 
 Tensor = torch.Tensor
 

@@ -3,7 +3,7 @@
 At M = 1–16 a linear is a read of its weight: the floor is weight bytes ÷ HBM bandwidth. The
 library paths are not built for it: cuBLAS's bf16 GEMV reaches 70–95 % of copy bandwidth on the
 H200 (the small shapes worst), and FP8 weights through ``torch._scaled_mm`` pay a per-token
-activation quantization and run *slower* than bf16 at M = 1 (docs/perf.md). These kernels stream
+activation quantization and run *slower* than bf16 at M = 1. These kernels stream
 the weight once, whatever its element type (bf16/fp16, or e4m3 widened in registers and its per-row
 scale applied at the end: weight-only FP8, the activations stay in their dtype). Three ways to multiply:
 
@@ -14,9 +14,7 @@ scale applied at the end: weight-only FP8, the activations stay in their dtype).
   memory: the small x rather than the weight);
 - ``fma``: CUDA cores, one row of x a program, small ``block_n`` so that many programs keep many
   weight loads in flight; the products are summed elementwise across the K tiles and reduced once
-  at the end (a reduction per tile, measured first, ran far below bandwidth). Triton pipelines only
-  loads that feed a dot, so with ``prefetch`` the loop loads the next weight tile itself before
-  this one's products (measured by the benchmarks' sweep; not among the tuner's ``CONFIGS`` yet).
+  at the end (a reduction per tile, measured first, ran far below bandwidth).
 
 And a fourth, not Triton: ``cuda_gemv`` (``gemv.cu``, built with nvcc where there is one), whose e4m3
 weights are widened by integer instructions; ``tune`` times its configs beside these.
@@ -24,7 +22,7 @@ weights are widened by integer instructions; ``tune`` times its configs beside t
 Two ways to run e4m3 weights faster were measured on the H200 and dropped: feeding the FP8 tensor
 cores (x quantized per K tile in registers) and widening to fp16 rather than bf16 (one instruction
 a pair; x scaled into fp16's range by a first pass over it): both 10–50 % slower than the plain
-``dot`` at every 8B shape (docs/perf.md, 2026-12-02). Any config may split K in ``split`` parts, each program
+``dot`` at every 8B shape (docs/decisions/). Any config may split K in ``split`` parts, each program
 writing float32 partial sums that a second kernel adds **in a fixed order** (no atomics: greedy outputs must not change from run to run). For a
 given config each output row is computed the same way whatever M is, bit for bit. With
 ``last_adds`` there is no second kernel: each program stores its part, and the one that finds, by an
@@ -64,7 +62,7 @@ def _load_x(x_at, x_mask, K, SILU_MUL: tl.constexpr):
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, y_ptr, cnt_ptr, M, N, K, k_per_split, stride_x, stride_w,
                    stride_out, HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, SWAP: tl.constexpr,
                    PARTIAL: tl.constexpr, LAST_ADDS: tl.constexpr, SPLIT: tl.constexpr, SILU_MUL: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = False):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -77,17 +75,9 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, y_ptr, cnt_ptr, M, N, K, k_per_
     else:  # CUDA cores: products summed elementwise across the K tiles, reduced once at the end
         acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_w
-    if PREFETCH:  # (CUDA cores: Triton pipelines only loads that feed a dot; the next tile is loaded by hand)
-        rk = k_lo + tl.arange(0, BLOCK_K)
-        w_next = tl.load(w_rows + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
-        if PREFETCH:
-            w = w_next
-            rk_next = rk + BLOCK_K
-            w_next = tl.load(w_rows + rk_next[None, :], mask=(rn[:, None] < N) & (rk_next[None, :] < k_hi), other=0.0)
-        else:
-            w = tl.load(w_rows + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
+        w = tl.load(w_rows + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < k_hi), other=0.0)
         x = _load_x(x_ptr + rm[:, None] * stride_x + rk[None, :], (rm[:, None] < M) & (rk[None, :] < k_hi),
                     K, SILU_MUL)
         w = w.to(x_ptr.dtype.element_ty)
@@ -147,17 +137,16 @@ class Config:
     m_tile: int = 16  # rows a program: 16 = one tensor-core tile (tl.dot); fewer = CUDA-core FMAs
     swap: bool = False  # (tensor cores) W x^T rather than x W^T: the weight tile is the A operand
     last_adds: bool = False  # (split) the parts added by each tile's last program, not by a second kernel
-    prefetch: bool = False  # (CUDA cores) the next weight tile loaded before this one's products
 
     def __str__(self) -> str:
         kind = ("swap" if self.swap else "dot") if self.m_tile == 16 else f"fma{self.m_tile}"
-        return (f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}{'r' * self.last_adds}"
-                f"{'p' * self.prefetch}")
+        return f"{kind}_{self.block_n}x{self.block_k}w{self.warps}s{self.stages}k{self.split}{'r' * self.last_adds}"
 
 
+# (each won a shape in a recorded start-up, benchmarks/results/*; docs/decisions/0007-tuner-configs-that-never-won.md)
 CONFIGS = (Config(32, 256), Config(64, 128, stages=4), Config(32, 256, split=2), Config(32, 128, stages=4, split=4),
            Config(4, 1024, m_tile=1), Config(4, 512, stages=4, m_tile=1), Config(8, 256, stages=4, m_tile=1),
-           Config(64, 128, stages=4, split=2, swap=True), Config(32, 256, split=2, swap=True),
+           Config(64, 128, stages=4, split=2, swap=True),
            Config(32, 256, split=2, last_adds=True), Config(32, 128, stages=4, split=4, last_adds=True),
            Config(64, 128, stages=4, split=2, swap=True, last_adds=True))
 _counts: dict[torch.device, Tensor] = {}  # per device: a count per output tile of the running call (LAST_ADDS)
@@ -173,7 +162,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config | cuda
     if isinstance(cfg, cuda_gemv.CudaConfig):  # (the CUDA kernel: gemv.cu)
         return cuda_gemv.linear(x, w, scale, cfg, silu_mul, act_out)
     if act_out:
-        from services.worker.models.ops import current_ops
+        from services.worker.kernels.ops import current_ops
 
         return current_ops().silu_and_mul(linear(x, w, scale, cfg, silu_mul))
     m, k = x.shape[0], w.shape[1]
@@ -193,7 +182,7 @@ def linear(x: Tensor, w: Tensor, scale: Tensor | None = None, cfg: Config | cuda
                          HAS_SCALE=scale is not None, USE_DOT=cfg.m_tile == 16, SWAP=cfg.swap,
                          PARTIAL=split > 1, LAST_ADDS=last_adds, SPLIT=split, SILU_MUL=silu_mul,
                          BLOCK_M=cfg.m_tile, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                         PREFETCH=cfg.prefetch and cfg.m_tile < 16, num_warps=cfg.warps, num_stages=cfg.stages)
+                         num_warps=cfg.warps, num_stages=cfg.stages)
     if split > 1 and not last_adds:
         block = 1024
         _sum_kernel[(cdiv(m * n, block),)](out, s, y, m, n, y.stride(0), SPLIT=split,
@@ -337,60 +326,3 @@ def verdict(top: int, best: object | None, best_t: float, base: float) -> str:
 
 def _close(got: Tensor, want: Tensor) -> bool:
     return bool(torch.allclose(got, want, rtol=2e-2, atol=1e-2 * float(want.abs().max()) + 1e-6))
-
-
-def tune_model(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
-    """``tune`` over the model's linear layers (those with ``quantized()``: weight, scale or None),
-    against cuBLAS (bf16/fp16 weights) or the FP8 library path (e4m3 weights); the projections that
-    read a SiluAndMul's output (``silu_mul_input``) also with the activation fused in, and those whose output
-    goes through one (``silu_mul_output``: gate/up) also with it made as the kernel stores."""
-    import torch.nn.functional as F
-
-    from services.worker.models.ops import current_ops
-    from services.worker.quant.fp8 import FP8, library_fp8_linear
-
-    def by_dtype(weights):
-        return ([(w, s) for w, s in weights if w.dtype == FP8],
-                [(w, None) for w, s in weights if w.dtype != FP8 and w.dim() == 2])
-
-    mods = [mod for mod in model.modules() if hasattr(mod, "quantized")]
-    fp8, plain = by_dtype([mod.quantized() for mod in mods])
-    fp8_act, plain_act = by_dtype([mod.quantized() for mod in mods if getattr(mod, "silu_mul_input", False)])
-    fp8_out, plain_out = by_dtype([mod.quantized() for mod in mods if getattr(mod, "silu_mul_output", False)])
-    act = current_ops().silu_and_mul
-    with torch.inference_mode():
-        report = tune(plain, lambda x, w, s: F.linear(x, w), dtype)
-        report.update(tune(fp8, library_fp8_linear, dtype))
-        report.update(tune(plain_act, lambda x, w, s: F.linear(x, w), dtype, act))
-        report.update(tune(fp8_act, library_fp8_linear, dtype, act))
-        report.update(tune(plain_out, lambda x, w, s: F.linear(x, w), dtype, act_out=act))
-        report.update(tune(fp8_out, library_fp8_linear, dtype, act_out=act))
-    return report
-
-
-def tune_norm_linear(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, str]:
-    """For each linear of ``model`` that takes a norm's output (``norm_input``: q/k/v, through ``RMSNorm.then``)
-    and whose shape chose the CUDA kernel at M = 1: the add-RMSNorm fused into it (``cuda_gemv.norm_linear``)
-    timed against the norm kernel then the chosen kernel, as a decode step runs them (replayed back to back);
-    the fused one recorded in ``kernels.norm_fused`` where it is faster → {"NxK dtype": the times}."""
-    report: dict[str, str] = {}
-    with torch.inference_mode():
-        for mod in (m for m in model.modules() if getattr(m, "norm_input", False)):
-            w, s = mod.quantized()
-            key = (w.shape[0], w.shape[1], w.dtype)
-            name = f"{key[0]}x{key[1]} {str(w.dtype).removeprefix('torch.')}"
-            x = torch.empty(1, w.shape[1], dtype=dtype, device="meta")
-            cfg = kernels.small_m_config(x, w)
-            if name in report or not isinstance(cfg, cuda_gemv.CudaConfig):
-                continue
-            x = torch.randn(1, w.shape[1], dtype=dtype, device=w.device)
-            r = torch.randn_like(x)
-            nw = torch.ones(w.shape[1], dtype=dtype, device=w.device)
-            copies = max(1, min(16, -(-L2_SPAN // (w.numel() * w.element_size()))))
-            ws = [w] + [w.clone() for _ in range(copies - 1)]
-            apart = _time(lambda i: linear(cuda_gemv.add_rmsnorm(x, r, nw, 1e-6)[0], ws[i], s, cfg), copies)
-            fused = _time(lambda i: cuda_gemv.norm_linear(x, r, nw, 1e-6, ws[i], s), copies)
-            if fused < apart:
-                kernels.norm_fused.add(key)
-            report[name] = f"{'fused' if fused < apart else 'apart'}: {fused * 1e6:.1f} us vs norm + {cfg} {apart * 1e6:.1f}"
-    return report

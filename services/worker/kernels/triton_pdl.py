@@ -10,7 +10,7 @@ nothing a kernel reads is ever read early, and every kernel of the chain finishe
 
 ``launch_pdl(device)``: whether launches on ``device`` use it — on unless ``BANYAN_TRITON_PDL=0``, on CUDA
 capability ≥ 9 with a Triton that has the launch option, never in Triton's interpreter. Measured on the H200
-(docs/perf.md, 2026-12-05): FP8 W1's batch-1 graph 27 µs (context 256) and 11 µs (1,024) a replay faster, and W2
+(2026-12-05): FP8 W1's batch-1 graph 27 µs (context 256) and 11 µs (1,024) a replay faster, and W2
 level with it off (5,959 vs 5,944 output tok/s in the same call). The GPU test runs it both ways.
 """
 
@@ -21,10 +21,12 @@ import os
 
 import torch
 
+from shared import knobs
+
 
 @functools.cache
 def _supported(index: int) -> bool:
-    if os.environ.get("BANYAN_TRITON_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+    if not knobs.get("triton_pdl", fresh=True) or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions

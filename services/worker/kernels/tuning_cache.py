@@ -4,7 +4,7 @@ timing (``small_m.tune``, ``gemm.tune``: tens of seconds for an 8B model) and co
 A file per fingerprint under ``BANYAN_TUNING_CACHE`` (default ``<Banyan's cache folder>/tuning``, e.g.
 ``~/.cache/banyan/tuning``; ``0`` turns the cache off): the device (name, capability, SMs: a MIG slice differs),
 the torch / CUDA / Triton versions, a hash of every kernel source and of the library path they are timed against,
-and the knobs that change a kernel or that path.
+and the values of the knobs that change a kernel or that path (``shared/knobs.py``: those marked ``fingerprint``).
 Anything else and the decisions are not reused. A cached choice is checked for correctness again before it is used
 (one call against float32, as the tuning checks it), and a shape whose choice fails is timed again.
 """
@@ -21,18 +21,18 @@ from pathlib import Path
 
 import torch
 
+from shared import knobs
 from shared.model_path import cache_root
 
-KNOBS = ("BANYAN_GEMM", "BANYAN_GEMM_LT", "BANYAN_FP8_FAST_ACCUM", "BANYAN_FP8_FUSED_QUANT", "BANYAN_TRITON_PDL",
-         "BANYAN_GEMV_L2_CHAIN", "BANYAN_CUDA_NORM", "BANYAN_FUSED_NORM")
 _HERE = Path(__file__).resolve().parent
-SOURCES = (*sorted(p for p in _HERE.iterdir() if p.suffix in (".py", ".cu", ".cuh")), _HERE.parent / "quant" / "fp8.py")
+SOURCES = (*sorted(p for p in _HERE.iterdir() if p.suffix in (".py", ".cu", ".cuh")), _HERE.parent / "quant" / "fp8.py",
+           _HERE.parent / "numerics.py")
 VERSION = 1  # of the file's layout
 
 
 def directory() -> Path | None:
     """Where the decisions live; None when ``BANYAN_TUNING_CACHE=0``."""
-    given = os.environ.get("BANYAN_TUNING_CACHE", "")
+    given = knobs.get("tuning_cache", fresh=True)
     if given == "0":
         return None
     return Path(given).expanduser() if given else cache_root() / "tuning"
@@ -46,7 +46,7 @@ def fingerprint(device: torch.device) -> str:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    from services.worker.quant.fp8 import fast_accum
+    from services.worker.numerics import fast_accum
 
     props = torch.cuda.get_device_properties(device)
     sources = hashlib.sha256()
@@ -55,7 +55,7 @@ def fingerprint(device: torch.device) -> str:
     parts = {"version": VERSION, "device": props.name, "capability": [props.major, props.minor],
              "sms": props.multi_processor_count, "torch": torch.__version__, "cuda": torch.version.cuda,
              "triton": triton_version, "sources": sources.hexdigest(), "fast_accum": fast_accum(),
-             "knobs": {k: os.environ[k] for k in KNOBS if k in os.environ}}
+             "knobs": knobs.fingerprint()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.models.ops import current_ops
+from services.worker.kernels.ops import current_ops
 from services.worker.tp import TPGroup
 from services.worker import kernels
 from services.worker.quant import fp8_linears_enabled, fp8_vocab_enabled
@@ -155,7 +155,7 @@ class MergedColumnParallelLinear(_ColumnSharded):
 class GateUpParallelLinear(MergedColumnParallelLinear):
     """The gate and up projections fused, [gate | up] (shard ids 0, 1), whose output feeds SiluAndMul."""
 
-    silu_mul_output = True  # (``kernels.tune_small_m`` times the kernel that makes the activation as it stores)
+    silu_mul_output = True  # (``startup.tune_small_m`` times the kernel that makes the activation as it stores)
 
     def __init__(self, in_features: int, intermediate: int, bias: bool, tp: TPGroup) -> None:
         super().__init__(in_features, [intermediate, intermediate], bias, tp)
@@ -170,8 +170,6 @@ class GateUpParallelLinear(MergedColumnParallelLinear):
 
 class QKVParallelLinear(_ColumnSharded):
     """Fused q/k/v projection (shard ids "q", "k", "v"); output (T, (Hq + 2 Hkv) D) of local heads."""
-
-    norm_input = True  # (its input is the input norm's output, through ``RMSNorm.then``: ``small_m.tune_norm_linear``)
 
     def __init__(
         self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, tp: TPGroup
@@ -286,7 +284,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         return logits.float() if out is None else out.copy_(logits)
 
     def quantized(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight, its per-row scale or None): what ``kernels.tune_small_m`` times."""
+        """(weight, its per-row scale or None): what ``startup.tune_small_m`` times."""
         return self.weight, self.weight_scale if self.fp8 else None
 
 
@@ -307,12 +305,7 @@ class RMSNorm(nn.Module):
 
     def then(self, linear: "_ColumnSharded", x: torch.Tensor, residual: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(norm(x + residual)), x + residual) — without a residual (linear(norm(x)), x): at decode sizes
-        one kernel where the linear runs on the CUDA decode kernel (``kernels.try_norm_linear``), else the
-        norm, then the linear."""
-        if linear.bias is None and (done := kernels.try_norm_linear(x, residual, self.weight, self.eps,
-                                                                    *linear.quantized())) is not None:
-            return done
+        """(linear(norm(x + residual)), x + residual) — without a residual (linear(norm(x)), x)."""
         h, residual = self.for_linear(linear, x, residual)
         return linear(h), residual
 

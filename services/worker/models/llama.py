@@ -21,7 +21,7 @@ from services.worker.models.layers import (
     VocabParallelEmbedding,
 )
 from services.worker.models.config import DecoderConfig
-from services.worker.models.ops import RopeStep
+from services.worker.kernels.ops import RopeStep
 from services.worker.models.rotary import RopeConfig, RotaryEmbedding
 from services.worker.quant.fp8 import QuantizedActivation
 

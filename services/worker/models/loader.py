@@ -16,7 +16,7 @@ from services.worker.models import CausalLM, model_class, supported_architecture
 from services.worker.models.layers import kv_heads_per_rank
 from services.worker.tp import TPGroup
 from services.worker.models.config import DecoderConfig
-from services.worker.models.ops import TORCH_OPS, Ops, use_ops
+from services.worker.kernels.ops import TORCH_OPS, Ops, use_ops
 from services.worker.quant import fp8_linears
 from services.worker.quant.checkpoint import Checkpoint, read_weights
 from services.worker.quant.config import QuantConfig, resolve_quantization

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.worker.models.ops import RopeStep, current_ops
+from services.worker.kernels.ops import RopeStep, current_ops
 
 
 @dataclass(frozen=True)

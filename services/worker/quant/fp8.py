@@ -25,7 +25,6 @@ Two things the library path may do differently (``BANYAN_FP8_FAST_ACCUM``, ``BAN
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -33,10 +32,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from shared import knobs
 from services.worker import kernels
+from services.worker.numerics import FP8, FP8_MAX, fast_accum, set_fast_accum  # noqa: F401 (part of the FP8 API)
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 _TINY = 1e-12  # scale floor: an all-zero row quantizes to zeros
 Tensor = torch.Tensor
 
@@ -119,7 +118,6 @@ def load_fp8_rows(weight: Tensor, scale: Tensor, loaded: Tensor | QuantizedWeigh
 ActQuant = Callable[[Tensor], tuple[Tensor, Tensor]]
 _act_quant: ActQuant = quantize_per_token  # on CUDA: the Triton kernel once ``enable_cuda_kernels`` checked it
 _scaled_mm = True  # off when torch._scaled_mm failed its check on the device (then: dequantize and multiply)
-_fast_accum = os.environ.get("BANYAN_FP8_FAST_ACCUM", "1") != "0"
 
 
 class QuantizedActivation(NamedTuple):
@@ -142,25 +140,13 @@ class FusedQuant:
     silu_mul: Callable[[Tensor], QuantizedActivation] | None
 
 
-# None: FP8 linears quantize their own input (``BANYAN_FP8_FUSED_QUANT=0``)
-_fused: FusedQuant | None = None if os.environ.get("BANYAN_FP8_FUSED_QUANT", "1") == "0" else FusedQuant(None, None)
+# None: FP8 linears quantize their own input (the ``fp8_fused_quant`` knob off)
+_fused: FusedQuant | None = FusedQuant(None, None) if knobs.get("fp8_fused_quant") else None
 
 
 def set_activation_quant(fn: ActQuant) -> None:
     global _act_quant
     _act_quant = fn
-
-
-def set_fast_accum(on: bool) -> bool:
-    """Fast accumulation in the FP8 GEMMs from now on (benchmarks' A/B; the server: ``BANYAN_FP8_FAST_ACCUM``)
-    → what it was."""
-    global _fast_accum
-    previous, _fast_accum = _fast_accum, on
-    return previous
-
-
-def fast_accum() -> bool:
-    return _fast_accum
 
 
 def set_fused_quant(fused: FusedQuant | None) -> None:
@@ -183,16 +169,17 @@ def quantize_activation(x: Tensor) -> QuantizedActivation:
 def check_scaled_mm(device: torch.device) -> bool:
     """``torch._scaled_mm`` with row-wise scales works on ``device`` and agrees with the dequantized
     product; else FP8 linears there dequantize and multiply (correct, slower). Fast accumulation, where on
-    (``BANYAN_FP8_FAST_ACCUM``, by default) and failing here, is turned off (``fast_accum()`` tells)."""
-    global _scaled_mm, _fast_accum
+    (the ``fp8_fast_accum`` knob, by default) and failing here, is turned off (``fast_accum()`` tells)."""
+    global _scaled_mm
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(48, 64, generator=g), torch.randn(5, 64, generator=g).bfloat16()
     q, s = quantize_rows(w)
     xa = QuantizedActivation(*quantize_per_token(x), x.dtype)
     want = library_gemm(xa, q, s).float()
     on_device = QuantizedActivation(xa.q.to(device), xa.scale.to(device), x.dtype)
-    for fast in (True, False) if _fast_accum else (False,):
-        _scaled_mm, _fast_accum = True, fast
+    for fast in (True, False) if fast_accum() else (False,):
+        _scaled_mm = True
+        set_fast_accum(fast)
         try:
             got = library_gemm(on_device, q.to(device), s.to(device)).float().cpu()
             if ((got - want).norm() / want.norm()) < 1e-2:
@@ -240,7 +227,7 @@ def library_gemm(xa: QuantizedActivation, weight: Tensor, scale: Tensor) -> Tens
     xq, xs = xa.q, xa.scale
     if _gemm_on_device(xq, weight, xa.dtype):
         return torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, weight.shape[0]),
-                                out_dtype=xa.dtype, use_fast_accum=_fast_accum)
+                                out_dtype=xa.dtype, use_fast_accum=fast_accum())
     return F.linear(xq.float() * xs, weight.float() * scale[:, None]).to(xa.dtype)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.quant.fp8 import FP8, FP8_MAX
+from services.worker.numerics import FP8, FP8_MAX
 
 Tensor = torch.Tensor
 KV_DTYPE_NAMES = {"auto": None, "fp8_e4m3": FP8, "fp8": FP8}

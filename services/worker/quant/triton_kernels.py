@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels import pow2_at_least
+from services.worker.numerics import pow2_at_least
 from services.worker.quant.fp8 import FP8, FP8_MAX, FusedQuant, QuantizedActivation, quantize_per_token
 from services.worker.quant.kv import quantize_kv
 

@@ -76,8 +76,8 @@ def _chunk_for(vocab: int) -> int | None:
 def greedy(logits: torch.Tensor, two_stage: bool | None = None) -> torch.Tensor:
     """``logits.argmax(-1)`` for (B, V) logits. On CUDA in two stages where V splits into chunks of
     ~1k: each chunk's first maximum, then the first chunk holding the largest — the same index,
-    and about half the time of one reduction over a 128k vocabulary (H200, batch 1: 12.7 vs 26.6 µs,
-    ``benchmarks/gpu/decode_parts_bench.py``). ``two_stage``: force it on or off (None: on CUDA)."""
+    and about half the time of one reduction over a 128k vocabulary (H200, batch 1: 12.7 vs 26.6 µs).
+    ``two_stage``: force it on or off (None: on CUDA)."""
     b, vocab = logits.shape
     chunk = _chunk_for(vocab) if (logits.is_cuda if two_stage is None else two_stage) else None
     if chunk is None or vocab == chunk or not logits.is_contiguous():
