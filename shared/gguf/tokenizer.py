@@ -118,9 +118,10 @@ def stop_token_ids(f: GGUFFile) -> list[int]:
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
-def write_tokenizer(f: GGUFFile, out: Path) -> None:
-    """tokenizer.json and tokenizer_config.json (with the chat template) into ``out``."""
-    build_tokenizer(f).save(str(out / "tokenizer.json"))
+def write_tokenizer(f: GGUFFile, tokenizer: Tokenizer, out: Path) -> None:
+    """tokenizer.json (``tokenizer``, built by ``build_tokenizer``) and tokenizer_config.json (with
+    the chat template) into ``out``."""
+    tokenizer.save(str(out / "tokenizer.json"))
     tokens = f.require("tokenizer.ggml.tokens")
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
                               "model_max_length": int(f.arch("context_length", 0)) or 1 << 30,
