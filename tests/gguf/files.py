@@ -28,6 +28,18 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def hf_gguf_model(path: Path, dtype: str = "float32"):
+    """transformers loading the GGUF itself (its own reader and decoders), every weight dequantized."""
+    import torch
+    import transformers
+
+    dense = {}
+    if hasattr(transformers, "GgufConfig"):  # transformers 5 keeps GGUF blocks quantized unless told
+        dense["quantization_config"] = transformers.GgufConfig(dequantize=True)
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                             dtype=getattr(torch, dtype), **dense).eval()
+
+
 def llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """What llama.cpp's converter does to q/k rows: each head's two halves interleaved (written
     here from its description, independently of the code under test)."""

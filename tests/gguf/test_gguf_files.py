@@ -17,19 +17,12 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file
 
 from shared.gguf.convert import convert
-from tests.gguf.files import K_QUANTS, write_tiny
+from tests.gguf.files import K_QUANTS, hf_gguf_model, write_tiny
 from tests.support import ROOT
 
 TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # the largest |dequantized - original| each encoder may leave on weights of scale 0.05
 TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-4, Q.BF16: 1e-3, Q.Q8_0: 2e-3, Q.Q4_0: 4e-2, Q.Q4_1: 3e-2}
-
-
-def _hf_reference(path):
-    """transformers loading the same file, every weight dequantized (its own decoders in transformers 5)."""
-    dense = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                             **dense)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
@@ -38,7 +31,7 @@ def test_tensor_type_matches_transformers(qtype, tmp_path):
     made = write_tiny(path, qtype, seed=int(qtype))
     out = convert(path, tmp_path / "hf")
     ours = load_file(out / "model.safetensors")
-    hf = _hf_reference(path)
+    hf = hf_gguf_model(path)
     ref = hf.state_dict()
     assert set(ours) == set(ref)
     for name, tensor in ours.items():

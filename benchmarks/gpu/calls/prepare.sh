@@ -3,7 +3,7 @@
 # (`.gpucache .assets .whl .kcache`) in a fresh checkout, each only if missing.
 #   [BEFORE_COMMIT=110603b] bash benchmarks/gpu/calls/prepare.sh [RESULTS_DIR]
 # RESULTS_DIR: a previous call's extracted $OUT; its tuning/ goes to .kcache/tuning (start-up tunings skipped).
-# BEFORE_COMMIT: that commit's tree (code only: no docs or results) unpacked into .before, for gpu.sh's cmp steps
+# BEFORE_COMMIT: that commit's code (what the suite runs: no docs, results or tests) unpacked into .before, for gpu.sh's cmp steps
 # (carry .before too, and run them with BEFORE=.before).
 # .kcache's library (the CUDA decode linear, built by this host's nvcc for sm_90a) is rebuilt when a kernel source
 # changed: its file name carries the sources' hash, and a stale one is removed first.
@@ -29,7 +29,9 @@ for bf16 in (True, False):
 EOF
 if [ -n "${BEFORE_COMMIT:-}" ]; then
   rm -rf .before && mkdir .before
-  git archive "$BEFORE_COMMIT" -- . ':!benchmarks/results' ':!docs' ':!clients' | tar -x -C .before
+  git archive "$BEFORE_COMMIT" services shared banyan protos pyproject.toml benchmarks/__init__.py benchmarks/gpu \
+    benchmarks/bench_worker.py benchmarks/driver.py tests/__init__.py tests/support.py tests/conftest.py \
+    | tar -x -C .before  # (what the suite runs: ~1.8 MB of the 64 MiB a device call carries)
   echo "before: $BEFORE_COMMIT in .before"
 fi
 if [ $# -gt 0 ] && [ -d "$1/tuning" ]; then cp "$1"/tuning/*.json .kcache/tuning/ && echo "tuning: from $1"; fi

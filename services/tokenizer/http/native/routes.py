@@ -237,8 +237,9 @@ def install(app: FastAPI, front) -> Native:
     @app.api_route("/flush_cache", methods=["GET", "POST"], tags=["SGLang native"])
     async def flush_cache(timeout: float = 0.0) -> Response:
         ok, message = await native.flusher.flush(timeout)
-        text = "Cache flushed.\n" if ok else f"Cache not flushed: {message}\n"
-        return Response(text, status_code=200 if ok else 400, media_type="text/plain")
+        if not ok:  # (e.g. requests in flight: SGLang's 400)
+            raise errors.ApiError(400, f"the cache was not flushed: {message}", code="failed_precondition")
+        return Response("Cache flushed.\n", media_type="text/plain")
 
     @app.post("/abort_request", tags=["SGLang native"])
     async def abort_request(body: api.AbortRequest) -> Response:
