@@ -342,6 +342,22 @@ def test_api_key_on_http_and_grpc(server):
         assert h.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_sglang_native_api_takes_the_key(server):
+    """SGLang's native API (docs/native-api.md) behind the same key; its frontend passes it."""
+    from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    status, _, out = raw(server, "POST", "/generate", body, key=None)
+    assert status == 401 and out["error"]["type"] == "authentication_error"
+    assert raw(server, "GET", "/health_generate", key=None)[0] == 200  # open, as /health
+    with pytest.raises(RuntimeError):  # GET /get_model_info: 401
+        RuntimeEndpoint(server.http_url)
+    backend = RuntimeEndpoint(server.http_url, api_key=KEY)
+    assert backend.get_model_name() == MODEL
+    status, _, out = raw(server, "POST", "/generate", body)
+    assert status == 200 and out["meta_info"]["completion_tokens"] == 1
+
+
 def _open_stream(server, rid: str, stream: bool, key: str | None = KEY) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
     body = {"prompt": f"a long story {rid}", "max_tokens": 3000, "ignore_eos": True, "stream": stream}
