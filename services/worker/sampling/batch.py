@@ -63,11 +63,11 @@ class BatchSampler:
         if pen:
             self.penalties.apply(logits, [rows[k] for k in pen], pen, [params[k].presence_penalty for k in pen],
                                  [params[k].frequency_penalty for k in pen])
-        # seeded requests: a generator per (seed, position) — reproducible whatever the batch
-        seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]
+        seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]  # tokens before each row's next one
         proc = [k for k, p in enumerate(params) if p.processed] if self.processors.rows else []
         if proc:  # logit_bias, min_new_tokens, repetition_penalty: only rows that ask (none held: no scan)
             self.processors.apply(logits, rows, params, seq_end)
+        # seeded requests: a generator per (seed, position) — reproducible whatever the batch
         gens = [torch.Generator(device=dev).manual_seed(step_seed(p.seed, int(pos)))
                 if p.seed is not None and not p.greedy else None for p, pos in zip(params, seq_end)]
         next_ids = self.sampler.sample(logits, params, gens)
