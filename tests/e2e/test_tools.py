@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import grpc
 import jsonschema
 import openai
+import pydantic
 import pytest
 import transformers
 
@@ -255,3 +257,50 @@ def test_reasoning_split_streamed_and_not_then_the_call(thinking):
     # chat_template_kwargs reach the template: Qwen3 without thinking starts after an empty block
     off = whole(thinking, **kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert off["reasoning"] is None and off["content"] == "It is sunny." and off["calls"] == a["calls"]
+
+
+# ---- the clients agents use, against the random demo model (grammar-enforced calls) ----
+
+class Forecast(pydantic.BaseModel):
+    """The weather forecast to fetch."""
+
+    city: Literal["Paris", "Rome", "Oslo"]
+    days: int = pydantic.Field(ge=1, le=7)
+
+
+def test_langchain_bind_tools_and_structured_output(demo):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_forecast(city: Literal["Paris", "Rome", "Oslo"], days: int) -> str:
+        """Fetch the weather forecast of a city."""
+        return "sunny"
+
+    llm = ChatOpenAI(base_url=str(demo.base_url), api_key="none", model="banyan-demo", temperature=0.0,
+                     max_tokens=160, max_retries=0)
+    msg = llm.bind_tools([get_forecast], tool_choice="required").invoke("Weather in Paris?")
+    assert [c["name"] for c in msg.tool_calls][:1] == ["get_forecast"] and msg.tool_calls[0]["id"]
+    assert msg.tool_calls[0]["args"]["city"] in ("Paris", "Rome", "Oslo")
+    out = llm.with_structured_output(Forecast, method="function_calling").invoke("Weather in Rome for 3 days?")
+    assert isinstance(out, Forecast)
+
+
+def test_instructor_tools_mode(demo):
+    import instructor
+
+    client = instructor.from_openai(demo, mode=instructor.Mode.TOOLS)
+    out = client.chat.completions.create(model="banyan-demo", response_model=Forecast, max_retries=0,
+                                         messages=ASK, temperature=0.0, max_tokens=160)
+    assert isinstance(out, Forecast)
+
+
+def test_litellm_tools(demo, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # (litellm's own: no fetch of its price list)
+    import litellm
+
+    r = litellm.completion(model="openai/banyan-demo", api_base=str(demo.base_url), api_key="none", messages=ASK,
+                           tools=TOOLS, tool_choice="required", temperature=0.0, max_tokens=160)
+    calls = [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
+    check_calls(calls)
+    assert r.choices[0].finish_reason == "tool_calls"
