@@ -50,8 +50,9 @@ def processor_fields(s: SamplingRequest, vocab_size: int, max_new_tokens: int, p
     _require(len(bias) <= MAX_LOGIT_BIAS, f"{prefix}logit_bias has {len(bias)} entries (at most {MAX_LOGIT_BIAS})")
     clamped = {}
     for tok, value in bias.items():
-        _require(isinstance(tok, int) and 0 <= tok < vocab_size,
-                 f"{prefix}logit_bias: token id {tok!r} is out of the vocabulary [0, {vocab_size})")
+        _require(isinstance(tok, int) and not isinstance(tok, bool),
+                 f"{prefix}logit_bias: key {tok!r} is not a token id (the fronts parse JSON keys into ints)")
+        _require(0 <= tok < vocab_size, f"{prefix}logit_bias: token id {tok} is out of the vocabulary [0, {vocab_size})")
         _require(isinstance(value, (int, float)) and math.isfinite(value),
                  f"{prefix}logit_bias[{tok}] must be a finite number, got {value!r}")
         value = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(value)))

@@ -190,3 +190,19 @@ def test_sampling_extensions_reach_the_engine(server, client):
         assert r.usage.completion_tokens == len(want), (extra, want)
         assert r.choices[0].text == requests.post(server.http_url + "/detokenize", json={"tokens": want},
                                                   timeout=30).json()["prompt"], extra
+
+
+def test_grpc_refusals_are_logged_too(server):
+    from shared.proto.banyan.v1 import generation_pb2 as pb
+    from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+    import grpc
+
+    rid = "grpc-reject-" + uuid.uuid4().hex
+    with server.channel() as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            list(pb_grpc.GenerationServiceStub(ch).Generate(
+                pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(temperature=-1)),
+                metadata=[("x-request-id", rid)], timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    lines = [x for x in server.log_records() if x.get("event") == "request_rejected" and x.get("request_id") == rid]
+    assert len(lines) == 1 and lines[0]["code"] == "INVALID_ARGUMENT" and "temperature" in lines[0]["reason"], lines
