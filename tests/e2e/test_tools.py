@@ -7,6 +7,8 @@ concatenate to the non-streamed answer, tool turns in the history, the 400s."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Literal
 
@@ -304,3 +306,31 @@ def test_litellm_tools(demo, monkeypatch):
     calls = [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
     check_calls(calls)
     assert r.choices[0].finish_reason == "tool_calls"
+
+
+NODE_OPENAI = "openai@7.60.0"
+
+
+@pytest.fixture(scope="module")
+def node_openai(tmp_path_factory) -> Path:
+    """The official Node SDK, installed from the npm registry into a folder of the test run."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed")
+    d = tmp_path_factory.mktemp("node-openai")
+    r = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", NODE_OPENAI], cwd=d,
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        pytest.skip(f"the npm registry did not give {NODE_OPENAI}: {r.stderr[-500:]}")
+    shutil.copy(Path(__file__).parent / "node" / "tool_stream.mjs", d / "tool_stream.mjs")
+    return d
+
+
+def test_node_sdk_streams_the_same_calls(scripted, node_openai):
+    model = scripted.models.list().data[0].id
+    want = whole(scripted, model=model, messages=ASK, tools=TOOLS, **MODEL_ARGS)
+    r = subprocess.run(["node", "tool_stream.mjs", str(scripted.base_url), model, json.dumps(TOOLS), json.dumps(ASK)],
+                       cwd=node_openai, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert got["content"] == want["content"] and got["finish"] == "tool_calls"
+    assert [tuple(c) for c in got["calls"]] == want["calls"]
