@@ -230,7 +230,7 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         fmt = chat_tools.chat_format(front.token_texts, body.logprobs, tool_plan, front.parsers.reasoning, tail)
         if body.prompt_logprobs is not None:
             scoring_out.check(body.stream, body.prompt_logprobs)
-            fmt = scoring_out.ScoringChatFormat(front.token_texts, body.logprobs, body.prompt_logprobs)
+            fmt = scoring_out.ScoringChatFormat(fmt, body.prompt_logprobs)  # type: ignore[assignment]
         return await front.generate(request, [p], rid, f"chatcmpl-{rid}", fmt, body.stream, body.stream_options)
 
     @app.post("/v1/completions", response_model=api.Completion, responses=_ERRORS | _SSE)
