@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out or ROOT / "benchmarks" / "results" / f"quality_{card()}_{datetime.date.today().isoformat()}")
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("BANYAN_CACHE_DIR", tempfile.mkdtemp(prefix="banyan-quality-"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers reads the local file only
     runs = {m: serve_mode(gguf, m, ns.tokens, out, ns.serve_args) for m in ns.modes}
     refs: dict[str, object] = {}
     for dtype in sorted({MODES[m][1] for m in ns.modes}):
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         a, ref = run["answers"], refs[MODES[mode][1]]
         base = MODES[mode][2]
         row = {"mode": mode, "ppl": round(a.perplexity, 4), "ppl_hf": round(ref.perplexity, 4),
-               "ppl_vs_hf": round(a.perplexity / ref.perplexity - 1, 5), "greedy_vs_hf": agreement(a.greedy, ref.greedy),
+               "ppl_vs_hf": round(a.perplexity / ref.perplexity - 1, 5),
+               "greedy_vs_hf": agreement(a.greedy, ref.greedy),
                "qa": run["qa"], "qa_passed": f"{sum(run['qa'].values())}/{len(run['qa'])}", "seconds": run["seconds"]}
         if base in runs:
             b = runs[base]["answers"]

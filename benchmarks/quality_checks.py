@@ -26,7 +26,8 @@ CHAT = ["What is the capital of France?", "Write a Python function that returns 
         "Give me a short tip for learning a new language.", "What is 12 plus 30?",
         "Translate 'good morning' into Spanish.", "Explain in one sentence what a lighthouse does."]
 PLAIN = ["The history of the printing press begins", "def fibonacci(n):\n",
-         "Once upon a time, in a small village by the sea,", "The three primary colours are", "import numpy as np\n\nx = np.linspace(0, 1, 11)\n",
+         "Once upon a time, in a small village by the sea,", "The three primary colours are",
+         "import numpy as np\n\nx = np.linspace(0, 1, 11)\n",
          "Water boils at 100 degrees Celsius because", "Dear Sir or Madam,\n\nI am writing to",
          "A list of fruits: apple, banana,"]
 
@@ -83,7 +84,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     out, cache, x = [], DynamicCache(), torch.tensor([ids], device=device)
     with torch.no_grad():
         for _ in range(n):
-            logits = model(x, None, None, cache, use_cache=True, logits_to_keep=1).logits
+            logits = model(x, None, None, cache, use_cache=True).logits
             out.append(int(logits[0, -1].argmax()))
             x = torch.tensor([[out[-1]]], device=device)
     return out

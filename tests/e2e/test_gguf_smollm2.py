@@ -23,6 +23,8 @@ from tests.gguf.files import hf_gguf_model, smollm2_gguf
 from tests.support import ROOT, Server
 
 TOKENS = 64
+# a 135M model in fp32 on two cores, transformers beside it: minutes, more on a loaded machine
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
