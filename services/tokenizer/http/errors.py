@@ -119,7 +119,9 @@ def _validation_message(exc: RequestValidationError, endpoint: str | None) -> tu
             return "the body must be a JSON object (send Content-Type: application/json)", None
         loc = tuple(err.get("loc", ()))
         if err.get("type") == "missing" and loc == ("body",):
-            return "the request body is missing: send a JSON object (Content-Type: application/json)", None
+            need = _PROMPT.get(endpoint or "", "prompt") if endpoint else None
+            what = f" with {need} (required)" if need else ""
+            return f"the request body is missing: send a JSON object{what} (Content-Type: application/json)", need
         if err.get("type") == "extra_forbidden":
             msg = (fields.refusal(endpoint, str(loc[-1])) if endpoint and len(loc) == 2 else None) or \
                 "unrecognized request argument (not supported)"
