@@ -68,7 +68,8 @@ def test_responses_message_items_and_stream_events(client):
     assert events[-1].response.usage.output_tokens == plain.usage.output_tokens
     text, _ = _chat_text(client, [{"role": "system", "content": "Answer in one word."},
                                   {"role": "user", "content": "Colour of the sky?"},
-                                  {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "And grass?"}], 6)
+                                  {"role": "assistant", "content": "Blue."},
+                                  {"role": "user", "content": "And grass?"}], 6)
     assert plain.output_text == text
 
 

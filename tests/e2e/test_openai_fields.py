@@ -121,7 +121,8 @@ def test_each_refusal_is_logged_once_with_its_request_id(server):
     assert post(server, fields.CHAT, {**BASE[fields.CHAT], "temperature": -1},
                 headers={"X-Request-Id": rid2}).status_code == 400
     for want, param in ((rid, "max_tokens"), (rid2, "temperature")):
-        lines = [x for x in server.log_records() if x.get("event") == "request_rejected" and x.get("request_id") == want]
+        lines = [x for x in server.log_records()
+                 if x.get("event") == "request_rejected" and x.get("request_id") == want]
         assert len(lines) == 1 and lines[0]["level"] == "warning" and lines[0]["param"] == param, lines
         assert lines[0]["status"] == 400 and param in lines[0]["reason"]
 

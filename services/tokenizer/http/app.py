@@ -175,7 +175,8 @@ def _completion_format(front: Frontend, body: api.CompletionRequest, prompts: li
     scoring_out.check(body.stream, body.prompt_logprobs)
     echo = [scoring_out.EchoPrompt(p.text if p.text is not None else front.text.decode(
         p.token_ids or [], skip_special_tokens=body.skip_special_tokens)) for p in prompts] if body.echo else None
-    return scoring_out.ScoringCompletionFormat(front.token_texts, body.logprobs, body.n or 1, echo, body.prompt_logprobs)
+    return scoring_out.ScoringCompletionFormat(front.token_texts, body.logprobs, body.n or 1, echo,
+                                               body.prompt_logprobs)
 
 
 def request_priority(request: Request, body_value: int | None) -> int:

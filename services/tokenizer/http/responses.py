@@ -112,9 +112,8 @@ def tool_plan(body: rapi.ResponseRequest, server_parser: str | None, constraint:
     choice, named = body.tool_choice, None
     if isinstance(choice, rapi.NamedFunction):
         choice, named = "function", choice.name
-    plan = tools_request.plan(functions, choice, named, body.parallel_tool_calls, server_parser,
+    return tools_request.plan(functions, choice, named, body.parallel_tool_calls, server_parser,
                               other_constraint=constraint is not None)
-    return plan
 
 
 def convert_request(body: rapi.ResponseRequest, server_parser: str | None = None,
