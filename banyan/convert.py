@@ -30,14 +30,17 @@ def main(argv: list[str]) -> int:
     from shared.gguf.convert import DTYPES, convert
 
     ap = Parser(prog=PROG, description="Write a GGUF file out as an HF model directory (config.json, "
-                                 "generation_config.json, safetensors with every tensor dequantized, tokenizer files)")
+                "generation_config.json, safetensors with every tensor dequantized, tokenizer files)")
     ap.add_argument("gguf", help="the .gguf file")
     ap.add_argument("out_dir", help="the directory to write (created; files of the same names replaced)")
-    ap.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the safetensors weights [default float32]")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="dtype of the safetensors weights [default float32]")
     ns = ap.parse_args(argv)
     try:
         out = convert(ns.gguf, ns.out_dir, ns.dtype)
     except GGUFError as e:
+        if ns.debug:
+            raise
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     print(f"{PROG}: wrote {out}")

@@ -71,14 +71,41 @@ ARCH: dict[str, object] = {
 
 # ChatML. The BOS comes from the template, so rendered prompts are tokenized without special tokens
 # (as ``apply_chat_template(tokenize=True)`` does); plain text gets its BOS from the post-processor.
+# With ``tools`` it renders them, assistant tool calls and tool results the way Qwen2.5's template does
+# (Hermes' ``<tool_call>`` format: the tool call parser detects it), so the demo shows tool calling.
+_CONTENT = (
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- elif message['content'] -%}{%- for part in message['content'] if part['type'] == 'text' -%}"
+    "{{- part['text'] -}}{%- endfor -%}{%- endif -%}"
+)
 CHAT_TEMPLATE = (
     "{{- bos_token -}}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}{%- set message = messages[0] -%}" + _CONTENT + "{{- '\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] if part['type'] == 'text' -%}"
-    "{{- part['text'] -}}{%- endfor -%}{%- endif -%}"
+    "{%- if tools and loop.first and message['role'] == 'system' -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>tool\\n<tool_response>\\n' -}}" + _CONTENT + "{{- '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}" + _CONTENT +
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{%- if message['content'] or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' -}}"
+    "{%- if call['function']['arguments'] is string -%}{{- call['function']['arguments'] -}}"
+    "{%- else -%}{{- call['function']['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )

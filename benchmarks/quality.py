@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT)]
 import torch  # noqa: E402
 
 from benchmarks.quality_checks import agreement, banyan_answers, hf_answers, prompts, qa_checks  # noqa: E402
-from tests.gguf.files import smollm2_gguf  # noqa: E402
+from tests.gguf.files import hf_gguf_model, smollm2_gguf  # noqa: E402
 from tests.support import Server  # noqa: E402
 
 # mode → (serve flags, the dtype it computes in, the mode it is compared with besides transformers)
@@ -52,9 +52,7 @@ def card() -> str:
 def hf_model(gguf: Path, dtype: str):
     import transformers
 
-    dense = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                              dtype=getattr(torch, dtype), **dense).eval()
+    model = hf_gguf_model(gguf, dtype)
     tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     return model.to("cuda" if torch.cuda.is_available() else "cpu"), tok
 
@@ -89,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out or ROOT / "benchmarks" / "results" / f"quality_{card()}_{datetime.date.today().isoformat()}")
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("BANYAN_CACHE_DIR", tempfile.mkdtemp(prefix="banyan-quality-"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers reads the local file only
     runs = {m: serve_mode(gguf, m, ns.tokens, out, ns.serve_args) for m in ns.modes}
     refs: dict[str, object] = {}
     for dtype in sorted({MODES[m][1] for m in ns.modes}):
@@ -102,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         a, ref = run["answers"], refs[MODES[mode][1]]
         base = MODES[mode][2]
         row = {"mode": mode, "ppl": round(a.perplexity, 4), "ppl_hf": round(ref.perplexity, 4),
-               "ppl_vs_hf": round(a.perplexity / ref.perplexity - 1, 5), "greedy_vs_hf": agreement(a.greedy, ref.greedy),
+               "ppl_vs_hf": round(a.perplexity / ref.perplexity - 1, 5),
+               "greedy_vs_hf": agreement(a.greedy, ref.greedy),
                "qa": run["qa"], "qa_passed": f"{sum(run['qa'].values())}/{len(run['qa'])}", "seconds": run["seconds"]}
         if base in runs:
             b = runs[base]["answers"]
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 def render(result: dict) -> str:
     head = (f"# {result['model']} on {result['device']}, {result['date']}: {result['prompts']} prompts x "
             f"{result['tokens_per_prompt']} greedy tokens, perplexity over {result['scored_tokens']} tokens\n\n"
-            "| mode | perplexity | HF | vs HF | greedy = HF (prompts, prefix) | vs bf16 | greedy = bf16 | limit | QA |\n"
+            "| mode | perplexity | HF | vs HF | greedy = HF (prompts, prefix) | vs bf16 | greedy = bf16 | limit "
+            "| QA |\n"
             "|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in result["rows"]:

@@ -25,8 +25,9 @@ CHAT = ["What is the capital of France?", "Write a Python function that returns 
         "Name three colours of the rainbow.", "How many legs does a spider have?",
         "Give me a short tip for learning a new language.", "What is 12 plus 30?",
         "Translate 'good morning' into Spanish.", "Explain in one sentence what a lighthouse does."]
-PLAIN = ["The history of the printing press begins", "def fibonacci(n):\n", "Once upon a time, in a small village by the sea,",
-         "The three primary colours are", "import numpy as np\n\nx = np.linspace(0, 1, 11)\n",
+PLAIN = ["The history of the printing press begins", "def fibonacci(n):\n",
+         "Once upon a time, in a small village by the sea,", "The three primary colours are",
+         "import numpy as np\n\nx = np.linspace(0, 1, 11)\n",
          "Water boils at 100 degrees Celsius because", "Dear Sir or Madam,\n\nI am writing to",
          "A list of fruits: apple, banana,"]
 
@@ -74,25 +75,42 @@ def banyan_answers(target: str, tokens: int) -> Answers:
     return Answers(greedy, [t.token_id for t in tokens_], [t.logprob for t in tokens_])
 
 
-def hf_answers(model, tok, tokens: int, scored: int) -> Answers:
-    """transformers: greedy argmax with its own KV cache (EOS not stopping it), and the log-probs of
-    the last ``scored`` tokens of the text (as many as the server scored)."""
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens from transformers, EOS not stopping them (the server's ignore_eos): the argmax
+    each step, with transformers' own KV cache (passed by position: its keyword was renamed in 5.x)."""
+    from transformers import DynamicCache
+
     device = next(model.parameters()).device
-    greedy = []
+    out, cache, x = [], DynamicCache(), torch.tensor([ids], device=device)
     with torch.no_grad():
-        for ids in prompts(tok):
-            out, past, x = [], None, torch.tensor([ids], device=device)
-            for _ in range(tokens):
-                step = model(input_ids=x, past_key_values=past, use_cache=True)
-                past = step.past_key_values
-                out.append(int(step.logits[0, -1].argmax()))
-                x = torch.tensor([[out[-1]]], device=device)
-            greedy.append(out)
-        ids = tok.encode(QUALITY_TEXT.read_text())
-        logprobs = torch.log_softmax(model(torch.tensor([ids], device=device)).logits[0].double(), -1)
+        for _ in range(n):
+            logits = model(x, None, None, cache, use_cache=True).logits
+            out.append(int(logits[0, -1].argmax()))
+            x = torch.tensor([[out[-1]]], device=device)
+    return out
+
+
+def hf_logprobs(model, ids: list[int], scored: int, chunk: int = 256) -> list[float]:
+    """transformers' log-probabilities of the last ``scored`` of ``ids``, each given all before it
+    (the vocabulary projection a chunk of positions at a time, in float64)."""
+    device = next(model.parameters()).device
     start = len(ids) - scored
-    picked = logprobs[torch.arange(start - 1, len(ids) - 1), torch.tensor(ids[start:], device=device)]
-    return Answers(greedy, ids[start:], picked.tolist())
+    target = torch.tensor(ids[start:], device=device)
+    out: list[float] = []
+    with torch.no_grad():
+        hidden = model.get_decoder()(torch.tensor([ids], device=device)).last_hidden_state[0, start - 1:-1]
+        head = model.get_output_embeddings()
+        for i in range(0, scored, chunk):
+            logprobs = torch.log_softmax(head(hidden[i:i + chunk]).double(), -1)
+            out += logprobs.gather(1, target[i:i + chunk, None])[:, 0].tolist()
+    return out
+
+
+def hf_answers(model, tok, tokens: int, scored: int) -> Answers:
+    """transformers on the same prompts, and on the text's last ``scored`` tokens (as many as the server scored)."""
+    ids = tok.encode(QUALITY_TEXT.read_text())
+    return Answers([hf_greedy(model, p, tokens) for p in prompts(tok)], ids[len(ids) - scored:],
+                   hf_logprobs(model, ids, scored))
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
@@ -119,7 +137,7 @@ def _json_capital(r: dict[str, Any]) -> bool:
         answer = json.loads(r["choices"][0]["message"]["content"])
     except (ValueError, KeyError, TypeError):
         return False
-    return "Paris" in str(answer.get("capital", "")) and "France" in str(answer.get("country", ""))
+    return "paris" in str(answer.get("capital", "")).lower() and "france" in str(answer.get("country", "")).lower()
 
 
 _SCHEMA = {"type": "object", "properties": {"country": {"type": "string"}, "capital": {"type": "string"}},

@@ -20,6 +20,10 @@ WRITE_POLICIES = ("write_through", "write_back")
 # the piecewise graphs' size when left to the worker (measured on the H200, 2026-12-03: W3 level,
 # W4 +8 %, W5's and W7's prompt steps no longer launch-bound)
 PIECEWISE_AUTO_TOKENS = 1536
+# --tool-call-parser / --reasoning-parser (the parsers: services/tokenizer/tools/, services/tokenizer/reasoning.py)
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "qwen25", "qwen3", "llama3_json", "llama3", "llama4_json", "mistral",
+                     "pythonic", "llama4_pythonic", "deepseek_v3", "deepseek_v31")
+REASONING_PARSERS = ("", "qwen3", "deepseek_r1")
 
 
 class ConfigError(ValueError):
@@ -103,6 +107,12 @@ class TokenizerConfig(CommonConfig):
     scheduler_gone_grace: float = field(default=30.0, metadata={
         "help": "exit (code 1) once the connection to every scheduler has been closed this many seconds "
                 "(0: never): a replica without schedulers cannot serve"})
+    tool_call_parser: str = field(default="auto", metadata={
+        "help": "the format of the model's tool calls: " + " | ".join(TOOL_CALL_PARSERS[2:]) + "; auto: detected "
+                "from the chat template where it names one format (none: no tool_choice auto)"})
+    reasoning_parser: str = field(default="", metadata={
+        "help": "split the thinking part (<think>…</think>) into reasoning_content: qwen3 | deepseek_r1 "
+                "(empty: off)"})
     restart_wait: float = field(default=60.0, metadata={
         "help": "new requests wait up to this many seconds for a scheduler group that is restarting (its "
                 "connection closed and it has not served since) when no group serves (0: refuse them at once)"})
@@ -122,6 +132,10 @@ class TokenizerConfig(CommonConfig):
         _check(self.scheduler_gone_grace >= 0, "scheduler_gone_grace must be >= 0")
         _check(self.restart_wait >= 0, "restart_wait must be >= 0")
         _check(-1 <= self.http_port < 65536, f"http_port out of range: {self.http_port}")
+        _check(self.tool_call_parser in TOOL_CALL_PARSERS,
+               f"tool_call_parser {self.tool_call_parser!r} is not one of {' | '.join(TOOL_CALL_PARSERS)}")
+        _check(self.reasoning_parser in REASONING_PARSERS,
+               f"reasoning_parser {self.reasoning_parser!r} is not one of {' | '.join(REASONING_PARSERS[1:])}")
         _check(self.api_key == self.api_key.strip(), "api_key must not start or end with whitespace")
 
     @property

@@ -155,6 +155,8 @@ class GrammarBackend:
                 g = compiler.compile_regex(choice_regex(c.choices))
             elif c.kind == "ebnf":
                 g = compiler.compile_grammar(c.value)
+            elif c.kind == "structural_tag":  # (tool_choice: services/tokenizer/tools/grammar.py)
+                g = compiler.compile_structural_tag(c.value)
             else:
                 raise GrammarError(f"unknown constraint kind {c.kind!r}")
         except (RuntimeError, ValueError) as e:

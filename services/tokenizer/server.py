@@ -22,6 +22,7 @@ from shared.tracing import make_tracer
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.interceptor import AuthInterceptor, ErrorInterceptor
 from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.chat_output import OutputParsers
 from services.tokenizer.router import Router
 from services.tokenizer.scheduler_client import SchedulerClient
 from services.tokenizer.servicer import GenerationServicer
@@ -35,6 +36,9 @@ MAX_MESSAGE = 64 << 20
 async def run(cfg: TokenizerConfig) -> None:
     model_dir, _ = resolve_model(cfg.model)
     text = TextProcessor(model_dir)
+    parsers = OutputParsers.configured(cfg.tool_call_parser, cfg.reasoning_parser,
+                                       getattr(text.tokenizer, "chat_template", None))
+    log.info("output_parsers", tool_call_parser=parsers.tool or "none", reasoning_parser=parsers.reasoning or "none")
     router = Router(len(cfg.scheduler_endpoints), cfg.router_block_tokens, cfg.router_max_blocks,
                     cfg.router_balance_abs, cfg.router_balance_rel)
     client = SchedulerClient(cfg.scheduler_endpoints, cfg.identity, router, cfg.router_probe_interval,
@@ -49,7 +53,9 @@ async def run(cfg: TokenizerConfig) -> None:
 
     server = grpc_server()
     metrics, tracer = TokenizerMetrics(), make_tracer("tokenizer", cfg.otlp_endpoint)
-    pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(text, client, metrics, tracer), server)
+    servicer = GenerationServicer(text, client, metrics, tracer)
+    servicer.parsers = parsers
+    pb_grpc.add_GenerationServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     # SMG's engine service, on this server or (--smg-grpc-port) its own
@@ -71,6 +77,7 @@ async def run(cfg: TokenizerConfig) -> None:
 
         app = create_app(text, client, api_key, metrics, tracer)
         app.state.frontend.aliases = frozenset(cfg.served_model_names)  # requests may name any
+        app.state.frontend.parsers = parsers
         http = HttpServer(app, cfg.host, cfg.http_port, cfg.grace_seconds, app.state.frontend.abort_all)
     http_port = http.port if http else -1
     freeze_heap()  # transformers, the tokenizer, the apps: out of the collector's walk (shared/gc_pause.py)

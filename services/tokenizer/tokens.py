@@ -20,7 +20,7 @@ def tokenize(text: TextProcessor, prompt: Prompt, info: ModelInfo, add_special_t
     if prompt.messages is not None:
         check_messages(prompt.messages)
         check_chat_size(prompt.messages, info)
-        return text.encode_chat(prompt.messages, prompt.add_generation_prompt)
+        return text.encode_chat(prompt.messages, prompt.add_generation_prompt, prompt.extras)
     raise InvalidArgument("a text or chat messages to tokenize are required")
 
 

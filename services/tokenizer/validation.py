@@ -19,7 +19,7 @@ from shared.messages.common import Constraint, SamplingParams
 from shared.messages.to_scheduler import GenerateReq, SessionTurn
 from shared.messages.to_tokenizer import ModelInfo, SessionView
 from services.tokenizer.sampling_ext import processor_fields, prompt_logprob_fields
-from services.tokenizer.text import Message, TextProcessor
+from services.tokenizer.text import ChatExtras, Message, TextProcessor
 
 MAX_REQUEST_ID = 256
 MAX_STOP_STRINGS = 16
@@ -50,6 +50,7 @@ class Prompt:
     token_ids: list[int] | None = None
     messages: list[Message] | None = None
     add_generation_prompt: bool = True
+    extras: ChatExtras | None = None  # chat messages: the tools and chat_template_kwargs for the template
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def input_ids(prompt: Prompt, text: TextProcessor, info: ModelInfo) -> list[int]
     elif prompt.messages is not None:
         check_messages(prompt.messages)
         check_chat_size(prompt.messages, info)
-        ids = text.encode_chat(prompt.messages, prompt.add_generation_prompt)
+        ids = text.encode_chat(prompt.messages, prompt.add_generation_prompt, prompt.extras)
     else:
         raise InvalidArgument("a prompt is required: text, token ids or chat messages")
     _require(len(ids) > 0, "the prompt has no tokens")
@@ -178,7 +179,7 @@ def session_input_ids(prompt: Prompt, text: TextProcessor, info: ModelInfo, sess
     elif prompt.messages is not None:
         check_messages(prompt.messages)
         check_chat_size(prompt.messages, info)
-        rendered = text.render_chat_continuation(prompt.messages, prompt.add_generation_prompt)
+        rendered = text.render_chat_continuation(prompt.messages, prompt.add_generation_prompt, prompt.extras)
         ids = text.encode(rendered, add_special_tokens=False)
     else:
         raise InvalidArgument("a prompt is required: text, token ids or chat messages")

@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     model_dir, name = configured(ap.prog, ns.debug, lambda: resolve_model(cfg.model))  # before the heavy imports
     from services.worker.server import serve
 
-    serve(cfg, model_dir, (cfg.served_model_names or [name])[0])
+    try:
+        serve(cfg, model_dir, (cfg.served_model_names or [name])[0])
+    except SystemExit as e:  # (orphaned: exits 1 for its supervisor, as quietly)
+        end_process(e.code if isinstance(e.code, int) else 1)
     end_process(0)  # (no interpreter teardown: see end_process)
 
 

@@ -10,6 +10,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from shared.gguf.arch import arch_of, hf_config, hf_name, unpermute
 from shared.gguf.reader import GGUFError, GGUFFile, open_gguf
 from shared.gguf.tensors import check_types, to_float32
@@ -20,15 +22,15 @@ SHARD_BYTES = 4 << 30  # safetensors files of at most about this size
 FORMAT = 1  # bump when the directory written for the same file changes (a new cache key)
 
 
-def check(f: GGUFFile) -> None:
+def check(f: GGUFFile) -> Tokenizer:
     """Everything ``convert`` refuses, before anything is written: architecture, tensor types and
-    names, the tokenizer."""
+    names, the tokenizer (returned)."""
     arch_of(f)
     check_types(f)
     for name in f.tensors:
         hf_name(f, name)
     hf_config(f, "float32")
-    build_tokenizer(f)
+    return build_tokenizer(f)
 
 
 def convert(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], dtype: str = "float32") -> Path:
@@ -41,7 +43,7 @@ def convert(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
     if dtype not in DTYPES:
         raise GGUFError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     f = open_gguf(gguf_path)
-    check(f)
+    tokenizer = check(f)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -63,7 +65,7 @@ def convert(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
     _write_json(out / "config.json", hf_config(f, dtype))
     generation = {"bos_token_id": f.get("tokenizer.ggml.bos_token_id"), "eos_token_id": stop_token_ids(f)}
     _write_json(out / "generation_config.json", {k: v for k, v in generation.items() if v not in (None, [])})
-    write_tokenizer(f, out)
+    write_tokenizer(f, tokenizer, out)
     return out
 
 

@@ -83,7 +83,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
 class Constraint(msgspec.Struct, frozen=True, omit_defaults=True):
     """Structured-output constraint of a request (compiled by the scheduler)."""
 
-    kind: str  # json_schema | json_object | regex | ebnf | choice
+    kind: str  # json_schema | json_object | regex | ebnf | choice | structural_tag (xgrammar's JSON)
     value: str = ""  # schema / regex / grammar text
     choices: list[str] = []
 

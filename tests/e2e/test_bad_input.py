@@ -238,7 +238,7 @@ HTTP: dict[str, tuple[str, dict | bytes, int, str]] = {
     "choice string with NUL": (C, _c(choice=["a\u0000b"]), 400, "must not contain NUL"),
     "two constraints": (C, _c(regex="a", choice=["a"]), 400, "at most one"),
     "unknown field": (C, _c(tools=[]), 400, "unrecognized request argument"),
-    "logit_bias": (C, _c(logit_bias={"1": 5}), 400, "logit_bias"),
+    "logit_bias key not a token id": (C, _c(logit_bias={"one": 5}), 400, "logit_bias: the key 'one'"),
     "unknown model": (C, _c(model="gpt-4"), 404, "does not exist"),
     "tokenize bad role": ("/tokenize", {"messages": [{"role": "a b", "content": "x"}]}, 400,
                           "messages.0.role: Input should be 'system'"),

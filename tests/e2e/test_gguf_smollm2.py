@@ -17,20 +17,14 @@ import pytest
 import torch
 import transformers
 
+from benchmarks.quality_checks import CHAT, PLAIN, QUALITY_TEXT, TITLE_CHARS, chat_ids, hf_greedy, hf_logprobs
 from shared.proto.banyan.v1 import generation_pb2 as pb
-from tests.gguf.files import smollm2_gguf
+from tests.gguf.files import hf_gguf_model, smollm2_gguf
 from tests.support import ROOT, Server
 
-QUALITY_TEXT = ROOT / "benchmarks" / "data" / "quality_text.txt"
-CHAT = ["What is the capital of France?", "Write a Python function that returns the square of a number.",
-        "Name three colours of the rainbow.", "How many legs does a spider have?",
-        "Give me a short tip for learning a new language.", "What is 12 plus 30?",
-        "Translate 'good morning' into Spanish.", "Explain in one sentence what a lighthouse does."]
-PLAIN = ["The history of the printing press begins", "def fibonacci(n):\n", "Once upon a time, in a small village by the sea,",
-         "The three primary colours are", "import numpy as np\n\nx = np.linspace(0, 1, 11)\n",
-         "Water boils at 100 degrees Celsius because", "Dear Sir or Madam,\n\nI am writing to",
-         "A list of fruits: apple, banana,"]
 TOKENS = 64
+# a 135M model in fp32 on two cores, transformers beside it: minutes, more on a loaded machine
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
@@ -49,29 +43,8 @@ def server(gguf_path, cache_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf(gguf_path):
     """transformers loading the same GGUF, every weight dequantized, fp32; and its tokenizer."""
-    dense = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                              dtype=torch.float32, **dense).eval()
     tok = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    return model, tok
-
-
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    """n greedy tokens, EOS not stopping them (the server's ignore_eos): the argmax each step, with
-    transformers' own KV cache."""
-    out, past, x = [], None, torch.tensor([ids])
-    with torch.no_grad():
-        for _ in range(n):
-            step = model(input_ids=x, past_key_values=past, use_cache=True)
-            past = step.past_key_values
-            out.append(int(step.logits[0, -1].argmax()))
-            x = torch.tensor([[out[-1]]])
-    return out
-
-
-def _chat_ids(tok, question: str) -> list[int]:
-    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
-    return tok.encode(text, add_special_tokens=False)
+    return hf_gguf_model(gguf_path), tok
 
 
 def _generate(stub, req: pb.GenerateRequest) -> tuple[list[int], pb.GenerateResponse]:
@@ -91,26 +64,23 @@ def test_greedy_tokens_match_transformers(stub, hf):
     reqs += [pb.GenerateRequest(text=p, sampling_params=params) for p in PLAIN]
     with ThreadPoolExecutor(len(reqs)) as pool:
         results = list(pool.map(lambda r: _generate(stub, r), reqs))
-    prompts = [_chat_ids(tok, q) for q in CHAT] + [tok.encode(p) for p in PLAIN]
+    prompts = [chat_ids(tok, q) for q in CHAT] + [tok.encode(p) for p in PLAIN]
     for i, (ids, (got, last)) in enumerate(zip(prompts, results)):
         assert last.usage.prompt_tokens == len(ids), f"prompt {i}: tokenized differently"
-        assert got == _hf_greedy(model, ids, TOKENS), f"prompt {i} ({(CHAT + PLAIN)[i]!r})"
+        assert got == hf_greedy(model, ids, TOKENS), f"prompt {i} ({(CHAT + PLAIN)[i]!r})"
         assert len(got) == TOKENS
 
 
 def test_perplexity_matches_transformers(stub, hf):
     model, tok = hf
     text = QUALITY_TEXT.read_text()
-    head, rest = text[:31], text[31:]  # the title; the rest is scored
+    head, rest = text[:TITLE_CHARS], text[TITLE_CHARS:]  # the title; the rest is scored
     resp = stub.Score(pb.ScoreRequest(text=head, continuations=[rest]), timeout=600)
     scored = resp.scores[0].tokens
     ids = tok.encode(text)
     assert len(ids) > 2000 and [t.token_id for t in scored] == ids[len(ids) - len(scored):]
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
-    start = len(ids) - len(scored)
-    ref = logprobs[torch.arange(start - 1, len(ids) - 1), torch.tensor(ids[start:])]
-    ppl_hf = math.exp(-ref.mean().item())
+    ref = hf_logprobs(model, ids, len(scored))
+    ppl_hf = math.exp(-sum(ref) / len(ref))
     ppl = math.exp(-sum(t.logprob for t in scored) / len(scored))
     assert abs(ppl / ppl_hf - 1) <= 1e-3, (ppl, ppl_hf)
     assert 1.5 < ppl_hf < 30  # a trained model reading English prose and code
@@ -152,7 +122,7 @@ def test_json_schema_answer_parses_and_makes_sense(client):
         response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}})
     answer = json.loads(r.choices[0].message.content)
     assert set(answer) == {"country", "capital"}
-    assert "Paris" in answer["capital"] and "France" in answer["country"], answer
+    assert "paris" in answer["capital"].lower() and "france" in answer["country"].lower(), answer
 
 
 def test_n4_sampling_with_a_seed_repeats(client):
@@ -176,8 +146,8 @@ def test_convert_output_loads_in_transformers(gguf_path, hf, tmp_path):
     converted = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ctok = transformers.AutoTokenizer.from_pretrained(out)
     for question in CHAT[:2]:
-        ids = _chat_ids(ctok, question)
-        assert ids == _chat_ids(tok, question)
-        assert _hf_greedy(converted, ids, 32) == _hf_greedy(model, ids, 32)
+        ids = chat_ids(ctok, question)
+        assert ids == chat_ids(tok, question)
+        assert hf_greedy(converted, ids, 32) == hf_greedy(model, ids, 32)
     text = QUALITY_TEXT.read_text()
     assert ctok.encode(text) == tok.encode(text)

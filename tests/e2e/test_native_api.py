@@ -205,6 +205,30 @@ def test_stop_string_and_stop_token(url, hf):
     assert out["output_ids"] == ids[:ids.index(ids[3]) + 1]
 
 
+def test_logit_bias_min_new_tokens_repetition_penalty(url, hf):
+    import torch
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    model, tok = hf
+    ids = tok.encode("Once upon a time")
+    out = ok(url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0,
+                                                         "logit_bias": {"77": 100.0}}})
+    assert out["output_ids"] == [77] * 4
+    first = ok(url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})["output_ids"][0]
+    stop = {"max_new_tokens": 6, "temperature": 0, "stop_token_ids": [first]}
+    assert ok(url, {"input_ids": ids, "sampling_params": stop})["meta_info"]["completion_tokens"] == 1
+    held = ok(url, {"input_ids": ids, "sampling_params": stop | {"min_new_tokens": 3}})
+    assert held["meta_info"]["completion_tokens"] >= 3 and first not in held["output_ids"][:3]
+    got = ok(url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0,
+                                                         "repetition_penalty": 1.5}})["output_ids"]
+    penalty, seq = RepetitionPenaltyLogitsProcessor(1.5), torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(8):
+            scores = penalty(seq, model(seq).logits[:, -1].float())
+            seq = torch.cat([seq, scores.argmax(-1, keepdim=True)], dim=1)
+    assert got == seq[0, len(ids):].tolist()
+
+
 def test_regex_constrained(url):
     out = ok(url, {"text": "The year:", "sampling_params": {"max_new_tokens": 8, "regex": "[0-9]{4}"}})
     assert len(out["text"]) == 4 and out["text"].isdigit()
@@ -245,6 +269,10 @@ def test_flush_cache(url, hf):
     ({"text": "a", "lora_path": "adapter"}, 400, ["lora_path"]),
     ({"text": "a", "frobnicate": 1}, 400, ["frobnicate", "unrecognized"]),
     ({"text": "a", "sampling_params": {"stop_regex": "x+"}}, 400, ["sampling_params.stop_regex"]),
+    ({"text": "a", "sampling_params": {"logit_bias": {"x": 1.0}}}, 400, ["sampling_params.logit_bias", "'x'"]),
+    ({"text": "a", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 9}}, 400,
+     ["sampling_params.min_new_tokens"]),
+    ({"text": "a", "sampling_params": {"repetition_penalty": 0}}, 400, ["sampling_params.repetition_penalty"]),
     ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, 400, ["sampling_params.max_new_tokens"]),
     ({"text": "a", "sampling_params": {"max_new_tokens": 0, "n": 2}}, 400, ["sampling_params.n"]),
     ({"text": "a", "sampling_params": {"temperature": -1}}, 400, ["sampling_params.temperature"]),
@@ -261,6 +289,25 @@ def test_bad_input_is_400_naming_the_field(url, body, status, words):
     assert r.status_code == status, r.text
     msg = r.json()["error"]["message"]
     assert all(w in msg for w in words), msg
+
+
+def test_session_turns_priority_and_metrics(server, url):
+    sid = requests.post(f"{url}/open_session", json={}, timeout=30).json()
+    first = ok(url, {"text": LONG, "session_params": {"id": sid}, "priority": 5,
+                     "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    second = ok(url, {"text": " And then?", "session_params": {"id": sid}, "sampling_params": {"max_new_tokens": 4}})
+    m1, m2 = first["meta_info"], second["meta_info"]
+    assert m2["prompt_tokens"] > m1["prompt_tokens"] + m1["completion_tokens"]  # the session's tokens + the turn
+    assert m2["cached_tokens"] >= m1["prompt_tokens"]  # the session kept them
+    r = post(url, {"text": "x", "session_params": {"id": sid, "offset": 3}})
+    assert r.status_code == 400 and "session_params.offset" in r.json()["error"]["message"]
+    assert requests.post(f"{url}/close_session", json={"session_id": sid}, timeout=30).status_code == 200
+    r = post(url, {"text": "x", "session_params": {"id": sid}})
+    assert r.status_code == 404, r.text
+    r = post(url, {"text": "x"}, headers={"x-banyan-priority": "high"})
+    assert r.status_code == 400 and "x-banyan-priority" in r.json()["error"]["message"]
+    text = server.metrics()
+    assert 'endpoint="/generate",status="200"' in text and 'endpoint="/open_session"' in text
 
 
 def test_unserved_endpoints_and_rid_in_flight(url):

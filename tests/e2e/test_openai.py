@@ -222,7 +222,7 @@ def test_usage_and_cached_tokens(client):
 
 
 BAD = {  # (endpoint, body) → 400 with a message naming the problem
-    "max_tokens 0": ("chat", {"max_tokens": 0}, "max_tokens"),
+    "max_tokens -1": ("chat", {"max_tokens": -1}, "max_tokens"),
     "negative temperature": ("chat", {"temperature": -1}, "temperature"),
     "top_p > 1": ("completions", {"top_p": 1.5}, "top_p"),
     "n 0": ("chat", {"n": 0}, "n must be"),
@@ -237,7 +237,7 @@ BAD = {  # (endpoint, body) → 400 with a message naming the problem
     "token id out of vocab": ("completions", {"prompt": [1, 10**6]}, "vocabulary"),
     "empty prompt": ("completions", {"prompt": ""}, "empty"),
     "too many stops": ("completions", {"stop": ["x"] * 17}, "stop"),
-    "echo": ("completions", {"echo": True}, "echo"),
+    "suffix": ("completions", {"suffix": "x"}, "suffix"),
     "json_schema without schema": ("chat", {"response_format": {"type": "json_schema", "json_schema": {
         "name": "x"}}}, "schema is required"),
     "two constraints": ("completions", {"regex": "[ab]+", "ebnf": "root ::= \"a\""}, "at most one"),

@@ -73,7 +73,7 @@ GAPS = {  # name → (endpoint, body, param, words in the message)
     "empty object": (fields.CHAT, {}, "messages", "messages: is required"),
     "empty completions body": (fields.COMPLETIONS, {}, "prompt", "prompt: is required"),
     "empty responses body": (fields.RESPONSES, {}, "input", "input: is required"),
-    "max_tokens 0": (fields.CHAT, {**BASE[fields.CHAT], "max_tokens": 0}, "max_tokens", "max_tokens must be"),
+    "max_tokens -1": (fields.CHAT, {**BASE[fields.CHAT], "max_tokens": -1}, "max_tokens", "max_tokens must be"),
     "n 0": (fields.CHAT, {**BASE[fields.CHAT], "n": 0}, "n", "n must be"),
     "temperature": (fields.CHAT, {**BASE[fields.CHAT], "temperature": -1}, "temperature", "temperature must be"),
     "top_p": (fields.COMPLETIONS, {**BASE[fields.COMPLETIONS], "top_p": 2}, "top_p", "top_p must be"),
@@ -83,7 +83,11 @@ GAPS = {  # name → (endpoint, body, param, words in the message)
                      "top_logprobs must be"),
     "prompt too long": (fields.CHAT, {**BASE[fields.CHAT], "messages": [{"role": "user", "content": "hi " * 5000}]},
                         "messages", "context window"),
-    "logit_bias": (fields.CHAT, {**BASE[fields.CHAT], "logit_bias": {"5": 10}}, "logit_bias", "logit_bias is not"),
+    "logit_bias key": (fields.CHAT, {**BASE[fields.CHAT], "logit_bias": {"x": 10}}, "logit_bias", "not a token id"),
+    "logit_bias id": (fields.CHAT, {**BASE[fields.CHAT], "logit_bias": {"999999": 1}}, "logit_bias", "vocabulary"),
+    "min_tokens": (fields.CHAT, {**BASE[fields.CHAT], "min_tokens": 5}, "min_tokens", "min_tokens must be in"),
+    "repetition_penalty": (fields.COMPLETIONS, {**BASE[fields.COMPLETIONS], "repetition_penalty": 0},
+                           "repetition_penalty", "repetition_penalty must be"),
     "responses role": (fields.RESPONSES, {"input": [{"role": "wizard", "content": "x"}]}, "input.0.role",
                        "input[0].role must be"),
     "responses image": (fields.RESPONSES, {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
@@ -158,3 +162,47 @@ def test_continuous_usage_stats_on_every_chunk(client):
     assert counts == sorted(counts) and counts[-1] == 6, counts
     assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in with_choices)
     assert chunks[-1].usage.completion_tokens == 6 and not chunks[-1].choices  # (include_usage's last chunk)
+
+
+def _grpc_tokens(server, text: str, **sampling) -> list[int]:
+    from shared.proto.banyan.v1 import generation_pb2 as pb
+    from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+
+    with server.channel() as ch:
+        req = pb.GenerateRequest(text=text, sampling_params=pb.SamplingParams(**sampling))
+        return [t for r in pb_grpc.GenerationServiceStub(ch).Generate(req, timeout=60) for t in r.token_ids]
+
+
+def test_sampling_extensions_reach_the_engine(server, client):
+    """logit_bias, min_tokens, repetition_penalty, stop_token_ids, ignore_eos from the body (vLLM's names)
+    give the tokens gRPC gives with the same settings (the engine's own tests check those against HF)."""
+    forced = 7
+    out = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=4, temperature=0,
+                                    extra_body={"logit_bias": {str(forced): 100}, "ignore_eos": True})
+    assert out.choices[0].text == requests.post(server.http_url + "/detokenize", json={"tokens": [forced] * 4},
+                                                timeout=30).json()["prompt"]
+    for extra, grpc_kw in (({"repetition_penalty": 1.6, "ignore_eos": True}, dict(repetition_penalty=1.6,
+                                                                                   ignore_eos=True)),
+                           ({"min_tokens": 3, "logit_bias": {"3": 100}},
+                            dict(min_tokens=3, logit_bias={3: 100.0}))):
+        want = _grpc_tokens(server, "Once upon", max_tokens=6, temperature=0.0, **grpc_kw)
+        r = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6, temperature=0, extra_body=extra)
+        assert r.usage.completion_tokens == len(want), (extra, want)
+        assert r.choices[0].text == requests.post(server.http_url + "/detokenize", json={"tokens": want},
+                                                  timeout=30).json()["prompt"], extra
+
+
+def test_grpc_refusals_are_logged_too(server):
+    from shared.proto.banyan.v1 import generation_pb2 as pb
+    from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
+    import grpc
+
+    rid = "grpc-reject-" + uuid.uuid4().hex
+    with server.channel() as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            list(pb_grpc.GenerationServiceStub(ch).Generate(
+                pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(temperature=-1)),
+                metadata=[("x-request-id", rid)], timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    lines = [x for x in server.log_records() if x.get("event") == "request_rejected" and x.get("request_id") == rid]
+    assert len(lines) == 1 and lines[0]["code"] == "INVALID_ARGUMENT" and "temperature" in lines[0]["reason"], lines

@@ -31,6 +31,20 @@ def server(demo_dir, tmp_path_factory):
 def _cheap(case) -> None:
     """Keep a generated request's generation small (the API allows a whole context window)."""
     body = case.body
+    if case.path == "/generate" and isinstance(body, dict):  # SGLang's native API (http/native/)
+        sps = body.get("sampling_params")
+        for sp in sps if isinstance(sps, list) else [sps]:
+            if isinstance(sp, dict):
+                sp["max_new_tokens"] = min(sp["max_new_tokens"], 8) if isinstance(sp.get("max_new_tokens"), int) else 8
+                if isinstance(sp.get("n"), int) and sp["n"] > 4:
+                    sp["n"] = 4
+        if sps is None:
+            body["sampling_params"] = {"max_new_tokens": 8}
+        return
+    if case.path == "/v1/responses" and isinstance(body, dict):  # (OpenAI's Responses API: http/responses.py)
+        out = body.get("max_output_tokens")
+        body["max_output_tokens"] = min(out, 8) if isinstance(out, int) and not isinstance(out, bool) else 8
+        return
     if case.path not in GENERATE or not isinstance(body, dict):
         return
     for name in ("max_tokens", "max_completion_tokens"):

@@ -107,6 +107,16 @@ def test_echo_without_logprobs_and_streamed(client, hf):
     check_prompt(hf, ids, tlp[:len(ids)], tops[:len(ids)], 2)
 
 
+def test_echo_with_n_gives_every_choice_the_prompt(client, hf):
+    r = client.completions.create(model=MODEL, prompt=TEXT, max_tokens=3, echo=True, logprobs=1, n=2,
+                                  temperature=1.0, seed=5)
+    ids = hf[1].encode(TEXT)
+    assert len(r.choices) == 2
+    for c in r.choices:
+        assert c.text.startswith(TEXT) and len(c.logprobs.token_logprobs) == len(ids) + 3
+        check_prompt(hf, ids, c.logprobs.token_logprobs[:len(ids)], c.logprobs.top_logprobs[:len(ids)], 1)
+
+
 def _check_vllm(hf, ids: list[int], entries: list, k: int) -> None:
     ref = hf_logprobs(hf, ids)
     assert len(entries) == len(ids) and entries[0] is None
@@ -137,16 +147,17 @@ def test_prompt_logprobs_on_completions_and_chat(client, hf):
                                   extra_body={"prompt_logprobs": 1})
 
 
-def _lm_eval(server, demo_dir, out: Path, tasks: str) -> dict:
+def _lm_eval(server, out: Path, tasks: str) -> dict:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "none",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
            "HF_DATASETS_CACHE": str(out / "datasets")}
-    args = (f"model={MODEL},base_url={server.http_url}/v1/completions,tokenizer={demo_dir},num_concurrent=2,"
-            "max_retries=1,tokenized_requests=True")
+    # no tokenizer= : lm-eval finds /tokenizer_info and tokenizes through /tokenize (its remote backend)
+    args = f"model={MODEL},base_url={server.http_url}/v1/completions,num_concurrent=2,max_retries=1"
     cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", args, "--tasks", tasks,
            "--include_path", str(FIXTURES), "--output_path", str(out), "--log_samples", "--batch_size", "4"]
     run = subprocess.run(cmd, cwd=FIXTURES, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-5000:])
+    assert "Using remote tokenizer" in run.stderr, run.stderr[-3000:]
     samples = {}
     for f in out.rglob("samples_*.jsonl"):
         task = f.name.split("samples_", 1)[1].rsplit("_", 1)[0]
@@ -167,20 +178,26 @@ def _hf_loglikelihood(hf, context: str, continuation: str) -> float:
     return sum(ref[pos - 1, whole[pos]].item() for pos in range(len(ctx), len(whole)))
 
 
-def test_lm_eval_loglikelihood_and_multiple_choice(server, demo_dir, hf, tmp_path):
-    samples = _lm_eval(server, demo_dir, tmp_path, "banyan_ll,banyan_mc")
+def _pairs(sample: dict) -> list[tuple[str, str]]:
+    """The (context, continuation) requests lm-eval made for a document, in order."""
+    args = sample["arguments"]
+    return [(args[k]["arg_0"], args[k]["arg_1"]) for k in sorted(args, key=lambda k: int(k.rsplit("_", 1)[1]))]
+
+
+def test_lm_eval_loglikelihood_and_multiple_choice(server, hf, tmp_path):
+    samples = _lm_eval(server, tmp_path, "banyan_ll,banyan_mc")
     ll = samples["banyan_ll"]
     assert len(ll) == 4
     for s in ll:
-        got = float(s["resps"][0][0][0])
-        assert abs(got - _hf_loglikelihood(hf, s["doc"]["context"], s["doc"]["continuation"])) <= TOL, s
+        (context, continuation), = _pairs(s)
+        assert (context, continuation) == (s["doc"]["context"], s["doc"]["continuation"])
+        assert abs(float(s["resps"][0][0][0]) - _hf_loglikelihood(hf, context, continuation)) <= TOL, s
     mc = samples["banyan_mc"]
     assert len(mc) == 3
     for s in mc:
-        doc = s["doc"]
-        context = f"Question: {doc['question']}\nAnswer:"
-        assert len(s["resps"]) == len(doc["choices"])
-        for resp, choice in zip(s["resps"], doc["choices"]):
-            assert abs(float(resp[0][0]) - _hf_loglikelihood(hf, context, choice)) <= TOL, (doc, choice)
-        want = max(range(len(doc["choices"])), key=lambda i: _hf_loglikelihood(hf, context, doc["choices"][i]))
-        assert s["acc"] == float(want == doc["answer"])
+        doc, pairs = s["doc"], _pairs(s)
+        assert len(pairs) == len(s["resps"]) == len(doc["choices"])
+        ref = [_hf_loglikelihood(hf, c, x) for c, x in pairs]
+        for resp, want in zip(s["resps"], ref):
+            assert abs(float(resp[0][0]) - want) <= TOL, doc
+        assert s["acc"] == float(max(range(len(ref)), key=ref.__getitem__) == doc["answer"])

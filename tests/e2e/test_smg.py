@@ -3,7 +3,8 @@ wheel): two ``banyan serve`` engines (demo model) registered as gRPC workers of 
 the cache-aware policy, all on loopback. The gateway fetches its tokenizer from the engines
 (GetTokenizer: no model files, no network), serves the OpenAI API and drives the engines over
 SMG's ``sglang.grpc.scheduler`` service: chat and completions (streaming and not, n = 2, a JSON
-schema, logprobs, stop strings) with greedy text identical to Banyan's own API, refusals, client
+schema, logprobs, stop strings) with greedy text identical to Banyan's own API, prompt log-probs and
+prefill-only requests through its native /generate (vs HF), client
 disconnect aborting the request on the engine, a prefix family landing on one engine, and a killed
 engine seen by the gateway's health checks (then back once its worker is restarted)."""
 
@@ -245,12 +246,31 @@ def test_a_stop_token_ends_the_request_on_the_engine(gateway, engines):
     assert sent[0]["completion_tokens"] == k + 1 < 40  # Banyan generated up to the stop token, no further
 
 
-def test_what_banyan_cannot_do_is_refused(gateway):
-    with gateway.client() as c:
-        with pytest.raises(openai.APIStatusError) as e:
-            c.chat.completions.create(model="banyan-demo", messages=[{"role": "user", "content": "hi"}],
-                                      max_tokens=4, extra_body={"repetition_penalty": 1.3})
-    assert e.value.status_code == 400 and "repetition_penalty" in str(e.value)
+def test_prompt_logprobs_and_prefill_only_through_the_gateway(gateway, demo_dir):
+    """The gateway's native /generate with return_logprob and logprob_start_len: the prompt's
+    log-probs from Banyan's engine service (vs HF fp32), also for a prefill-only request.
+    (smg 1.13 does not forward logit_bias / min_new_tokens to the engine: the logit processors are
+    tested on the engine service directly, tests/e2e/test_smg_engine.py.)"""
+    import torch
+    import transformers
+
+    prompt = [5, 260, 301, 977, 1203, 44, 610, 18, 1450, 92]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    for start, new in ((0, 3), (4, 0)):
+        r = requests.post(gateway.url + "/generate", timeout=60, json={
+            "model": "banyan-demo", "input_ids": prompt, "return_logprob": True, "logprob_start_len": start,
+            "sampling_params": {"max_new_tokens": new, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        (out,) = r.json() if isinstance(r.json(), list) else [r.json()]
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == new and meta["finish_reason"]["type"] == "length"
+        got = meta["input_token_logprobs"]
+        assert [int(t) for _, t in got] == prompt[start:]
+        want = [None if p == 0 else lp[p - 1, prompt[p]].item() for p in range(start, len(prompt))]
+        assert (got[0][0] is None) == (want[0] is None)
+        assert [v for v, _ in got if v is not None] == pytest.approx([w for w in want if w is not None], abs=1e-4)
 
 
 def test_client_disconnect_aborts_on_the_engine(gateway, engines):

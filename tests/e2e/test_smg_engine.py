@@ -122,9 +122,10 @@ def test_generate_streams_and_stops_on_the_engine(server, stub):
 
 
 def test_refusals_name_the_field(stub):
-    cases = [(dict(max_new_tokens=4, repetition_penalty=1.3), "sampling_params.repetition_penalty"),
+    cases = [(dict(max_new_tokens=4, repetition_penalty=3.0), "sampling_params.repetition_penalty"),
              (dict(max_new_tokens=4, top_p=0.0), "sampling_params.top_p"),
-             (dict(max_new_tokens=0), "sampling_params.max_new_tokens"),
+             (dict(max_new_tokens=2, min_new_tokens=3), "sampling_params.min_new_tokens"),
+             (dict(max_new_tokens=2, logit_bias={"2000": 1.0}), "sampling_params.logit_bias"),
              (dict(max_new_tokens=4, structural_tag="{}"), "sampling_params.structural_tag"),
              (dict(max_new_tokens=4, regex="("), "regex")]
     for kw, field in cases:
@@ -144,6 +145,51 @@ def test_refusals_name_the_field(stub):
         with pytest.raises(grpc.RpcError) as e:
             call(msg, timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "Banyan" in e.value.details()
+
+
+def test_prompt_logprobs_prefill_only_and_logit_processors(server, stub, demo_dir):
+    """return_logprob with logprob_start_len >= 0: the prompt's log-probs (vs HF fp32), on the first
+    chunk and the complete message; max_new_tokens 0 prefills only; the logit processors answer as
+    on banyan.v1."""
+    import torch
+    import transformers
+
+    prompt = ids(5, 40)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+
+    def check(inp, start: int, top: int) -> None:
+        assert list(inp.token_ids) == prompt[start:]
+        for pos, v, t in zip(range(start, len(prompt)), inp.token_logprobs, inp.top_logprobs):
+            if pos == 0:
+                assert not v.HasField("value")
+                continue
+            assert v.value == pytest.approx(lp[pos - 1, prompt[pos]].item(), abs=1e-4)
+            assert list(t.values) == pytest.approx(lp[pos - 1].topk(top).values.tolist(), abs=1e-4)
+
+    def run(start: int, stream: bool, **kw) -> list[pb.GenerateResponse]:
+        req = pb.GenerateRequest(tokenized=pb.TokenizedInput(input_ids=prompt), stream=stream, return_logprob=True,
+                                 logprob_start_len=start, top_logprobs_num=2, sampling_params=sampling(**kw))
+        return list(stub.Generate(req, timeout=120))
+
+    (only,) = run(0, False, max_new_tokens=0)
+    assert only.complete.finish_reason == "length" and not only.complete.output_ids
+    check(only.complete.input_logprobs, 0, 2)
+    streamed = run(25, True, max_new_tokens=3, ignore_eos=True)
+    chunks = [r.chunk for r in streamed if r.HasField("chunk")]
+    check(chunks[0].input_logprobs, 25, 2)
+    assert not any(c.HasField("input_logprobs") for c in chunks[1:])
+    check(streamed[-1].complete.input_logprobs, 25, 2)
+    assert streamed[-1].complete.cached_tokens >= 16  # (the prefill-only request cached the prompt)
+    kw = dict(max_new_tokens=6, ignore_eos=True, repetition_penalty=1.5, min_new_tokens=2, logit_bias={"7": 2.5})
+    got = generate(stub, prompt, **kw).pop().complete.output_ids
+    with grpc.insecure_channel(server.target) as ch:
+        own = bpb_grpc.GenerationServiceStub(ch).Generate(bpb.GenerateRequest(
+            token_ids=bpb.TokenIds(ids=prompt), sampling_params=bpb.SamplingParams(
+                max_tokens=6, temperature=0.0, ignore_eos=True, repetition_penalty=1.5, min_tokens=2,
+                logit_bias={7: 2.5})), timeout=120)
+        assert list(got) == [t for r in own for t in r.token_ids]
 
 
 def test_abort_ends_a_running_request(stub):

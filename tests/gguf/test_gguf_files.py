@@ -9,27 +9,18 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
-import transformers
 from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file
 
 from shared.gguf.convert import convert
-from tests.gguf.files import K_QUANTS, write_tiny
+from tests.gguf.files import K_QUANTS, hf_gguf_model, write_tiny
 from tests.support import ROOT
 
 TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # the largest |dequantized - original| each encoder may leave on weights of scale 0.05
 TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-4, Q.BF16: 1e-3, Q.Q8_0: 2e-3, Q.Q4_0: 4e-2, Q.Q4_1: 3e-2}
-
-
-def _hf_reference(path):
-    """transformers loading the same file, every weight dequantized (its own decoders in transformers 5)."""
-    dense = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                             **dense)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
@@ -38,7 +29,7 @@ def test_tensor_type_matches_transformers(qtype, tmp_path):
     made = write_tiny(path, qtype, seed=int(qtype))
     out = convert(path, tmp_path / "hf")
     ours = load_file(out / "model.safetensors")
-    hf = _hf_reference(path)
+    hf = hf_gguf_model(path)
     ref = hf.state_dict()
     assert set(ours) == set(ref)
     for name, tensor in ours.items():
@@ -102,3 +93,43 @@ def test_bad_files_refused_in_one_line(tmp_path, cache_dir):
     left = [p.name for p in (cache_dir / "gguf").glob("*") if p.name.lstrip(".").split(".")[0].split("-")[0]
             in {"truncated", "mamba", "q5_0", "text"}]
     assert not left  # a refused file leaves nothing in the cache, not even a half-written directory
+
+
+def test_served_gguf_converted_once_then_reused(tmp_path):
+    from shared.gguf.convert import converted_dir
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny(path, Q.Q8_0)
+    first = converted_dir(path, "float32", tmp_path / "cache")
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert converted_dir(path, "float32", tmp_path / "cache") == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not written again
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no temporary directory left
+    other = converted_dir(path, "bfloat16", tmp_path / "cache")  # another dtype: its own directory
+    assert other != first and load_file(other / "model.safetensors")["model.norm.weight"].dtype == torch.bfloat16
+    os.utime(path, ns=(stamp, stamp + 10**9))  # the file changed: converted again
+    assert converted_dir(path, "float32", tmp_path / "cache") != first
+
+
+TEXTS = ["the cat", "  the  cat sat\n\nthe end", "thé çat 🙂 42", "<s>the</s> cat", "<|im_start|>user\nthe<|im_end|>",
+         "", " ", "hehehe the"]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_tokenizer_matches_transformers(kind, tmp_path):
+    """Both tokenizer models GGUF files carry, as transformers builds them from the same metadata:
+    ids with and without special tokens, and the decoded text."""
+    from transformers import AutoTokenizer
+
+    from tests.gguf.files import byte_level_tokenizer, sentencepiece_tokenizer
+
+    path = tmp_path / f"{kind}.gguf"
+    write_tiny(path, Q.F32, tokenizer=byte_level_tokenizer if kind == "gpt2" else sentencepiece_tokenizer)
+    ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    ours = AutoTokenizer.from_pretrained(convert(path, tmp_path / "hf"))
+    for text in TEXTS:
+        for special in (True, False):
+            ids = ours.encode(text, add_special_tokens=special)
+            assert ids == ref.encode(text, add_special_tokens=special), (kind, text, special)
+            assert ours.decode(ids) == ref.decode(ids), (kind, text)
+    assert (ours.encode("the cat")[0] == 1) == (kind == "llama")  # BOS by default for SentencePiece only

@@ -43,7 +43,7 @@ def test_every_refused_or_ignored_field_has_an_example_and_refused_ones_a_reason
 def test_docs_table_is_the_registry():
     text = DOC.read_text()
     table = text.split("<!-- fields:begin -->\n", 1)[1].split("<!-- fields:end -->", 1)[0]
-    assert table == fields.markdown(), "regenerate docs/openai.md's table: python3 -m services.tokenizer.http.fields"
+    assert table == fields.markdown(), "regenerate docs/openai.md's table: python3 -m services.tokenizer.http.fields (rewrites it)"
 
 
 def _message(model, body: dict, endpoint: str = fields.CHAT) -> tuple[str, str | None]:

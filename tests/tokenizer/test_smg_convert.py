@@ -64,11 +64,7 @@ def test_sampling_fields_map_onto_banyans():
     (dict(return_hidden_states=True), "return_hidden_states"),
     (dict(custom_logit_processor="x"), "custom_logit_processor"),
     (dict(token_ids_logprob=[1]), "token_ids_logprob"),
-    (dict(return_logprob=True, logprob_start_len=0), "logprob_start_len"),
     (dict(sp=dict(structural_tag="{}")), "sampling_params.structural_tag"),
-    (dict(sp=dict(repetition_penalty=1.2)), "sampling_params.repetition_penalty"),
-    (dict(sp=dict(min_new_tokens=2)), "sampling_params.min_new_tokens"),
-    (dict(sp=dict(logit_bias={"5": 1.0})), "sampling_params.logit_bias"),
 ])
 def test_what_banyan_cannot_do_is_refused_naming_the_field(kw, field):
     with pytest.raises(InvalidArgument, match=field.replace(".", r"\.")):
@@ -94,13 +90,47 @@ def test_stream_interval_is_honoured():
     assert convert.sampling(request()).stream_interval is None
 
 
+def test_prompt_logprobs_prefill_only_and_logit_processors_map_onto_banyans():
+    r = request(sp=dict(max_new_tokens=0, repetition_penalty=1.2, min_new_tokens=2, logit_bias={"5": 1.5, "7": -3}),
+                return_logprob=True, logprob_start_len=1, top_logprobs_num=3)
+    convert.check_supported(r)
+    s = convert.sampling(r)
+    assert (s.max_tokens, s.prompt_logprobs_start, s.prompt_top_logprobs) == (0, 1, 3)
+    assert (s.repetition_penalty, s.min_tokens, s.logit_bias) == (pytest.approx(1.2), 2, {5: 1.5, 7: -3.0})
+    # no prompt logprobs: not asked (return_logprob false, logprob_start_len -1) or a start past the prompt
+    for kw in (dict(return_logprob=False, logprob_start_len=0), dict(return_logprob=True),
+               dict(return_logprob=True, logprob_start_len=3)):
+        s = convert.sampling(request(**kw))
+        assert s.prompt_logprobs_start is None and s.prompt_top_logprobs is None
+    s = convert.sampling(request(sp=dict(repetition_penalty=0.0)))  # (0: SGLang's "unset")
+    assert s.repetition_penalty is None and s.min_tokens is None and s.logit_bias is None
+    with pytest.raises(InvalidArgument, match=r"sampling_params\.logit_bias: 'x5' is not a token id"):
+        convert.sampling(request(sp=dict(logit_bias={"x5": 1.0})))
+
+
+def test_input_logprobs_as_sglang_sends_them():
+    lps = [TokenLogprob(5, None, []), TokenLogprob(6, -1.25, [(6, -1.25), (9, -2.0)])]
+    b = convert.Branch()
+    b.prompt_lps = lps
+    first = Chunk(0, [11], "a", prompt_logprobs=lps)
+    inp = convert.stream_chunk("r", first, b, 2, top=True).chunk.input_logprobs
+    assert list(inp.token_ids) == [5, 6]
+    assert [t.HasField("value") for t in inp.token_logprobs] == [False, True]
+    assert inp.token_logprobs[1].value == -1.25
+    assert [list(t.token_ids) for t in inp.top_logprobs] == [[], [6, 9]]
+    last = Chunk(0, [], "", FinishReason.LENGTH, Usage(2, 1, 0))
+    done = convert.complete("r", last, b, streamed=True, top=False).complete
+    assert list(done.input_logprobs.token_ids) == [5, 6] and not done.input_logprobs.top_logprobs
+    assert not convert.stream_chunk("r", last, b, 2, top=True).chunk.HasField("input_logprobs")
+
+
 def test_bad_values_name_smg_fields():
-    with pytest.raises(InvalidArgument, match=r"sampling_params\.max_new_tokens"):
-        convert.sampling(request(sp=dict(max_new_tokens=0)))
     with pytest.raises(InvalidArgument, match="tokenized.input_ids"):
         convert.prompt(pb.GenerateRequest(request_id="x"))
     e = convert.smg_names(InvalidArgument("sampling_params.max_tokens=9 … and sampling_params.top_logprobs must"))
     assert str(e) == "sampling_params.max_new_tokens=9 … and top_logprobs_num must"
+    e = convert.smg_names(InvalidArgument("sampling_params.min_tokens must be in [0, max_tokens=2]"))
+    assert str(e).startswith("sampling_params.min_new_tokens must")
 
 
 def test_chunks_and_completions():

@@ -6,7 +6,6 @@ each with its own settings, rows without any left alone, and the state updated b
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor,
                           SequenceBiasLogitsProcessor)
@@ -84,20 +83,3 @@ def test_repetition_mask_follows_sampled_tokens():
     got = logits.clone()
     procs.apply(got, [0], [nr.params], np.array([len(seq)]))
     assert torch.equal(got, logits)  # (a released row: nothing applied)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_processors_on_cuda_match_the_cpu():
-    g = torch.Generator().manual_seed(1)
-    logits = torch.randn(2, V, generator=g)
-    reqs = [new_req(0, [1, 2, 3], repetition_penalty=1.5, logit_bias={4: 2.0}), new_req(1, [9], min_new_tokens=4)]
-    out = []
-    for dev in ("cpu", "cuda"):
-        procs = LogitProcessors(V, torch.device(dev))
-        for nr in reqs:
-            procs.add_row(nr)
-        x = logits.to(dev)
-        procs.apply(x, [0, 1], [nr.params for nr in reqs], np.array([3, 1]))
-        out.append(x.cpu())
-    assert torch.allclose(out[0], out[1], atol=1e-6)

@@ -8,6 +8,7 @@ which aborts the request downstream and frees its KV cache.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
@@ -23,7 +24,8 @@ from shared.tracing import Trace, Tracer
 from services.tokenizer import tokens, validation
 from services.tokenizer.auth import ApiKey
 from services.tokenizer.generation import Chunk, Generator
-from services.tokenizer.http import convert, errors, native
+from services.tokenizer.chat_output import OutputParsers
+from services.tokenizer.http import chat_tools, convert, errors, native
 from services.tokenizer.http.docs import install_docs
 from services.tokenizer.http import responses, responses_api, scoring_out
 from services.tokenizer.http import protocol as api
@@ -63,6 +65,7 @@ class Frontend:
         self.in_flight: set[str] = set()  # request ids of the generations being answered
         self.aliases: frozenset[str] = frozenset()  # other names requests may give the model (--served-model-name)
         self.sessions = SessionFront(client)
+        self.parsers = OutputParsers()  # --tool-call-parser, --reasoning-parser (set by the server)
 
     async def turn(self, request: Request, body: api.ChatCompletionRequest | api.CompletionRequest,
                    prompt: Prompt, sampling: validation.SamplingRequest, info: ModelInfo,
@@ -217,10 +220,14 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         info = front.model(body.model)
         rid = _request_id(request, "chat")
         prompt, sampling, constraint = convert.chat_request(body)
+        tool_plan = chat_tools.plan(body, front.parsers.tool, constraint)
+        prompt = dataclasses.replace(prompt, extras=chat_tools.extras(body, tool_plan))
+        constraint = tool_plan.constraint or constraint
         priority, session = await front.turn(request, body, prompt, sampling, info)
         p = validation.prepare(prompt, sampling, text, info, request_id=rid, cache_salt=body.cache_salt,
                                constraint=constraint, priority=priority, session=session)
-        fmt = convert.ChatFormat(front.token_texts, body.logprobs)
+        tail = text.decode(p.req.input_ids[-4:], skip_special_tokens=False) if front.parsers.reasoning else ""
+        fmt = chat_tools.chat_format(front.token_texts, body.logprobs, tool_plan, front.parsers.reasoning, tail)
         if body.prompt_logprobs is not None:
             scoring_out.check(body.stream, body.prompt_logprobs)
             fmt = scoring_out.ScoringChatFormat(front.token_texts, body.logprobs, body.prompt_logprobs)

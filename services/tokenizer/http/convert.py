@@ -11,6 +11,7 @@ from shared.errors import InvalidArgument
 from shared.messages.common import Constraint
 from services.tokenizer.generation import Chunk, TokenLogprob, Usage
 from services.tokenizer.http import protocol as api
+from services.tokenizer.http.history import message_fields
 from services.tokenizer.text import Message, TextProcessor
 from services.tokenizer.validation import MAX_TOP_LOGPROBS, Prompt, SamplingRequest
 
@@ -47,21 +48,20 @@ def messages(msgs: list[api.ChatMessage], name: str = "messages") -> list[Messag
     for i, m in enumerate(msgs):
         role = "system" if m.role == "developer" else m.role  # (OpenAI's newer name; templates know system)
         if m.content is None or isinstance(m.content, str):
-            out.append(Message(role, m.content or ""))
+            out.append(Message(role, m.content or "", **message_fields(m, i)))
             continue
         texts = []
         for j, part in enumerate(m.content):
             if part.type != "text" or part.text is None:
                 raise InvalidArgument(f"{name}[{i}].content[{j}]: only text parts are supported, got {part.type!r}")
             texts.append(part.text)
-        out.append(Message(role, "\n".join(texts)))
+        out.append(Message(role, "\n".join(texts), **message_fields(m, i)))
     return out
 
 
 def _sampling(req: api.CompletionRequest | api.ChatCompletionRequest, max_tokens: int | None, logprobs: bool,
               top_logprobs: int | None, prompt_top: int | None = None) -> SamplingRequest:
     """``prompt_top``: prompt log-probs from the first token, with that many alternatives (``None``: none)."""
-    _not_yet(req)
     if req.stream_options is not None and not req.stream:
         raise InvalidArgument("stream_options is only allowed when stream is true")
     stop = [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
@@ -71,17 +71,21 @@ def _sampling(req: api.CompletionRequest | api.ChatCompletionRequest, max_tokens
                            skip_special_tokens=req.skip_special_tokens, presence_penalty=req.presence_penalty,
                            frequency_penalty=req.frequency_penalty, logprobs=logprobs, top_logprobs=top_logprobs,
                            stream_interval=req.stream_interval,
-                           prompt_logprobs_start=None if prompt_top is None else 0, prompt_top_logprobs=prompt_top)
+                           prompt_logprobs_start=None if prompt_top is None else 0, prompt_top_logprobs=prompt_top,
+                           logit_bias=logit_bias(req.logit_bias), min_tokens=req.min_tokens,
+                           repetition_penalty=req.repetition_penalty)
 
 
-def _not_yet(req: api.CompletionRequest | api.ChatCompletionRequest) -> None:
-    """Extensions the engine does not apply yet: only their neutral values pass."""
-    if req.logit_bias:
-        raise InvalidArgument("logit_bias is not supported yet (only an empty map)")
-    if req.min_tokens not in (None, 0):
-        raise InvalidArgument(f"min_tokens is not supported yet (only 0), got {req.min_tokens}")
-    if req.repetition_penalty not in (None, 1.0):
-        raise InvalidArgument(f"repetition_penalty is not supported yet (only 1.0), got {req.repetition_penalty}")
+def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` keys are token ids written as strings."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not key.strip().isdigit():
+            raise InvalidArgument(f"logit_bias: the key {key[:40]!r} is not a token id (a non-negative integer)")
+        out[int(key)] = value
+    return out
 
 
 def chat_request(req: api.ChatCompletionRequest) -> tuple[Prompt, SamplingRequest, Constraint | None]:

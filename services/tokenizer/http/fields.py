@@ -56,7 +56,7 @@ RULES: tuple[Rule, ...] = (
     Rule("stream", H, ALL, "server-sent events"),
     Rule("stream_options", H, GEN, "include_usage (a last chunk with usage), continuous_usage_stats (usage on "
                                    "every chunk, vLLM's extension); include_obfuscation is ignored"),
-    Rule("logit_bias", L, GEN, "token id → bias in [-100, 100]: only an empty map until the engine applies it"),
+    Rule("logit_bias", H, GEN, "token id → bias, clamped to [-100, 100]"),
     Rule("response_format", H, GEN, "text, json_object, json_schema (grammar-constrained)"),
     Rule("user", I, ALL, example="user-1234"),
     Rule("metadata", I, ALL, example={"k": "v"}),
@@ -71,10 +71,11 @@ RULES: tuple[Rule, ...] = (
     Rule("max_completion_tokens", H, (CHAT,)),
     Rule("logprobs", H, GEN, "chat: true/false; completions: how many alternatives (0..20)"),
     Rule("top_logprobs", H, (CHAT,), "0..20, with logprobs: true"),
-    Rule("parallel_tool_calls", I, (CHAT,), example=True),
-    Rule("tools", R, (CHAT,), "tool calling is not served yet",
-         example=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    Rule("tool_choice", R, (CHAT,), "tool calling is not served yet", example="auto"),
+    Rule("parallel_tool_calls", H, (CHAT,), "false: at most one call (grammar-enforced under required / named)"),
+    Rule("tools", H, (CHAT,), "function tools, rendered by the model's chat template; [] or null: none "
+                              "(docs/tools.md)"),
+    Rule("tool_choice", H, (CHAT,), "none, auto (needs --tool-call-parser or a template it detects), required, "
+                                    "a named function; required / named and strict functions grammar-enforced"),
     Rule("functions", R, (CHAT,), "OpenAI's deprecated function calling: use tools",
          example=[{"name": "f", "parameters": {}}]),
     Rule("function_call", R, (CHAT,), "OpenAI's deprecated function calling: use tool_choice", example="auto"),
@@ -119,8 +120,8 @@ RULES: tuple[Rule, ...] = (
     Rule("ignore_eos", H, GEN),
     Rule("stop_token_ids", H, GEN),
     Rule("skip_special_tokens", H, GEN),
-    Rule("min_tokens", L, GEN, "only 0 until the engine applies it"),
-    Rule("repetition_penalty", L, GEN, "only 1.0 until the engine applies it"),
+    Rule("min_tokens", H, GEN, "stop tokens (EOS too) masked until this many new tokens"),
+    Rule("repetition_penalty", H, GEN, "HF's, over prompt and output, (0, 2]"),
     Rule("prompt_logprobs", H, GEN, "vLLM's: the prompt tokens' logprobs with k alternatives (0..20), not streamed"),
     Rule("regex", H, GEN, "grammar-constrained output"),
     Rule("ebnf", H, GEN, "grammar-constrained output (GBNF dialect)"),
@@ -146,7 +147,8 @@ RULES: tuple[Rule, ...] = (
     Rule("return_tokens_as_token_ids", R, GEN, "not supported", example=True),
     Rule("logits_processors", R, GEN, "no custom logits processors", example=["x"]),
     Rule("chat_template", R, (CHAT,), "the model's own chat template is used", example="{{ messages }}"),
-    Rule("chat_template_kwargs", R, (CHAT,), "not served yet", example={"enable_thinking": False}),
+    Rule("chat_template_kwargs", H, (CHAT,), "more template variables (e.g. enable_thinking); not those the "
+                                             "server sets (messages, tools, add_generation_prompt …)"),
     Rule("continue_final_message", R, (CHAT,), "use add_generation_prompt: false", example=True),
     Rule("documents", R, (CHAT,), "no RAG documents for the template", example=[{"text": "x"}]),
 )
@@ -190,5 +192,15 @@ def markdown() -> str:
     return "\n".join(head + lines) + "\n"
 
 
-if __name__ == "__main__":  # the table for docs/openai.md
-    print(markdown(), end="")
+def write_doc(path: str = "docs/openai.md") -> None:
+    """Put the table between the doc's ``<!-- fields:begin -->`` and ``<!-- fields:end -->`` lines."""
+    with open(path) as f:
+        text = f.read()
+    head, rest = text.split("<!-- fields:begin -->\n", 1)
+    tail = rest.split("<!-- fields:end -->", 1)[1]
+    with open(path, "w") as f:
+        f.write(head + "<!-- fields:begin -->\n" + markdown() + "<!-- fields:end -->" + tail)
+
+
+if __name__ == "__main__":  # python3 -m services.tokenizer.http.fields: rewrite docs/openai.md's table
+    write_doc()

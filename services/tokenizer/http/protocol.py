@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from services.tokenizer.http.tool_protocol import REASONING, TOOL_CALLS, Tool, ToolCall, ToolCallChunk, ToolChoice
+
 
 def _unicode(s: str) -> str:
     try:
@@ -65,6 +67,9 @@ class ChatMessage(_Request):
     role: Role = Field(description="developer is given to the chat template as system")
     content: Text | list[ContentPart] | None = None
     name: Text | None = None  # accepted, not passed to the template
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (to the template)
+    tool_call_id: Text | None = None  # a tool turn: the call it answers
+    reasoning_content: Text | None = None  # an assistant turn's thinking (templates that render it)
 
     @model_validator(mode="after")
     def _has_content(self) -> ChatMessage:
@@ -105,7 +110,8 @@ class _Generate(_Request):
     frequency_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="not supported yet: must be empty")
+    logit_bias: dict[str, float] | None = Field(None, description="token id → bias added to its logit (clamped to "
+                                                "[-100, 100])")
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -120,8 +126,8 @@ class _Generate(_Request):
     stop_token_ids: list[TokenId] | None = Field(None, description="token ids that end a choice")
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool | None = Field(None, description="accepted, ignored")
-    min_tokens: Int32 | None = Field(None, description="not supported yet: only 0")
-    repetition_penalty: float | None = Field(None, description="not supported yet: only 1.0")
+    min_tokens: Int32 | None = Field(None, description="no stop token (EOS included) before this many new tokens")
+    repetition_penalty: float | None = Field(None, description="HF's, over prompt + output, in (0, 2]; 1 = off")
     prompt_logprobs: Int32 | None = Field(None, description="vLLM's: the prompt tokens' log-probs with this many "
                                           "alternatives each, 0..20 (not with stream)")
     stream_interval: Int32 | None = Field(None, description="stream tokens this many at a time, in [1, 1024] "
@@ -145,7 +151,12 @@ class ChatCompletionRequest(_Generate):
     max_completion_tokens: Int32 | None = None
     logprobs: bool = False
     top_logprobs: Int32 | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(None, description="let the model make several calls (default true)")
+    tools: list[Tool] | None = Field(None, description="functions the model may call (docs/tools.md)")
+    tool_choice: ToolChoice | None = Field(None, description="none | auto | required | {type: function, function: "
+                                           "{name}}; default auto with tools, none without")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="more variables for the chat template "
+                                                        "(e.g. enable_thinking)")
     reasoning_effort: str | None = Field(None, description="accepted, ignored: the model reasons as its template says")
     verbosity: str | None = None
     modalities: list[Literal["text"]] | None = None
@@ -216,13 +227,16 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 StopReason = Annotated[str | int | None, Field(description="the stop string or stop token id that ended the choice")]
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = TOOL_CALLS
+    reasoning_content: str | None = REASONING
+    reasoning: str | None = REASONING
 
 
 class ChatChoice(BaseModel):
@@ -246,6 +260,9 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallChunk] | None = TOOL_CALLS
+    reasoning_content: str | None = REASONING
+    reasoning: str | None = REASONING
 
 
 class ChatChunkChoice(BaseModel):

@@ -5,8 +5,9 @@ does, and the answer is a ``response`` object, or streamed as its events (``resp
 
 Function tools and the ``function_call`` / ``function_call_output`` input items need tool calling
 (the chat template's ``tools=`` and a tool-call parser); until the server has them they are a 400
-that says so. ``_output_items`` is where parsed calls become ``function_call`` items (and their
-``response.function_call_arguments.*`` events)."""
+that says so. The seam is ``create``'s ``parser``: ``responses_output.Output`` already turns a
+tool-call parser's pieces into ``function_call`` items and their ``response.function_call_arguments.*``
+events."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ from services.tokenizer import validation
 from services.tokenizer.generation import Chunk
 from services.tokenizer.http import errors
 from services.tokenizer.http import responses_api as rapi
+from services.tokenizer.http.responses_output import Event, Output
 from services.tokenizer.http.streams import merge, unless_disconnected
 from services.tokenizer.text import Message
+from services.tokenizer.tools.base import ToolParser
 from services.tokenizer.validation import Prompt, SamplingRequest
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -102,38 +105,35 @@ def _usage(c: Chunk | None) -> rapi.ResponseUsage | None:
 
 
 class _Answer:
-    """The response object being built (the same fields streamed and not)."""
+    """The response object being built (the same fields and items streamed and not)."""
 
-    def __init__(self, rid: str, body: rapi.ResponseRequest, model: str) -> None:
+    def __init__(self, rid: str, body: rapi.ResponseRequest, model: str, parser: ToolParser | None) -> None:
         self.body, self.model = body, model
-        self.id, self.msg_id = f"resp_{rid}", f"msg_{rid}"
+        self.id = f"resp_{rid}"
         self.created = int(time.time())
-        self.text: list[str] = []
+        self.output = Output(rid, parser)
         self.last: Chunk | None = None
 
-    def add(self, c: Chunk) -> None:
-        self.text.append(c.text)
+    def add(self, c: Chunk) -> list[Event]:
         if c.finish:
             self.last = c
+        return self.output.feed(c.text) if c.text else []
 
-    def _output_items(self, status: str) -> list[rapi.OutputMessage | rapi.FunctionCall]:
-        return [self.message(status)]
+    @property
+    def cut(self) -> bool:
+        return self.last is not None and self.last.finish is FinishReason.LENGTH
 
-    def message(self, status: str) -> rapi.OutputMessage:
-        text = "".join(self.text)
-        return rapi.OutputMessage(id=self.msg_id, status=status, content=[rapi.OutputText(text=text)] if (
-            text or status != "in_progress") else [])
+    def finish(self) -> list[Event]:
+        return self.output.finish("incomplete" if self.cut else "completed")
 
     def response(self, done: bool) -> rapi.Response:
         b = self.body
-        length = self.last is not None and self.last.finish is FinishReason.LENGTH
-        status = "in_progress" if not done else "incomplete" if length else "completed"
-        item_status = "in_progress" if not done else "incomplete" if length else "completed"
+        status = "in_progress" if not done else "incomplete" if self.cut else "completed"
         fmt = b.text.format.model_dump(by_alias=True, exclude_none=True) if b.text and b.text.format else None
         return rapi.Response(
             id=self.id, created_at=self.created, status=status, model=self.model,
-            output=self._output_items(item_status) if done else [], usage=_usage(self.last) if done else None,
-            incomplete_details=rapi.IncompleteDetails(reason="max_output_tokens") if done and length else None,
+            output=self.output.items(status) if done else [], usage=_usage(self.last) if done else None,
+            incomplete_details=rapi.IncompleteDetails(reason="max_output_tokens") if done and self.cut else None,
             instructions=b.instructions, max_output_tokens=b.max_output_tokens,
             parallel_tool_calls=b.parallel_tool_calls is not False, temperature=b.temperature, top_p=b.top_p,
             text={"format": fmt or {"type": "text"}}, tool_choice=b.tool_choice or "auto", user=b.user,
@@ -152,14 +152,16 @@ class _Events:
         return f"event: {type_}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def create(front, request: Request, body: rapi.ResponseRequest, info: ModelInfo, rid: str) -> Response:
-    """Answer one ``POST /v1/responses`` (``front``: the app's ``Frontend``)."""
+async def create(front, request: Request, body: rapi.ResponseRequest, info: ModelInfo, rid: str,
+                 parser: ToolParser | None = None) -> Response:
+    """Answer one ``POST /v1/responses`` (``front``: the app's ``Frontend``; ``parser``: the tool-call
+    parser of this request's output, once function tools are served)."""
     prompt, sampling, constraint = convert_request(body)
     prepared = validation.prepare(prompt, sampling, front.text, info, request_id=rid, constraint=constraint)
     trace = request.state.trace
     stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(prepared.req.input_ids), n=1)
     outputs = front._tracked([rid], merge([front.generator.stream(prepared, rid, trace)]))
-    answer = _Answer(rid, body, info.model)
+    answer = _Answer(rid, body, info.model, parser)
     headers = {"X-Request-Id": rid}
     if not body.stream:
         async def collect() -> rapi.Response:
@@ -168,6 +170,7 @@ async def create(front, request: Request, body: rapi.ResponseRequest, info: Mode
                     answer.add(c)
             finally:
                 await outputs.aclose()
+            answer.finish()
             return answer.response(done=True)
 
         result = await unless_disconnected(request, collect())
@@ -183,27 +186,20 @@ async def create(front, request: Request, body: rapi.ResponseRequest, info: Mode
 
 async def _stream(answer: _Answer, outputs: AsyncIterator[tuple[int, Chunk]], first: Chunk) -> AsyncIterator[str]:
     ev = _Events()
-    part = dict(output_index=0, item_id=answer.msg_id, content_index=0)
     try:
         yield ev("response.created", response=answer.response(done=False).model_dump())
         yield ev("response.in_progress", response=answer.response(done=False).model_dump())
-        yield ev("response.output_item.added", output_index=0, item=answer.message("in_progress").model_dump())
-        yield ev("response.content_part.added", **part, part=rapi.OutputText(text="").model_dump())
         c: Chunk | None = first
         while c is not None:
-            answer.add(c)
-            if c.text:
-                yield ev("response.output_text.delta", **part, delta=c.text, logprobs=[])
+            for kind, fields in answer.add(c):
+                yield ev(kind, **fields)
             nxt = await anext(outputs, None)
             c = nxt[1] if nxt is not None else None
+        for kind, fields in answer.finish():
+            yield ev(kind, **fields)
         done = answer.response(done=True)
-        msg = done.output[0]
-        text = "".join(answer.text)
-        yield ev("response.output_text.done", **part, text=text, logprobs=[])
-        yield ev("response.content_part.done", **part, part=rapi.OutputText(text=text).model_dump())
-        yield ev("response.output_item.done", output_index=0, item=msg.model_dump())
-        kind = "response.completed" if done.status == "completed" else "response.incomplete"
-        yield ev(kind, response=done.model_dump())
+        yield ev("response.completed" if done.status == "completed" else "response.incomplete",
+                 response=done.model_dump())
     except Exception as e:  # the status line is gone: the error travels as an event
         yield errors.sse_error(e)
     finally:

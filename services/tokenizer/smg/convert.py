@@ -10,9 +10,13 @@ Proto3 cannot tell an unset scalar from its zero, so SMG sends every sampling fi
 (0 = 1, off), as SGLang reads them.
 
 Fields asking for what Banyan does not do are refused with INVALID_ARGUMENT naming the field,
-never ignored: multimodal inputs, input embeddings, LoRA, disaggregation, hidden states, prompt
-(input) logprobs, logprobs of chosen token ids, custom logit processors, ``structural_tag``,
-``repetition_penalty`` ≠ 1, ``min_new_tokens`` > 0, ``logit_bias``, ``custom_params``.
+never ignored: multimodal inputs, input embeddings, LoRA, disaggregation, hidden states, logprobs
+of chosen token ids, custom logit processors, ``structural_tag``, ``custom_params``.
+``return_logprob`` with ``logprob_start_len`` ≥ 0 returns the prompt's log-probs from there
+(``input_logprobs``, the first position's value unset; on branch 0's first chunk and its complete
+message; a start at or past the prompt's end: none), with ``top_logprobs_num`` alternatives;
+``max_new_tokens`` 0 is a prefill-only request; ``repetition_penalty``, ``min_new_tokens`` and
+``logit_bias`` (token ids as strings) go to Banyan's logit processors (docs/sampling.md).
 ``stream_interval`` is honoured (0 = 1: tokens as they come). Detokenization options (``skip_special_tokens``,
 ``spaces_between_special_tokens``, ``no_stop_trim``) shape text the gateway makes from the token
 ids; Banyan uses ``skip_special_tokens`` for the text it matches stop strings against.
@@ -33,7 +37,10 @@ from services.tokenizer.validation import Prompt, SamplingRequest
 CONSTRAINTS = {"regex": "regex", "json_schema": "json_schema", "ebnf_grammar": "ebnf"}
 # Banyan's names in validation messages → SMG's names of the same fields
 _NAMES = [(re.compile(r"\bsampling_params\.max_tokens\b"), "sampling_params.max_new_tokens"),
-          (re.compile(r"\bsampling_params\.top_logprobs\b"), "top_logprobs_num")]
+          (re.compile(r"\bsampling_params\.top_logprobs\b"), "top_logprobs_num"),
+          (re.compile(r"\bsampling_params\.min_tokens\b"), "sampling_params.min_new_tokens"),
+          (re.compile(r"\bsampling_params\.prompt_logprobs_start\b"), "logprob_start_len"),
+          (re.compile(r"\bsampling_params\.prompt_top_logprobs\b"), "top_logprobs_num")]
 
 
 def _refuse(field: str, what: str) -> None:
@@ -56,17 +63,9 @@ def check_supported(req: pb.GenerateRequest) -> None:
         _refuse("custom_logit_processor", "a custom logit processor")
     if req.token_ids_logprob:
         _refuse("token_ids_logprob", "logprobs of chosen token ids")
-    if req.return_logprob and req.logprob_start_len >= 0:
-        _refuse("logprob_start_len", "prompt (input) logprobs (logprob_start_len >= 0; use -1)")
     sp = req.sampling_params
     if sp.HasField("structural_tag"):
         _refuse("sampling_params.structural_tag", "structural-tag constrained output")
-    if sp.repetition_penalty not in (0.0, 1.0):
-        _refuse("sampling_params.repetition_penalty", f"a repetition penalty ({sp.repetition_penalty:g}; only 1)")
-    if sp.min_new_tokens:
-        _refuse("sampling_params.min_new_tokens", "a minimum number of new tokens")
-    if sp.logit_bias:
-        _refuse("sampling_params.logit_bias", "logit bias")
     if sp.HasField("custom_params") and sp.custom_params.fields:
         _refuse("sampling_params.custom_params", "custom sampling parameters")
 
@@ -79,10 +78,11 @@ def prompt(req: pb.GenerateRequest) -> Prompt:
 
 def sampling(req: pb.GenerateRequest) -> SamplingRequest:
     sp = req.sampling_params
-    if sp.HasField("max_new_tokens") and sp.max_new_tokens == 0:
-        raise InvalidArgument("sampling_params.max_new_tokens must be >= 1 (prefill-only requests are not supported)")
     if req.top_logprobs_num < 0:
         raise InvalidArgument(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}")
+    start = None
+    if req.return_logprob and 0 <= req.logprob_start_len < len(req.tokenized.input_ids):
+        start = req.logprob_start_len
     return SamplingRequest(
         max_tokens=sp.max_new_tokens if sp.HasField("max_new_tokens") else None,
         temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p, n=sp.n or 1,
@@ -90,7 +90,20 @@ def sampling(req: pb.GenerateRequest) -> SamplingRequest:
         skip_special_tokens=sp.skip_special_tokens, presence_penalty=sp.presence_penalty,
         frequency_penalty=sp.frequency_penalty, logprobs=req.return_logprob,
         top_logprobs=req.top_logprobs_num if req.return_logprob else None,
-        stream_interval=(sp.stream_interval or None) if sp.HasField("stream_interval") else None)
+        stream_interval=(sp.stream_interval or None) if sp.HasField("stream_interval") else None,
+        prompt_logprobs_start=start, prompt_top_logprobs=req.top_logprobs_num if start is not None else None,
+        logit_bias=_logit_bias(sp), min_tokens=sp.min_new_tokens or None,
+        repetition_penalty=sp.repetition_penalty or None)
+
+
+def _logit_bias(sp: pb.SamplingParams) -> dict[int, float] | None:
+    """SMG's logit_bias (token ids as decimal strings) → token id → bias."""
+    out = {}
+    for key, value in sp.logit_bias.items():
+        if not key.strip().isdigit():
+            raise InvalidArgument(f"sampling_params.logit_bias: {key[:40]!r} is not a token id")
+        out[int(key)] = value
+    return out or None
 
 
 def constraint(req: pb.GenerateRequest) -> Constraint | None:
@@ -118,14 +131,27 @@ def output_logprobs(lps: list[TokenLogprob] | None, top: bool) -> pb.OutputLogPr
     return out
 
 
+def input_logprobs(lps: list[TokenLogprob] | None, top: bool) -> pb.InputLogProbs | None:
+    """Prompt log-probs as SGLang sends them (the prompt's first token: no value)."""
+    if not lps:
+        return None
+    out = pb.InputLogProbs(token_ids=[t.token_id for t in lps], token_logprobs=[
+        pb.InputTokenLogProb(value=t.logprob) if t.logprob is not None else pb.InputTokenLogProb() for t in lps])
+    if top:
+        out.top_logprobs.extend(pb.TopLogProbs(values=[lp for _, lp in t.top], token_ids=[i for i, _ in t.top])
+                                for t in lps)
+    return out
+
+
 class Branch:
     """What one branch (``index``) has produced so far: the complete message repeats it."""
 
-    __slots__ = ("ids", "lps")
+    __slots__ = ("ids", "lps", "prompt_lps")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.lps: list[TokenLogprob] = []
+        self.prompt_lps: list[TokenLogprob] | None = None  # branch 0's prompt log-probs, when asked for
 
 
 def stream_chunk(rid: str, c: Chunk, b: Branch, prompt_tokens: int, top: bool) -> pb.GenerateResponse:
@@ -133,7 +159,8 @@ def stream_chunk(rid: str, c: Chunk, b: Branch, prompt_tokens: int, top: bool) -
     return pb.GenerateResponse(request_id=rid, chunk=pb.GenerateStreamChunk(
         token_ids=c.token_ids, prompt_tokens=prompt_tokens, completion_tokens=len(b.ids),
         cached_tokens=c.usage.cached_tokens if c.usage else 0,
-        output_logprobs=output_logprobs(c.logprobs, top), index=c.index))
+        output_logprobs=output_logprobs(c.logprobs, top), input_logprobs=input_logprobs(c.prompt_logprobs, top),
+        index=c.index))
 
 
 def complete(rid: str, c: Chunk, b: Branch, streamed: bool, top: bool) -> pb.GenerateResponse:
@@ -143,7 +170,8 @@ def complete(rid: str, c: Chunk, b: Branch, streamed: bool, top: bool) -> pb.Gen
     ids, lps = (c.token_ids, c.logprobs) if streamed else (b.ids, b.lps)
     done = pb.GenerateComplete(output_ids=ids, finish_reason=str(c.finish), prompt_tokens=c.usage.prompt_tokens,
                                completion_tokens=c.usage.completion_tokens, cached_tokens=c.usage.cached_tokens,
-                               output_logprobs=output_logprobs(lps, top), index=c.index)
+                               output_logprobs=output_logprobs(lps, top), index=c.index,
+                               input_logprobs=input_logprobs(b.prompt_lps, top))
     if c.matched_stop:
         done.matched_stop_str = c.matched_stop
     elif c.matched_stop_token_id is not None:

@@ -113,6 +113,8 @@ class SmgServicer(pb_grpc.SglangSchedulerServicer):
                 b.ids += c.token_ids
                 if c.logprobs:
                     b.lps += c.logprobs
+                if c.prompt_logprobs:
+                    b.prompt_lps = c.prompt_logprobs
                 if request.stream:
                     yield convert.stream_chunk(rid, c, b, len(p.req.input_ids), top)
                 if c.finish:

@@ -61,8 +61,8 @@ class BatchSampler:
                                  [params[k].frequency_penalty for k in pen])
         # seeded requests: a generator per (seed, position) — reproducible whatever the batch
         seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]
-        proc = [k for k, p in enumerate(params) if p.processed]
-        if proc:  # logit_bias, min_new_tokens, repetition_penalty: only rows that ask
+        proc = [k for k, p in enumerate(params) if p.processed] if self.processors.rows else []
+        if proc:  # logit_bias, min_new_tokens, repetition_penalty: only rows that ask (none held: no scan)
             self.processors.apply(logits, rows, params, seq_end)
         gens = [torch.Generator(device=dev).manual_seed(step_seed(p.seed, int(pos)))
                 if p.seed is not None and not p.greedy else None for p, pos in zip(params, seq_end)]

@@ -49,7 +49,8 @@ SAMPLING_UNSUPPORTED = {
 # validation.py's field names → SGLang's
 _NAMES = [(re.compile(r"\bsampling_params\.(prompt_)?top_logprobs\b"), "top_logprobs_num"),
           (re.compile(r"\bsampling_params\.prompt_logprobs_start\b"), "logprob_start_len"),
-          (re.compile(r"\bmax_tokens\b"), "max_new_tokens"), (re.compile(r"\brequest_id\b"), "rid")]
+          (re.compile(r"\bmax_tokens\b"), "max_new_tokens"), (re.compile(r"\bmin_tokens\b"), "min_new_tokens"),
+          (re.compile(r"\brequest_id\b"), "rid")]
 
 
 def sglang_names(e: InvalidArgument) -> InvalidArgument:
@@ -131,12 +132,6 @@ def constraint(sp: api.SamplingParams, prefix: str) -> Constraint | None:
 def sampling(sp: api.SamplingParams, return_logprob: bool, top: int, prefix: str) -> tuple[SamplingRequest, int]:
     """SGLang's sampling params → a ``SamplingRequest`` and max_new_tokens (0: prefill only)."""
     refuse_unsupported(sp.model_extra, SAMPLING_UNSUPPORTED, frozenset(), prefix)
-    if sp.repetition_penalty not in (None, 1.0):
-        raise InvalidArgument(f"{prefix}repetition_penalty is not supported (only 1.0)")
-    if sp.min_new_tokens not in (None, 0):
-        raise InvalidArgument(f"{prefix}min_new_tokens is not supported (only 0)")
-    if sp.logit_bias:
-        raise InvalidArgument(f"{prefix}logit_bias is not supported")
     if sp.no_stop_trim:
         raise InvalidArgument(f"{prefix}no_stop_trim is not supported: the matched stop string is never in the text")
     if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
@@ -146,6 +141,8 @@ def sampling(sp: api.SamplingParams, return_logprob: bool, top: int, prefix: str
         raise InvalidArgument(f"{prefix}max_new_tokens must be >= 0 (0: prefill only), got {max_new}")
     stop = [] if sp.stop is None else [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
     req = SamplingRequest(
+        logit_bias=_logit_bias(sp.logit_bias, prefix), min_tokens=sp.min_new_tokens,
+        repetition_penalty=sp.repetition_penalty,
         max_tokens=max_new, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
         seed=sp.seed if sp.seed is not None else sp.sampling_seed, n=sp.n, stop=stop,
         stop_token_ids=list(sp.stop_token_ids or ()), ignore_eos=bool(sp.ignore_eos),
@@ -153,6 +150,19 @@ def sampling(sp: api.SamplingParams, return_logprob: bool, top: int, prefix: str
         frequency_penalty=sp.frequency_penalty, logprobs=return_logprob and max_new > 0,
         top_logprobs=top if return_logprob and max_new > 0 else None, stream_interval=sp.stream_interval)
     return req, max_new
+
+
+def _logit_bias(bias: dict[str, float] | None, prefix: str) -> dict[int, float] | None:
+    """SGLang's ``logit_bias`` keys are token ids written as strings."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise InvalidArgument(f"{prefix}logit_bias: key {key[:40]!r} is not a token id") from None
+    return out
 
 
 def items(body: api.GenerateRequest) -> tuple[list[Item], bool]:

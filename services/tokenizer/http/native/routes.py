@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -34,6 +35,9 @@ from services.tokenizer.http.native import protocol as api
 from services.tokenizer.http.native.results import Output
 from services.tokenizer.http.streams import merge, unless_disconnected
 from services.tokenizer.validation import Prepared, Prompt, SamplingRequest
+
+if TYPE_CHECKING:
+    from services.tokenizer.http.app import Frontend
 
 HEALTH_TIMEOUT_S = 20.0
 # SGLang endpoints with no meaning here: 400 naming them (and what to use instead, where there is something)
@@ -60,7 +64,7 @@ class Native:
     """The native API's state beside the OpenAI routes' ``Frontend`` (shared generator, sessions,
     in-flight set)."""
 
-    def __init__(self, front) -> None:
+    def __init__(self, front: Frontend) -> None:
         self.front = front
         self.flusher = Flusher.for_client(front.client)
 
@@ -83,7 +87,7 @@ class Native:
             raise convert.sglang_names(e) from None
 
     async def generate(self, body: api.GenerateRequest, request: Request) -> Response:
-        from services.tokenizer.http.app import request_priority
+        from services.tokenizer.http.app import request_priority  # (app.py imports this module)
 
         front = self.front
         front.model()
@@ -215,7 +219,7 @@ def _prompt_logprobs(s: SamplingRequest, item: convert.Item, prompt_len: int) ->
     return dataclasses.replace(s, prompt_logprobs_start=first, prompt_top_logprobs=item.top_logprobs or None)
 
 
-def install(app: FastAPI, front) -> Native:
+def install(app: FastAPI, front: Frontend) -> Native:
     """Add the native routes to the OpenAI app (same middleware, errors and generator)."""
     native = Native(front)
     responses = {s: {"description": "an error: {\"error\": {\"message\": ...}}"} for s in (400, 401, 404, 503)}
@@ -237,8 +241,9 @@ def install(app: FastAPI, front) -> Native:
     @app.api_route("/flush_cache", methods=["GET", "POST"], tags=["SGLang native"])
     async def flush_cache(timeout: float = 0.0) -> Response:
         ok, message = await native.flusher.flush(timeout)
-        text = "Cache flushed.\n" if ok else f"Cache not flushed: {message}\n"
-        return Response(text, status_code=200 if ok else 400, media_type="text/plain")
+        if not ok:  # (e.g. requests in flight: SGLang's 400)
+            raise errors.ApiError(400, f"the cache was not flushed: {message}", code="failed_precondition")
+        return Response("Cache flushed.\n", media_type="text/plain")
 
     @app.post("/abort_request", tags=["SGLang native"])
     async def abort_request(body: api.AbortRequest) -> Response:
