@@ -66,6 +66,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class ModelRunner:
     def __init__(self, cfg: WorkerConfig, model_dir: str, tp: TPGroup | None = None,
                  tracer: Tracer | None = None) -> None:
+        knobs.load()  # (the BANYAN_* knobs as this start finds them: read once, here, for what the runner builds)
         self.tp = tp or TPGroup()
         self.tracer = tracer or Tracer()
         self.device = resolve_device(cfg.device, self.tp.rank)
