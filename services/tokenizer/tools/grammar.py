@@ -108,5 +108,6 @@ def external_structural_tag(text: str, name: str = "structural_tag") -> Constrai
         if not (isinstance(s, dict) and isinstance(s.get("begin"), str) and isinstance(s.get("end"), str)):
             raise InvalidArgument(f"{name}.structures[{i}] needs string begin and end")
         tags.append({"type": "tag", "begin": s["begin"], "end": s["end"],
-                     "content": {"type": "json_schema", "json_schema": s.get("schema", ANY_OBJECT)}})
+                     "content": {"type": "json_schema", "json_schema": s.get("schema", ANY_OBJECT),
+                                 "max_whitespace_cnt": MAX_WHITESPACE}})
     return structural_tag({"type": "triggered_tags", "triggers": [str(t) for t in tag["triggers"]], "tags": tags})
