@@ -312,7 +312,9 @@ def test_session_turns_priority_and_metrics(server, url):
 
 def test_unserved_endpoints_and_rid_in_flight(url):
     r = requests.post(f"{url}/encode", json={"text": "a"}, timeout=30)
-    assert r.status_code == 400 and "/encode" in r.json()["error"]["message"]
+    assert r.status_code == 501 and "/encode" in r.json()["error"]["message"]
+    r = requests.post(f"{url}/concate_and_append_request", json={"src_rids": ["a"], "dst_rid": "b"}, timeout=30)
+    assert r.status_code == 501 and "concate_and_append" in r.json()["error"]["message"]
     r = requests.post(f"{url}/abort_request", json={}, timeout=30)
     assert r.status_code == 400 and "rid" in r.json()["error"]["message"]
     assert requests.get(f"{url}/health_generate", timeout=60).status_code == 200

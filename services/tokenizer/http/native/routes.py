@@ -28,7 +28,7 @@ from shared.messages.to_tokenizer import SessionView
 from shared.tracing import Trace
 from services.tokenizer import validation
 from services.tokenizer.flush import Flusher
-from services.tokenizer.generation import Chunk
+from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.http import errors
 from services.tokenizer.http.native import convert, info
 from services.tokenizer.http.native import protocol as api
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
     from services.tokenizer.http.app import Frontend
 
 HEALTH_TIMEOUT_S = 20.0
-# SGLang endpoints with no meaning here: 400 naming them (and what to use instead, where there is something)
+# SGLang endpoints with no meaning here: 501 naming them, as http/unserved.py answers OpenAI's (/classify is there)
 NOT_SERVED = {
-    "/encode": "embeddings", "/classify": "reward models",
+    "/encode": "embeddings",
     "/update_weights_from_disk": "weight updates", "/update_weights_from_tensor": "weight updates",
     "/update_weights_from_distributed": "weight updates", "/init_weights_update_group": "weight updates",
     "/get_weights_by_name": "weight inspection", "/release_memory_occupation": "memory release",
@@ -67,6 +67,7 @@ class Native:
     def __init__(self, front: Frontend) -> None:
         self.front = front
         self.flusher = Flusher.for_client(front.client)
+        self.probe = Generator(front.text, front.client)  # /health_generate's (not in the request metrics)
 
     # ---- /generate ---------------------------------------------------------------------------
     def prepare(self, item: convert.Item, rid: str, priority: int, session: SessionView | None) -> Prepared:
@@ -195,7 +196,7 @@ class Native:
             vinfo = front.model()
             p = validation.prepare(Prompt(token_ids=[0]), SamplingRequest(max_tokens=1, temperature=0.0),
                                    front.text, vinfo, request_id=f"health-{uuid.uuid4().hex}")
-            stream = front.generator.stream(p, p.req.rid)
+            stream = self.probe.stream(p, p.req.rid)
 
             async def run() -> None:
                 try:
@@ -279,7 +280,7 @@ def install(app: FastAPI, front: Frontend) -> Native:
 
     for path, what in NOT_SERVED.items():
         def refuse(what: str = what, path: str = path) -> None:
-            raise errors.ApiError(400, f"{path} is not supported: Banyan does not serve {what}",
-                                  code="not_supported")
+            raise errors.ApiError(501, f"{path} is not supported: Banyan does not serve {what}",
+                                  code="not_implemented")
         app.add_api_route(path, refuse, methods=["GET", "POST", "PUT"], include_in_schema=False)
     return native
