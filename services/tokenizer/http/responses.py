@@ -31,9 +31,8 @@ from services.tokenizer.http import responses_api as rapi
 from services.tokenizer.http.responses_output import Event, Output
 from services.tokenizer.http.streams import merge, unless_disconnected
 from services.tokenizer.text import ChatExtras, Message
-from services.tokenizer.tools import PARSERS
+from services.tokenizer.chat_output import ChatOutput
 from services.tokenizer.tools import request as tools_request
-from services.tokenizer.tools.base import ToolParser
 from services.tokenizer.tools.request import Function, ToolPlan
 from services.tokenizer.validation import Prompt, SamplingRequest
 
@@ -140,11 +139,11 @@ def _usage(c: Chunk | None) -> rapi.ResponseUsage | None:
 class _Answer:
     """The response object being built (the same fields and items streamed and not)."""
 
-    def __init__(self, rid: str, body: rapi.ResponseRequest, model: str, parser: ToolParser | None) -> None:
+    def __init__(self, rid: str, body: rapi.ResponseRequest, model: str, split: ChatOutput | None) -> None:
         self.body, self.model = body, model
         self.id = f"resp_{rid}"
         self.created = int(time.time())
-        self.output = Output(rid, parser)
+        self.output = Output(rid, split)
         self.last: Chunk | None = None
 
     def add(self, c: Chunk) -> list[Event]:
@@ -191,12 +190,15 @@ class _Events:
 async def create(front, request: Request, body: rapi.ResponseRequest, info: ModelInfo, rid: str) -> Response:
     """Answer one ``POST /v1/responses`` (``front``: the app's ``Frontend``)."""
     prompt, sampling, constraint, plan = convert_request(body, front.parsers.tool)
-    parser = PARSERS[plan.parser]() if plan.parser else None
+
     prepared = validation.prepare(prompt, sampling, front.text, info, request_id=rid, constraint=constraint)
     trace = request.state.trace
     stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(prepared.req.input_ids), n=1)
+    reasoning = front.parsers.reasoning
+    tail = front.text.decode(prepared.req.input_ids[-4:], skip_special_tokens=False) if reasoning else ""
+    split = ChatOutput(plan.parser, reasoning, tail) if plan.parser or reasoning else None
     outputs = front._tracked([rid], merge([front.generator.stream(prepared, rid, trace)]))
-    answer = _Answer(rid, body, info.model, parser)
+    answer = _Answer(rid, body, info.model, split)
     headers = {"X-Request-Id": rid}
     if not body.stream:
         async def collect() -> rapi.Response:
