@@ -112,6 +112,14 @@ def _secrets_to_env(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def exposure_warning(host: str, api_key: str) -> str:
+    """The line said after ``Banyan is serving …`` when anyone who reaches this host can use it ("" else)."""
+    if host not in ("0.0.0.0", "::", "") or api_key:
+        return ""
+    return ("It listens on every interface and asks no API key: whoever reaches this host can use it "
+            "(--host 127.0.0.1: this machine only; --api-key KEY: a key required)")
+
+
 def say(line: str) -> None:
     """A line for the operator on stderr, whatever the log level."""
     print(line, file=sys.stderr, flush=True)
@@ -239,6 +247,9 @@ class Launcher:
                  worker=worker_metrics[0] if one else worker_metrics)
         http = f", OpenAI-compatible HTTP on port {http_port}" if http_port > 0 else ""
         say(f"Banyan is serving gRPC on port {port}{http}")
+        warning = exposure_warning(cfg.tokenizer.host, cfg.tokenizer.api_key)
+        if warning:
+            say(warning)
 
         def ports(ps: list[int]) -> str:
             return ",".join(str(p) for p in ps) if any(ps) else "off"

@@ -267,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + ns.wait
     while ns.ready_file and not os.path.exists(ns.ready_file) and time.monotonic() < deadline:
         time.sleep(0.2)
+    if ns.ready_file and not os.path.exists(ns.ready_file):  # (the file lives as long as its server)
+        print(f"banyan top: error: no ready file {ns.ready_file}: no `banyan serve --ready-file {ns.ready_file}` is "
+              "serving (--wait N waits for one starting)", file=sys.stderr)
+        return 1
     try:
         eps = from_ready_file(ns.ready_file, ns.host) if ns.ready_file else from_urls(ns.urls)
     except (OSError, ValueError) as e:

@@ -242,10 +242,6 @@ class Batcher:
         self.kv.release(r)
         running.remove(r)
         r.status, r.retractions, r.queued_at = Status.WAITING, r.retractions + 1, time.monotonic()
-        if r.scoring:  # prompt log-probs not sent yet: every scored position is computed again on resuming
-            r.prompt_logprobs.clear()
-            r.prompt_top_ids.clear()
-            r.prompt_top_logprobs.clear()
         waiting.appendleft(r)
         if preempted_by is None:
             self.counters.retractions += 1

@@ -52,6 +52,7 @@ class Req:
     prompt_top_ids: list[list[int]] = field(default_factory=list)  # and their alternatives (prompt_top_logprobs)
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
     prompt_lp_sent: bool = False  # they went out (with the first output): no prompt position is scored again
+    prompt_lp_next: int = 0  # the first position whose logits no step has been asked for yet (resuming skips the rest)
     # Overlap scheduling: steps in flight that sample a token for it (at most 2, briefly), and how
     # many of those tokens to drop when they arrive (jump-forward appended others in their place).
     pending: int = 0
@@ -116,10 +117,11 @@ class Req:
 
     def prefix_key(self) -> list[int]:
         """Tokens whose KV may come from the cache: all but the last, whose logits are needed
-        (requests with prompt log-probs need the logits of every position from ``first_scored`` - 1)."""
+        (requests with prompt log-probs need the logits of every position from ``first_scored`` - 1 that
+        no step was asked for yet)."""
         end = self.seq_len - 1
-        if self.scoring:
-            end = min(end, self.params.first_scored - 1)
+        if self.scoring:  # (positions already scored may come from the cache: a retracted request resuming)
+            end = min(end, max(self.params.first_scored - 1, self.prompt_lp_next))
         known = len(self.prompt) + len(self.output)
         memo = self._key
         if memo[0] != end or memo[1] != known:  # (computed once per step, read by policy, dedup, admission)

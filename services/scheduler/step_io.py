@@ -60,11 +60,12 @@ def with_extras(sched: Scheduled, grammar: GrammarBackend | None, defer_mask: bo
         for i, r in score:
             start = int(starts[i])
             end = start + sched.extend[i]  # positions start .. end-1 are computed now
-            want = r.params.first_scored - 1  # the first position whose logits are wanted
+            want = max(r.params.first_scored - 1, r.prompt_lp_next)  # the first position whose logits are wanted
             if start < len(r.prompt) and end - 1 >= want:  # (prompt chunks only: not a decode's own row)
                 rows.append(i)
                 first.append(max(want, start))
                 nxt.append(r.tokens(end, end + 1)[0] if end < len(r.prompt) else -1)
+                r.prompt_lp_next = end  # (a retraction keeps what was scored: resuming, it is not asked again)
         if rows:
             extra.update(score_rows=i32(rows), score_from=i32(first), score_next=i32(nxt))
     return msgspec.structs.replace(sched.msg, **extra) if extra else sched.msg

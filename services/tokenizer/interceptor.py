@@ -28,7 +28,20 @@ def _retry_status(e: ResourceExhausted):
     return rpc_status.to_status(status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(e), details=[detail]))
 
 
+_REFUSALS = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED",
+                       "UNAUTHENTICATED"})
+
+
+def rejected(context: grpc.aio.ServicerContext, method: str, code: str, reason: str) -> None:
+    """A refused call's one warning line (the HTTP front logs its refusals the same way)."""
+    if code in _REFUSALS:
+        rid = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None)
+        log.warning("request_rejected", request_id=rid, method=method, code=code, reason=reason)
+
+
 async def _abort(context: grpc.aio.ServicerContext, e: Exception, method: str) -> None:
+    if isinstance(e, BanyanError):
+        rejected(context, method, e.code, str(e))
     if isinstance(e, ResourceExhausted):
         await context.abort_with_status(_retry_status(e))
     if isinstance(e, BanyanError):
@@ -62,6 +75,7 @@ def _tolerant(deserializer):
 
 async def _check_decoded(request, context: grpc.aio.ServicerContext) -> None:
     if isinstance(request, _Undecodable):
+        rejected(context, "", "INVALID_ARGUMENT", request.reason)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
 
 
@@ -113,9 +127,11 @@ def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     message = "missing or invalid API key: send metadata 'authorization: Bearer <key>'"
 
     async def unary(_request, context):
+        rejected(context, "", "UNAUTHENTICATED", message)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def stream(_request, context):
+        rejected(context, "", "UNAUTHENTICATED", message)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # pragma: no cover - makes this an async generator
 

@@ -6,12 +6,20 @@ the front's spelling (``prefix``) and returns ``SamplingParams`` fields. See doc
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shared.errors import InvalidArgument
 
-if TYPE_CHECKING:
-    from services.tokenizer.validation import SamplingRequest
+
+class SamplingRequest(Protocol):
+    """The fields of ``validation.SamplingRequest`` these checks read (a Protocol, so this module
+    does not import the one that imports it)."""
+
+    prompt_logprobs_start: int | None
+    prompt_top_logprobs: int | None
+    logit_bias: dict[int, float] | None
+    min_tokens: int | None
+    repetition_penalty: float | None
 
 MAX_PROMPT_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries
@@ -50,8 +58,9 @@ def processor_fields(s: SamplingRequest, vocab_size: int, max_new_tokens: int, p
     _require(len(bias) <= MAX_LOGIT_BIAS, f"{prefix}logit_bias has {len(bias)} entries (at most {MAX_LOGIT_BIAS})")
     clamped = {}
     for tok, value in bias.items():
-        _require(isinstance(tok, int) and 0 <= tok < vocab_size,
-                 f"{prefix}logit_bias: token id {tok!r} is out of the vocabulary [0, {vocab_size})")
+        _require(isinstance(tok, int) and not isinstance(tok, bool),
+                 f"{prefix}logit_bias: key {tok!r} is not a token id (the fronts parse JSON keys into ints)")
+        _require(0 <= tok < vocab_size, f"{prefix}logit_bias: token id {tok} is out of the vocabulary [0, {vocab_size})")
         _require(isinstance(value, (int, float)) and math.isfinite(value),
                  f"{prefix}logit_bias[{tok}] must be a finite number, got {value!r}")
         value = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(value)))

@@ -53,7 +53,9 @@ async def run(cfg: TokenizerConfig) -> None:
 
     server = grpc_server()
     metrics, tracer = TokenizerMetrics(), make_tracer("tokenizer", cfg.otlp_endpoint)
-    pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(text, client, metrics, tracer), server)
+    servicer = GenerationServicer(text, client, metrics, tracer)
+    servicer.parsers = parsers
+    pb_grpc.add_GenerationServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     # SMG's engine service, on this server or (--smg-grpc-port) its own

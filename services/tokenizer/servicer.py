@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import grpc
@@ -13,7 +14,8 @@ from shared.messages.to_tokenizer import Load
 from shared.proto.banyan.v1 import generation_pb2 as pb
 from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 from shared.tracing import Trace, Tracer
-from services.tokenizer import tokens, validation
+from services.tokenizer import tokens, tool_rpc, validation
+from services.tokenizer.chat_output import OutputParsers
 from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.scheduler_client import SchedulerClient, total_load
@@ -46,7 +48,7 @@ def _prompt(req: pb.GenerateRequest | pb.ScoreRequest | pb.PinPrefixRequest, add
 
 
 def _messages(chat: pb.ChatInput) -> list[Message]:
-    msgs = [Message(m.role, m.content) for m in chat.messages]
+    msgs = [Message(m.role, m.content, **tool_rpc.message_fields(m, i)) for i, m in enumerate(chat.messages)]
     validation.check_messages(msgs, "chat.messages")
     return msgs
 
@@ -106,6 +108,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.generator = Generator(text, client, metrics, tracer)
         self.scorer = Scorer(text, client)
         self.sessions = SessionFront(client)
+        self.parsers = OutputParsers()  # --tool-call-parser, --reasoning-parser (set by the server)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         rid = request.request_id or uuid.uuid4().hex
@@ -121,13 +124,24 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             session = await self.sessions.view(request.session_id, request.session_parent)
         elif request.session_parent:
             raise InvalidArgument("session_parent needs session_id")
-        p = validation.prepare(prompt, sampling, self.text, info, constraint=_constraint(request), session=session,
-                               **kw)
+        constraint = _constraint(request)
+        tool_plan, extras = tool_rpc.plan(request, self.parsers.tool, constraint is not None)
+        if extras is not None:
+            prompt = dataclasses.replace(prompt, extras=extras)
+        p = validation.prepare(prompt, sampling, self.text, info, constraint=tool_plan.constraint or constraint,
+                               session=session, **kw)
         stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(p.req.input_ids), n=p.req.n)
+        split = None
+        if tool_rpc.ResponseSplit.needed(tool_plan, self.parsers, prompt.messages is not None):
+            tail = self.text.decode(p.req.input_ids[-4:], skip_special_tokens=False)
+            split = tool_rpc.ResponseSplit(tool_plan, self.parsers, tail)
         stream = self.generator.stream(p, rid, trace)
         try:
             async for chunk in stream:
-                yield _response(rid, chunk)
+                resp = _response(rid, chunk)
+                if split is not None:
+                    split.apply(chunk, resp)
+                yield resp
         finally:
             await stream.aclose()
 

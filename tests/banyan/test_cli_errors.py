@@ -56,7 +56,7 @@ def cases() -> list[tuple[str, list[str], int, str]]:
          "all 2 requests failed: no server answers"),
         ("bench", ["--backend", "openai", "--target", "http://127.0.0.1:{port}"], 1, "Connection refused"),
         ("top", ["--once", "127.0.0.1:{port}"], 1, "Connection refused"),
-        ("top", ["--ready-file", "/no/such/banyan.ready"], 1, "No such file"),
+        ("top", ["--ready-file", "/no/such/banyan.ready"], 1, "no ready file /no/such/banyan.ready: no `banyan serve"),
         ("check-env", ["--grpc-port", "x"], 2, "invalid int value"),
         ("convert", ["/no/such/model.gguf", "out"], 1, "/no/such/model.gguf"),
     ]

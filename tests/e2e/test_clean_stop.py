@@ -40,6 +40,8 @@ def test_ctrl_c_is_quiet_and_takes_the_ready_file(demo_dir, tmp_path) -> None:
         pattern = re.sub(r"\d+", r"\\d+", re.escape(line))
         assert re.search(f"^{pattern}$", text, re.M), f"README quotes a line serve did not print: {line!r}"
 
+    assert "It listens on every interface" not in text  # (--host 127.0.0.1: nothing to warn about)
+
     records = server.log_records()
     listening = [r for r in records if r.get("event") == "tokenizer_listening"]
     serving = [r for r in records if r.get("event") == "serving"]
@@ -47,3 +49,10 @@ def test_ctrl_c_is_quiet_and_takes_the_ready_file(demo_dir, tmp_path) -> None:
     # the same port in both: SMG's service shares the gRPC port by default
     assert {r["smg_grpc_port"] for r in listening} == {serving[0]["smg_grpc_port"]} == {server.port}
 
+
+
+def test_an_exposed_server_says_so() -> None:
+    from banyan.launcher import exposure_warning
+
+    assert "every interface" in exposure_warning("0.0.0.0", "") and "--host 127.0.0.1" in exposure_warning("::", "")
+    assert exposure_warning("127.0.0.1", "") == "" and exposure_warning("0.0.0.0", "key") == ""

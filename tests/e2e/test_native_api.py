@@ -291,9 +291,30 @@ def test_bad_input_is_400_naming_the_field(url, body, status, words):
     assert all(w in msg for w in words), msg
 
 
+def test_session_turns_priority_and_metrics(server, url):
+    sid = requests.post(f"{url}/open_session", json={}, timeout=30).json()
+    first = ok(url, {"text": LONG, "session_params": {"id": sid}, "priority": 5,
+                     "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    second = ok(url, {"text": " And then?", "session_params": {"id": sid}, "sampling_params": {"max_new_tokens": 4}})
+    m1, m2 = first["meta_info"], second["meta_info"]
+    assert m2["prompt_tokens"] > m1["prompt_tokens"] + m1["completion_tokens"]  # the session's tokens + the turn
+    assert m2["cached_tokens"] >= m1["prompt_tokens"]  # the session kept them
+    r = post(url, {"text": "x", "session_params": {"id": sid, "offset": 3}})
+    assert r.status_code == 400 and "session_params.offset" in r.json()["error"]["message"]
+    assert requests.post(f"{url}/close_session", json={"session_id": sid}, timeout=30).status_code == 200
+    r = post(url, {"text": "x", "session_params": {"id": sid}})
+    assert r.status_code == 404, r.text
+    r = post(url, {"text": "x"}, headers={"x-banyan-priority": "high"})
+    assert r.status_code == 400 and "x-banyan-priority" in r.json()["error"]["message"]
+    text = server.metrics()
+    assert 'endpoint="/generate",status="200"' in text and 'endpoint="/open_session"' in text
+
+
 def test_unserved_endpoints_and_rid_in_flight(url):
     r = requests.post(f"{url}/encode", json={"text": "a"}, timeout=30)
-    assert r.status_code == 400 and "/encode" in r.json()["error"]["message"]
+    assert r.status_code == 501 and "/encode" in r.json()["error"]["message"]
+    r = requests.post(f"{url}/concate_and_append_request", json={"src_rids": ["a"], "dst_rid": "b"}, timeout=30)
+    assert r.status_code == 501 and "concate_and_append" in r.json()["error"]["message"]
     r = requests.post(f"{url}/abort_request", json={}, timeout=30)
     assert r.status_code == 400 and "rid" in r.json()["error"]["message"]
     assert requests.get(f"{url}/health_generate", timeout=60).status_code == 200

@@ -41,6 +41,10 @@ def _cheap(case) -> None:
         if sps is None:
             body["sampling_params"] = {"max_new_tokens": 8}
         return
+    if case.path == "/v1/responses" and isinstance(body, dict):  # (OpenAI's Responses API: http/responses.py)
+        out = body.get("max_output_tokens")
+        body["max_output_tokens"] = min(out, 8) if isinstance(out, int) and not isinstance(out, bool) else 8
+        return
     if case.path not in GENERATE or not isinstance(body, dict):
         return
     for name in ("max_tokens", "max_completion_tokens"):

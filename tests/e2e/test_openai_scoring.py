@@ -107,6 +107,16 @@ def test_echo_without_logprobs_and_streamed(client, hf):
     check_prompt(hf, ids, tlp[:len(ids)], tops[:len(ids)], 2)
 
 
+def test_echo_with_n_gives_every_choice_the_prompt(client, hf):
+    r = client.completions.create(model=MODEL, prompt=TEXT, max_tokens=3, echo=True, logprobs=1, n=2,
+                                  temperature=1.0, seed=5)
+    ids = hf[1].encode(TEXT)
+    assert len(r.choices) == 2
+    for c in r.choices:
+        assert c.text.startswith(TEXT) and len(c.logprobs.token_logprobs) == len(ids) + 3
+        check_prompt(hf, ids, c.logprobs.token_logprobs[:len(ids)], c.logprobs.top_logprobs[:len(ids)], 1)
+
+
 def _check_vllm(hf, ids: list[int], entries: list, k: int) -> None:
     ref = hf_logprobs(hf, ids)
     assert len(entries) == len(ids) and entries[0] is None

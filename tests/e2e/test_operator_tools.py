@@ -104,4 +104,4 @@ def test_top_says_what_it_cannot_reach(tmp_path) -> None:
     r = banyan("top", "--ready-file", str(ready), "--once", "--interval", "0.1")
     assert r.returncode == 1 and "UNREACHABLE" in r.stdout and "unreachable" in r.stderr
     missing = banyan("top", "--ready-file", str(tmp_path / "nope"), "--once")
-    assert missing.returncode == 1 and "No such file" in missing.stderr and "Traceback" not in missing.stderr
+    assert missing.returncode == 1 and "no ready file" in missing.stderr and "Traceback" not in missing.stderr

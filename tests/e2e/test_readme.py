@@ -97,6 +97,7 @@ RUN = {
     "pb.FinishReason.Name(chunk.finish_reason)": r"FINISH_REASON_(STOP|LENGTH)",
     "from openai import OpenAI": r"^stop \{'name': .*\}$",
     "@bn.function": r"^(weather|arithmetic|small talk) ",
+    "@sgl.function": r"^(calculator|search engine) ",  # SGLang's frontend on the native API (docs/native-api.md)
     '"stream": true, "stream_options"': r"data: \[DONE\]",
     """-d '{"prompt": "Hello", "max_tokens": 16}'""": r'"object":"text_completion"',
     "banyan check-env": r"(?s)ready to serve.*^banyan top .*^group +running",

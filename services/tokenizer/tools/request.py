@@ -31,10 +31,11 @@ class Function:
 
     def as_tool(self) -> dict[str, Any]:
         """OpenAI's tool dict, as chat templates expect it."""
-        fn: dict[str, Any] = {"name": self.name, "parameters": self.parameters or {"type": "object", "properties": {}}}
+        fn: dict[str, Any] = {"name": self.name}
         if self.description is not None:
             fn["description"] = self.description
-        return {"type": "function", "function": fn}
+        fn["parameters"] = self.parameters or {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}  # (in the order OpenAI's clients send: templates dump it)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,6 @@ class LogitProcessors:
 
 
 def _row_index(parts: list[tuple[int, torch.Tensor]], device: torch.device) -> torch.Tensor:
-    """The logits row of each entry of the concatenated per-row id tensors."""
-    return torch.repeat_interleave(to_device([k for k, _ in parts], torch.int64, device),
-                                   to_device([len(t) for _, t in parts], torch.int64, device))
+    """The logits row of each entry of the concatenated per-row id tensors (built on the host from
+    their lengths: a device-side repeat_interleave would wait for the device to size its output)."""
+    return to_device(np.repeat([k for k, _ in parts], [len(t) for _, t in parts]), torch.int64, device)

@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.tokenizer.http.app import Frontend
 
 
 def _version() -> str:
@@ -15,7 +19,7 @@ def _version() -> str:
         return "unknown"
 
 
-def _hf_config(front) -> dict:
+def _hf_config(front: Frontend) -> dict:
     path = Path(getattr(front.text.tokenizer, "name_or_path", "") or ".") / "config.json"
     try:
         return json.loads(path.read_text())
@@ -23,7 +27,7 @@ def _hf_config(front) -> dict:
         return {}
 
 
-def model_info(front) -> dict:
+def model_info(front: Frontend) -> dict:
     info = front.model()
     cfg = _hf_config(front)
     return {"model_path": info.model, "served_model_name": info.model,
@@ -34,7 +38,7 @@ def model_info(front) -> dict:
             "model_type": cfg.get("model_type"), "architectures": cfg.get("architectures") or [info.architecture]}
 
 
-async def server_info(front) -> dict:
+async def server_info(front: Frontend) -> dict:
     info = front.model()
     loads = await front.client.loads()
     states = []

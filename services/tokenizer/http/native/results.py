@@ -6,6 +6,7 @@ per prompt and branch (prompt ``i``'s branch ``j`` is output ``i·n + j``), ``me
 
 from __future__ import annotations
 
+import math
 import time
 
 from shared.messages.common import FinishReason
@@ -40,6 +41,8 @@ class Output:
             self.last = c
 
     def _entry(self, logprob: float | None, token_id: int) -> list:
+        if logprob is not None and not math.isfinite(logprob):  # (JSON has no -inf: null, as orjson writes it)
+            logprob = None
         return [logprob, token_id, self.texts(token_id) if self.with_text else None]
 
     def finish_reason(self) -> dict | None:

@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -27,7 +28,7 @@ from shared.messages.to_tokenizer import SessionView
 from shared.tracing import Trace
 from services.tokenizer import validation
 from services.tokenizer.flush import Flusher
-from services.tokenizer.generation import Chunk
+from services.tokenizer.generation import Chunk, Generator
 from services.tokenizer.http import errors
 from services.tokenizer.http.native import convert, info
 from services.tokenizer.http.native import protocol as api
@@ -35,10 +36,13 @@ from services.tokenizer.http.native.results import Output
 from services.tokenizer.http.streams import merge, unless_disconnected
 from services.tokenizer.validation import Prepared, Prompt, SamplingRequest
 
+if TYPE_CHECKING:
+    from services.tokenizer.http.app import Frontend
+
 HEALTH_TIMEOUT_S = 20.0
-# SGLang endpoints with no meaning here: 400 naming them (and what to use instead, where there is something)
+# SGLang endpoints with no meaning here: 501 naming them, as http/unserved.py answers OpenAI's (/classify is there)
 NOT_SERVED = {
-    "/encode": "embeddings", "/classify": "reward models",
+    "/encode": "embeddings",
     "/update_weights_from_disk": "weight updates", "/update_weights_from_tensor": "weight updates",
     "/update_weights_from_distributed": "weight updates", "/init_weights_update_group": "weight updates",
     "/get_weights_by_name": "weight inspection", "/release_memory_occupation": "memory release",
@@ -60,9 +64,10 @@ class Native:
     """The native API's state beside the OpenAI routes' ``Frontend`` (shared generator, sessions,
     in-flight set)."""
 
-    def __init__(self, front) -> None:
+    def __init__(self, front: Frontend) -> None:
         self.front = front
         self.flusher = Flusher.for_client(front.client)
+        self.probe = Generator(front.text, front.client)  # /health_generate's (not in the request metrics)
 
     # ---- /generate ---------------------------------------------------------------------------
     def prepare(self, item: convert.Item, rid: str, priority: int, session: SessionView | None) -> Prepared:
@@ -83,7 +88,7 @@ class Native:
             raise convert.sglang_names(e) from None
 
     async def generate(self, body: api.GenerateRequest, request: Request) -> Response:
-        from services.tokenizer.http.app import request_priority
+        from services.tokenizer.http.app import request_priority  # (app.py imports this module)
 
         front = self.front
         front.model()
@@ -191,7 +196,7 @@ class Native:
             vinfo = front.model()
             p = validation.prepare(Prompt(token_ids=[0]), SamplingRequest(max_tokens=1, temperature=0.0),
                                    front.text, vinfo, request_id=f"health-{uuid.uuid4().hex}")
-            stream = front.generator.stream(p, p.req.rid)
+            stream = self.probe.stream(p, p.req.rid)
 
             async def run() -> None:
                 try:
@@ -215,7 +220,7 @@ def _prompt_logprobs(s: SamplingRequest, item: convert.Item, prompt_len: int) ->
     return dataclasses.replace(s, prompt_logprobs_start=first, prompt_top_logprobs=item.top_logprobs or None)
 
 
-def install(app: FastAPI, front) -> Native:
+def install(app: FastAPI, front: Frontend) -> Native:
     """Add the native routes to the OpenAI app (same middleware, errors and generator)."""
     native = Native(front)
     responses = {s: {"description": "an error: {\"error\": {\"message\": ...}}"} for s in (400, 401, 404, 503)}
@@ -275,7 +280,7 @@ def install(app: FastAPI, front) -> Native:
 
     for path, what in NOT_SERVED.items():
         def refuse(what: str = what, path: str = path) -> None:
-            raise errors.ApiError(400, f"{path} is not supported: Banyan does not serve {what}",
-                                  code="not_supported")
+            raise errors.ApiError(501, f"{path} is not supported: Banyan does not serve {what}",
+                                  code="not_implemented")
         app.add_api_route(path, refuse, methods=["GET", "POST", "PUT"], include_in_schema=False)
     return native
