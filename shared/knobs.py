@@ -124,7 +124,8 @@ _on_reload: list[Callable[[], None]] = []  # caches of values read from here (ho
 
 
 def load(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Every knob's value from ``environ`` (default: this process's), checked → {name: value}; kept for ``get``."""
+    """Every knob's value from ``environ`` (default: this process's), checked → {name: value}; kept for ``get``
+    (a runner's start-up calls it: what it reads holds until the next start). Clears what ``on_reload`` registered."""
     global _values
     env = os.environ if environ is None else environ
     values = {}
@@ -132,6 +133,8 @@ def load(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         raw = env.get(k.env)
         values[k.name] = k.default if raw is None or (raw == "" and k.type is not str) else k.parse(raw)
     _values = values
+    for fn in _on_reload:
+        fn()
     return values
 
 
@@ -164,9 +167,9 @@ def is_set(name: str) -> bool:
     return get(name) != KNOBS[name].default
 
 
-def fingerprint() -> dict[str, Any]:
+def fingerprint(fresh: bool = False) -> dict[str, Any]:
     """The values of the knobs that change a tuned kernel (``Knob.fingerprint``), for the tuning cache's key."""
-    return {k.name: get(k.name) for k in KNOBS.values() if k.fingerprint}
+    return {k.name: get(k.name, fresh) for k in KNOBS.values() if k.fingerprint}
 
 
 def given() -> dict[str, str]:

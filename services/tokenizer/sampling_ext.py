@@ -6,12 +6,20 @@ the front's spelling (``prefix``) and returns ``SamplingParams`` fields. See doc
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shared.errors import InvalidArgument
 
-if TYPE_CHECKING:
-    from services.tokenizer.validation import SamplingRequest
+
+class SamplingRequest(Protocol):
+    """The fields of ``validation.SamplingRequest`` these checks read (a Protocol, so this module
+    does not import the one that imports it)."""
+
+    prompt_logprobs_start: int | None
+    prompt_top_logprobs: int | None
+    logit_bias: dict[int, float] | None
+    min_tokens: int | None
+    repetition_penalty: float | None
 
 MAX_PROMPT_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries

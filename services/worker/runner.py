@@ -66,6 +66,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class ModelRunner:
     def __init__(self, cfg: WorkerConfig, model_dir: str, tp: TPGroup | None = None,
                  tracer: Tracer | None = None) -> None:
+        knobs.load()  # (the BANYAN_* knobs as this start finds them: read once, here, for what the runner builds)
         self.tp = tp or TPGroup()
         self.tracer = tracer or Tracer()
         self.device = resolve_device(cfg.device, self.tp.rank)
@@ -321,8 +322,9 @@ class ModelRunner:
             hidden = self.model.forward(ids_d, pos_d, self.attn, self.between_layers)  # (T, H)
         if b.score_rows:  # scoring requests: the logits of their prompt positions
             idx, targets, counts = score_positions(b)
-            scored = self.model.compute_logits(hidden[to_device(idx, torch.int64, self.device)]) if len(idx) else None
-            self._scores = prompt_logprobs(scored, targets, counts, score_top_k(b, self.params))
+            scored = hidden[to_device(idx, torch.int64, self.device)] if len(idx) else None
+            self._scores = prompt_logprobs(self.model.compute_logits, scored, targets, counts,
+                                           score_top_k(b, self.params))
         if not all_logits:
             if not sample.any():
                 return hidden[:0, :0]

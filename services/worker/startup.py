@@ -2,15 +2,15 @@
 decided once, in this order (``choose_kernels``; each step's result is logged under ``kernels`` in the
 ``model_loaded`` line, and its time under ``startup_s``):
 
-| step | needs | decides |
-| --- | --- | --- |
-| ``fp8_kernels`` | FP8 weights or an FP8 pool, CUDA | ``torch._scaled_mm`` and fast accumulation, the per-token quantization, the quantized KV write, the quantizing norm / activation (``quant.enable_cuda_kernels``) |
-| ``tune_small_m`` | CUDA, bf16/fp16 activations, the model's linears | the decode-size linear kernel per weight shape and M range (``kernels/small_m.py``, ``gemv.cu``) |
-| ``tune_gemm`` | CUDA, the model's linears | our GEMM above those rows per shape and range (``kernels/gemm.py``) |
-| ``kv_store_plain`` | CUDA | a bf16/fp16 pool's K/V write in one launch |
-| ``rope_store`` | CUDA | the rope and the K/V write in one launch (``kernels/rope_store.py``) |
-| ``rope_decode`` | CUDA, the Triton decode | the rope and the K/V write inside the decode attention |
-| ``norm`` | CUDA | our add-RMSNorm for rows <= 8 (``norm.cu``) |
+1. ``fp8_kernels`` (FP8 weights or an FP8 pool; CUDA): ``torch._scaled_mm`` and fast accumulation, the per-token
+   quantization, the quantized KV write, the quantizing norm / activation (``quant.enable_cuda_kernels``);
+2. ``tune_small_m`` (CUDA, bf16/fp16 activations): the decode-size linear kernel per weight shape and M range
+   (``kernels/small_m.py``, ``gemv.cu``);
+3. ``tune_gemm`` (CUDA): our GEMM above those rows, per shape and range (``kernels/gemm.py``);
+4. ``kv_store_plain``, ``rope_store`` (CUDA): a bf16/fp16 pool's K/V write in one launch; the rope and the K/V write
+   in one launch (``kernels/rope_store.py``);
+5. ``rope_decode`` (CUDA, the Triton decode): the rope and the K/V write inside the decode attention;
+6. ``norm`` (CUDA): our add-RMSNorm for rows <= 8 (``norm.cu``).
 
 The tunings first (they time the linears against the library, which the later checks do not change); each check
 runs where its kernel agrees with the reference on the device, else the reference path stays. The tunings' decisions

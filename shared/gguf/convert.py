@@ -25,6 +25,9 @@ FORMAT = 1  # bump when the directory written for the same file changes (a new c
 def check(f: GGUFFile) -> Tokenizer:
     """Everything ``convert`` refuses, before anything is written: architecture, tensor types and
     names, the tokenizer (returned)."""
+    if int(f.get("split.count", 1)) > 1:
+        raise GGUFError(f"{f.path}: one part of a split GGUF ({f.get('split.count')} parts); join them first "
+                        f"(llama.cpp's llama-gguf-split --merge)")
     arch_of(f)
     check_types(f)
     for name in f.tensors:

@@ -68,7 +68,8 @@ def test_responses_message_items_and_stream_events(client):
     assert events[-1].response.usage.output_tokens == plain.usage.output_tokens
     text, _ = _chat_text(client, [{"role": "system", "content": "Answer in one word."},
                                   {"role": "user", "content": "Colour of the sky?"},
-                                  {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "And grass?"}], 6)
+                                  {"role": "assistant", "content": "Blue."},
+                                  {"role": "user", "content": "And grass?"}], 6)
     assert plain.output_text == text
 
 
@@ -84,8 +85,8 @@ def test_responses_json_schema_format(client):
 
 
 @pytest.mark.parametrize("extra, param, words", [
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools", "not served yet"),
-    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input.0", "tool calling"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'function'"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"previous_response_id": "resp_1"}, "previous_response_id", "send the whole conversation"),
     ({"max_output_tokens": "8"}, "max_output_tokens", "valid integer"),
 ])
@@ -125,3 +126,70 @@ def test_guidellm_streaming_benchmark(server, demo_dir, tmp_path):
         stats = metrics[name]["successful"]
         assert stats["count"] > 0 and stats["mean"] > 0, (name, stats)
     assert "TTFT" in run.stdout and "ITL" in run.stdout
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z][a-z]{1,10}$"},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather forecast", "parameters": WEATHER},
+         {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {
+             "tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}}]
+
+
+def _calls(r) -> list[tuple[str, dict]]:
+    return [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_responses_function_tools(client, choice):
+    """tool_choice required / named is grammar-enforced: even the random demo model's calls parse; streamed
+    events build the same calls."""
+    import jsonschema
+
+    kw = dict(model=MODEL, input="Weather in Paris?", tools=TOOLS, tool_choice=choice, max_output_tokens=120,
+              temperature=0, parallel_tool_calls=False)
+    r = client.responses.create(**kw)
+    calls = _calls(r)
+    assert r.status == "completed" and len(calls) == 1, r.output
+    name, args = calls[0]
+    assert name == "get_weather" or choice == "required"
+    if name == "get_weather":
+        jsonschema.validate(args, WEATHER)
+    events = list(client.responses.create(**kw, stream=True))
+    added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [a.name for a in added] == [name] and json.loads(deltas) == args == json.loads(done[0].arguments)
+    assert _calls(events[-1].response) == calls
+    assert r.output[-1].call_id.startswith("call_")
+
+
+def test_responses_tool_result_round_trip(client):
+    first = client.responses.create(model=MODEL, input="Weather in Paris?", tools=TOOLS, max_output_tokens=120,
+                                    tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
+    call = next(o for o in first.output if o.type == "function_call")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "sunny"}'}]
+    second = client.responses.create(model=MODEL, input=history, tools=TOOLS, tool_choice="none",
+                                     max_output_tokens=6, temperature=0)
+    assert second.output[0].type == "message" and not _calls(second)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input=[{"type": "function_call", "name": "f"}], max_output_tokens=2)
+    assert e.value.body["param"] == "input.0.call_id"
+
+
+def test_langchain_responses_mode_tools(server):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str, days: int) -> str:
+        """Weather forecast for a city."""
+        return "sunny"
+
+    llm = ChatOpenAI(model=MODEL, base_url=server.http_url + "/v1", api_key="none", use_responses_api=True,
+                     max_tokens=120, temperature=0, max_retries=0)
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather in Paris?")
+    assert [c["name"] for c in msg.tool_calls] == ["get_weather"]
+    assert set(msg.tool_calls[0]["args"]) == {"city", "days"}

@@ -104,9 +104,13 @@ def test_every_400_names_its_field(server, name):
     assert err["type"] == "invalid_request_error"
 
 
-def test_an_empty_body_names_what_is_missing(server):
-    r = requests.post(server.http_url + "/v1/chat/completions", timeout=30)
-    assert r.status_code == 400 and "body is missing" in r.json()["error"]["message"], r.text
+@pytest.mark.parametrize("endpoint, need", [(fields.CHAT, "messages"), (fields.COMPLETIONS, "prompt"),
+                                            (fields.RESPONSES, "input")])
+def test_no_body_names_what_is_missing(server, endpoint, need):
+    r = requests.post(server.http_url + fields.ENDPOINTS[endpoint], timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 400 and "body is missing" in err["message"] and need in err["message"], r.text
+    assert err["param"] == need
 
 
 def test_each_refusal_is_logged_once_with_its_request_id(server):
@@ -117,7 +121,8 @@ def test_each_refusal_is_logged_once_with_its_request_id(server):
     assert post(server, fields.CHAT, {**BASE[fields.CHAT], "temperature": -1},
                 headers={"X-Request-Id": rid2}).status_code == 400
     for want, param in ((rid, "max_tokens"), (rid2, "temperature")):
-        lines = [x for x in server.log_records() if x.get("event") == "request_rejected" and x.get("request_id") == want]
+        lines = [x for x in server.log_records()
+                 if x.get("event") == "request_rejected" and x.get("request_id") == want]
         assert len(lines) == 1 and lines[0]["level"] == "warning" and lines[0]["param"] == param, lines
         assert lines[0]["status"] == 400 and param in lines[0]["reason"]
 

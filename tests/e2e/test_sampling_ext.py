@@ -70,7 +70,7 @@ def check_prompt_logprobs(hf, ids: list[int], start: int, top: int, entries) -> 
         assert [lp[pos - 1, t.token_id].item() for t in e.top] == pytest.approx(want_lp.tolist(), abs=TOL)
 
 
-@pytest.mark.parametrize("start,top,n", [(0, 0, 5), (0, 3, 70), (1, 0, 40), (37, 5, 90), (89, 2, 90)])
+@pytest.mark.parametrize("start,top,n", [(0, 2, 1), (0, 0, 5), (0, 3, 70), (1, 0, 40), (37, 5, 90), (89, 2, 90)])
 def test_prompt_logprobs_match_hf(stub, hf, start, top, n):
     """From the first token (no logprob), from inside a chunk, from the last token; with and without
     alternatives; prompts of one and of several prefill chunks. They come on the first message."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import random
 import threading
 import time
@@ -365,3 +366,20 @@ def test_kv_events_rebuild_the_tree_after_a_soak_with_evictions(server, stub):
     assert fresh.blocks == {} and zmq_sub.blocks == {}
     fresh.close()
     zmq_sub.close()
+
+
+def test_structural_tag_is_the_gateways_tool_call_grammar(server, stub):
+    """The gateway forces a tool call with a structural tag (xgrammar's format; SGLang's older one is
+    converted to it: tests/tokenizer/test_smg_convert.py): the output is that call, with arguments
+    that follow the schema."""
+    schema = {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}
+    begin, end = '<tool_call>\n{"name": "get_time", "arguments": ', "}\n</tool_call>"
+    call = {"type": "tag", "begin": begin, "end": end,
+            "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}}
+    tag = {"type": "structural_tag", "format": {"type": "tags_with_separator", "tags": [call], "separator": "\n",
+                                                "at_least_one": True, "stop_after_first": True}}
+    out = generate(stub, ids(3, 8), max_new_tokens=64, structural_tag=json.dumps(tag)).pop().complete
+    text = requests.post(server.http_url + "/detokenize", json={"tokens": list(out.output_ids)},
+                         timeout=30).json()["prompt"]
+    assert out.finish_reason == "stop" and text.startswith(begin) and text.endswith(end), text
+    assert json.loads(text[len(begin):-len(end)])["tz"] in ("UTC", "CET")

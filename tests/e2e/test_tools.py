@@ -7,11 +7,15 @@ concatenate to the non-streamed answer, tool turns in the history, the 400s."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
+from typing import Literal
 
 import grpc
 import jsonschema
 import openai
+import pydantic
 import pytest
 import transformers
 
@@ -255,3 +259,78 @@ def test_reasoning_split_streamed_and_not_then_the_call(thinking):
     # chat_template_kwargs reach the template: Qwen3 without thinking starts after an empty block
     off = whole(thinking, **kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert off["reasoning"] is None and off["content"] == "It is sunny." and off["calls"] == a["calls"]
+
+
+# ---- the clients agents use, against the random demo model (grammar-enforced calls) ----
+
+class Forecast(pydantic.BaseModel):
+    """The weather forecast to fetch."""
+
+    city: Literal["Paris", "Rome", "Oslo"]
+    days: int = pydantic.Field(ge=1, le=7)
+
+
+def test_langchain_bind_tools_and_structured_output(demo):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_forecast(city: Literal["Paris", "Rome", "Oslo"], days: int) -> str:
+        """Fetch the weather forecast of a city."""
+        return "sunny"
+
+    llm = ChatOpenAI(base_url=str(demo.base_url), api_key="none", model="banyan-demo", temperature=0.0,
+                     max_tokens=160, max_retries=0)
+    msg = llm.bind_tools([get_forecast], tool_choice="required").invoke("Weather in Paris?")
+    assert [c["name"] for c in msg.tool_calls][:1] == ["get_forecast"] and msg.tool_calls[0]["id"]
+    assert msg.tool_calls[0]["args"]["city"] in ("Paris", "Rome", "Oslo")
+    out = llm.with_structured_output(Forecast, method="function_calling").invoke("Weather in Rome for 3 days?")
+    assert isinstance(out, Forecast)
+
+
+def test_instructor_tools_mode(demo):
+    import instructor
+
+    client = instructor.from_openai(demo, mode=instructor.Mode.TOOLS)
+    out = client.chat.completions.create(model="banyan-demo", response_model=Forecast, max_retries=0,
+                                         messages=ASK, temperature=0.0, max_tokens=160)
+    assert isinstance(out, Forecast)
+
+
+def test_litellm_tools(demo, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # (litellm's own: no fetch of its price list)
+    import litellm
+
+    r = litellm.completion(model="openai/banyan-demo", api_base=str(demo.base_url), api_key="none", messages=ASK,
+                           tools=TOOLS, tool_choice="required", temperature=0.0, max_tokens=160)
+    calls = [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
+    check_calls(calls)
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+NODE_OPENAI = "openai@7.60.0"
+
+
+@pytest.fixture(scope="module")
+def node_openai(tmp_path_factory) -> Path:
+    """The official Node SDK, installed from the npm registry into a folder of the test run."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed")
+    d = tmp_path_factory.mktemp("node-openai")
+    r = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", NODE_OPENAI], cwd=d,
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        pytest.skip(f"the npm registry did not give {NODE_OPENAI}: {r.stderr[-500:]}")
+    shutil.copy(Path(__file__).parent / "node" / "tool_stream.mjs", d / "tool_stream.mjs")
+    return d
+
+
+def test_node_sdk_streams_the_same_calls(scripted, node_openai):
+    model = scripted.models.list().data[0].id
+    want = whole(scripted, model=model, messages=ASK, tools=TOOLS, **MODEL_ARGS)
+    r = subprocess.run(["node", "tool_stream.mjs", str(scripted.base_url), model, json.dumps(TOOLS), json.dumps(ASK)],
+                       cwd=node_openai, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert got["content"] == want["content"] and got["finish"] == "tool_calls"
+    assert [tuple(c) for c in got["calls"]] == want["calls"]

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file
 
 from shared.gguf.convert import convert
-from tests.gguf.files import K_QUANTS, hf_gguf_model, write_tiny
+from tests.gguf.files import K_QUANTS, byte_level_tokenizer, hf_gguf_model, write_tiny
 from tests.support import ROOT
 
 TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
@@ -69,8 +69,11 @@ def _bad_files(tmp_path):
     write_tiny(tmp_path / "mamba.gguf", Q.F32, arch="mamba")
     write_tiny(tmp_path / "q5_0.gguf", Q.Q5_0)
     (tmp_path / "text.gguf").write_bytes(b"this is not a model\n" * 4)
+    write_tiny(tmp_path / "split.gguf", Q.F32, tokenizer=lambda w: (w.add_uint16("split.count", 3),
+                                                                   byte_level_tokenizer(w))[1])
     return {"truncated.gguf": "truncated", "mamba.gguf": "architecture 'mamba' is not supported",
-            "q5_0.gguf": "has type Q5_0, which Banyan does not dequantize", "text.gguf": "not a GGUF file"}
+            "q5_0.gguf": "has type Q5_0, which Banyan does not dequantize", "text.gguf": "not a GGUF file",
+            "split.gguf": "one part of a split GGUF (3 parts)"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -91,7 +94,7 @@ def test_bad_files_refused_in_one_line(tmp_path, cache_dir):
     assert converted.returncode == 1 and "architecture 'mamba' is not supported" in converted.stderr
     assert "Traceback" not in converted.stderr and not (tmp_path / "out" / "config.json").exists()
     left = [p.name for p in (cache_dir / "gguf").glob("*") if p.name.lstrip(".").split(".")[0].split("-")[0]
-            in {"truncated", "mamba", "q5_0", "text"}]
+            in {"truncated", "mamba", "q5_0", "text", "split"}]
     assert not left  # a refused file leaves nothing in the cache, not even a half-written directory
 
 
@@ -121,7 +124,7 @@ def test_tokenizer_matches_transformers(kind, tmp_path):
     ids with and without special tokens, and the decoded text."""
     from transformers import AutoTokenizer
 
-    from tests.gguf.files import byte_level_tokenizer, sentencepiece_tokenizer
+    from tests.gguf.files import sentencepiece_tokenizer
 
     path = tmp_path / f"{kind}.gguf"
     write_tiny(path, Q.F32, tokenizer=byte_level_tokenizer if kind == "gpt2" else sentencepiece_tokenizer)

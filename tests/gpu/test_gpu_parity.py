@@ -106,18 +106,15 @@ def test_flashinfer_attention_matches_torch(heads, prefill_backend, decode) -> N
         assert err < 1e-2, name
 
 
-@pytest.mark.parametrize("one_plan", [False, True], ids=["split", "one_plan"])
 @pytest.mark.parametrize("decode", ["flashinfer", "triton"])
 @pytest.mark.parametrize("name, grouped", [(n, True) for n in GROUPED]
                          + [("mixed", False), ("mixed_decodes_first", False)])
-def test_flashinfer_cascade_matches_plain_attention(monkeypatch, name, grouped, decode, one_plan) -> None:
+def test_flashinfer_cascade_matches_plain_attention(monkeypatch, name, grouped, decode) -> None:
     """Two-level attention (shared prefixes read once per group, states merged) equals plain
     attention over each request's whole KV; and without groups, a step of decodes mixed with prefill
-    chunks: ``one_plan``, all rows in one paged prefill plan; else its decode and prefill parts gathered
-    by token ("mixed") or, decodes first, writing their rows of one output in place."""
+    chunks: its decode and prefill parts gathered by token ("mixed") or, decodes first, writing their rows of one
+    output in place."""
     from services.worker.attention.flashinfer_backend import FlashInferAttention
-
-    monkeypatch.setenv("BANYAN_MIXED_ONE_PLAN", "64" if one_plan else "0")
 
     pool, plain, cascaded, (q, k, v) = cascade_batch(name, 32, 8, 128, torch.bfloat16, "cuda")
     ref = TorchAttention(pool)
@@ -126,7 +123,7 @@ def test_flashinfer_cascade_matches_plain_attention(monkeypatch, name, grouped, 
     fi = FlashInferAttention(pool, 32, decode_kernel=decode)
     fi.prepare(cascaded if grouped else plain)
     err = rel_err(fi.forward(q, k, v, 0), want)
-    REPORT[f"attention_{'cascade' if grouped else 'mixed'}_{name}_{decode}{'_one' if one_plan else ''}"] = err
+    REPORT[f"attention_{'cascade' if grouped else 'mixed'}_{name}_{decode}"] = err
     assert err < 1e-2, name
 
 
@@ -274,23 +271,6 @@ def test_cuda_graph_replay_matches_eager(models, decode) -> None:
         assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
     REPORT[f"cuda_graph_vs_eager_{decode}"] = max(errs)
     assert max(errs) < 5e-3
-
-
-def test_decode_graphs_prefetching_the_o_projection_give_the_same_logits(models, monkeypatch) -> None:
-    """``BANYAN_L2_ATTN_MIB`` (``kernels.attention_l2``): the decode graphs' Triton attention prefetching each layer's o
-    projection into L2 is a hint — the logits are the bits of the same graphs without it (1 row; 3 + 1 padding)."""
-    vocab, outs = 32000, []
-    for mib in ("0", "1"):
-        monkeypatch.setenv("BANYAN_L2_ATTN_MIB", mib)
-        r = runner(models["small"], attention_backend="flashinfer", decode_attention="triton")
-        assert bool(r.attn.l2_after) == (mib != "0") and r.graphs is not None
-        driver, seqs = Driver(r), [tokens(90 + 11 * i, vocab, i) for i in range(3)]
-        driver.run([(f"r{i}", s, False) for i, s in enumerate(seqs)])
-        outs.append([r.forward(driver.batch([(f"r{i}", [t], True) for i, t in enumerate(tokens(k, vocab, 50 + s))]))
-                     for s, k in enumerate((1, 3, 1, 3))])
-        assert r._kind == "decode_graph"
-        del r
-    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
 
 
 def test_forced_tokens_as_rows_replay_the_graph(models) -> None:

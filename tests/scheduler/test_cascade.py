@@ -199,16 +199,14 @@ def test_no_cache_no_groups():
 # (the plain batches too: a mixed batch's decode rows and prefill chunks go through two plans)
 
 
-@pytest.mark.parametrize("one_plan", [True, False], ids=["one_plan", "split"])
 @pytest.mark.parametrize("name,grouped", [(n, False) for n in CASES] + [(n, True) for n in GROUPED])
-def test_flashinfer_backend_plans_on_a_stand_in(monkeypatch, name, grouped, one_plan):
-    """``one_plan``: a mixed step's few decodes in its prompt chunks' paged prefill plan (the default up to
-    ``MIXED_ONE_PLAN_ROWS``); else split between the decode and the prefill plan (in place or gathered)."""
+def test_flashinfer_backend_plans_on_a_stand_in(monkeypatch, name, grouped):
+    """A mixed step's decodes and prompt chunks split between the decode and the prefill plan (in place or
+    gathered; one plan for both measured slower: docs/decisions/0004)."""
     from tests import fake_flashinfer
     from services.worker.attention.flashinfer_backend import FlashInferAttention
 
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module())
-    monkeypatch.setenv("BANYAN_MIXED_ONE_PLAN", "64" if one_plan else "0")
     pool, plain, cascaded, (q, k, v) = build(name, 8, 2, 16, torch.float32, "cpu")
     ref = TorchAttention(pool)
     ref.prepare(plain)
@@ -216,8 +214,8 @@ def test_flashinfer_backend_plans_on_a_stand_in(monkeypatch, name, grouped, one_
     fi = FlashInferAttention(pool, 8)
     fi.prepare(cascaded if grouped else plain)
     assert fi.shared.plans == int(grouped)
-    if name.startswith("mixed"):  # decodes and prefill chunks: one paged prefill plan, or split in two
-        assert (fi.decode.plans, fi.paged.plans) == ((0, 1) if one_plan else (1, 1))
+    if name.startswith("mixed"):  # decodes and prefill chunks: split in two plans
+        assert (fi.decode.plans, fi.paged.plans) == (1, 1)
     torch.testing.assert_close(fi.forward(q, k, v, 0), want, rtol=1e-5, atol=1e-5)
     wide = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2])  # q a strided view (an eager step's, of q/k/v)
     wide[:, :, : q.shape[2]] = q

@@ -15,7 +15,8 @@ from shared import config, knobs
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"BANYAN_[A-Z0-9_]*[A-Z0-9]")
 NOT_VARIABLES = {"BANYAN_GEMV_BF16"}  # (a C macro of gemv.cu, set by the build's -D flag)
-ENVIRON_READ = re.compile(r"(os\.environ|getenv|environ\.get)\W+[^\n]*BANYAN_|BANYAN_[A-Z_]*\"\s*\)?\s*in\s+os\.environ")
+ENVIRON_READ = re.compile(r"(os\.environ|getenv|environ\.get)\W+[^\n]*BANYAN_"  # (a read, or a membership test)
+                          r"|BANYAN_[A-Z_]*\"\s*\)?\s*in\s+os\.environ")
 READS_ALLOWED = {"shared/knobs.py", "shared/config.py"}  # (the registry and the config flags' defaults)
 
 

@@ -43,7 +43,7 @@ def test_every_refused_or_ignored_field_has_an_example_and_refused_ones_a_reason
 def test_docs_table_is_the_registry():
     text = DOC.read_text()
     table = text.split("<!-- fields:begin -->\n", 1)[1].split("<!-- fields:end -->", 1)[0]
-    assert table == fields.markdown(), "regenerate docs/openai.md's table: python3 -m services.tokenizer.http.fields (rewrites it)"
+    assert table == fields.markdown(), "regenerate it: python3 -m services.tokenizer.http.fields (rewrites the table)"
 
 
 def _message(model, body: dict, endpoint: str = fields.CHAT) -> tuple[str, str | None]:
@@ -100,6 +100,12 @@ def test_nulls_are_not_given():
     ("temperature must be >= 0, got -1", fields.CHAT, "temperature"),
     ("top_p must be in (0, 1], got 0", fields.CHAT, "top_p"),
     ("something else entirely", fields.CHAT, None),
+    ("the model's chat template cannot render these messages as the continuation", fields.CHAT, "messages"),
+    ("chat template failed: Conversation roles must alternate user/assistant", fields.CHAT, "messages"),
+    ("input[2].role must be one of user, system, developer, assistant", fields.RESPONSES, "input.2.role"),
+    ("tools[0].function.name 'a b' must be 1-64 letters", fields.CHAT, "tools.0.function.name"),
+    ("tool_choice required needs tools", fields.RESPONSES, "tool_choice"),
+    ("the prompt text must not be empty", fields.COMPLETIONS, "prompt"),
 ])
 def test_param_of_a_validation_message(message, endpoint, param):
     assert param_of(message, endpoint) == param

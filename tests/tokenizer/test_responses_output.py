@@ -1,6 +1,7 @@
 """``/v1/responses`` output items from a choice's text (``http/responses_output.py``): plain text,
-and with a tool-call parser (Hermes / Qwen format) function_call items, streamed in pieces of every
-size — the events add up to the same items the non-streamed answer has."""
+with a tool-call parser (Hermes / Qwen format) function_call items, with a reasoning parser (Qwen3)
+a reasoning item first; streamed in pieces of every size, the events add up to the same items the
+non-streamed answer has."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import pytest
 
 from services.tokenizer.http.responses_output import Output
-from services.tokenizer.tools.hermes import HermesParser
+from services.tokenizer.chat_output import ChatOutput
 
 CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "when": {"day": '
          '"mon"}, "note": "say \\"hi\\""}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>')
@@ -43,7 +44,7 @@ def _run(text: str, size: int, parser=None):
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 13, 1000])
 def test_function_calls_streamed_in_any_pieces_equal_the_items(size):
-    events, items = _run(CALLS, size, HermesParser())
+    events, items = _run(CALLS, size, ChatOutput("hermes", None))
     got = _replay(events)
     assert got["text"] == "Let me check."
     assert [c[0] for c in got["calls"]] == ["get_weather", "now"]
@@ -70,3 +71,18 @@ def test_an_empty_answer_is_an_empty_message():
     events, items = _run("", 1)
     assert [i["type"] for i in items] == ["message"] and items[0]["content"][0]["text"] == ""
     assert [k for k, _ in events][0] == "response.output_item.added"
+
+
+THINK = '<think>\nThe user wants the weather.\n</think>\n\nIt is sunny.<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_reasoning_comes_first_as_its_own_item(size):
+    events, items = _run(THINK, size, ChatOutput("hermes", "qwen3"))
+    assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
+    assert items[0]["content"][0]["text"].strip() == "The user wants the weather."
+    thought = "".join(f["delta"] for k, f in events if k == "response.reasoning_text.delta")
+    assert thought == items[0]["content"][0]["text"]
+    assert next(f["text"] for k, f in events if k == "response.reasoning_text.done") == thought
+    assert _replay(events)["text"] == "It is sunny." == items[1]["content"][0]["text"]
+    assert [i["id"] for i in _replay(events)["done"]] == [i["id"] for i in items]

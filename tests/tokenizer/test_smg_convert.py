@@ -14,7 +14,7 @@ from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from shared.errors import InvalidArgument
-from shared.messages.common import FinishReason
+from shared.messages.common import Constraint, FinishReason
 from services.tokenizer.generation import Chunk, TokenLogprob, Usage
 from services.tokenizer.smg import bundle, convert
 from services.tokenizer.smg.servicer import SmgServicer
@@ -64,7 +64,6 @@ def test_sampling_fields_map_onto_banyans():
     (dict(return_hidden_states=True), "return_hidden_states"),
     (dict(custom_logit_processor="x"), "custom_logit_processor"),
     (dict(token_ids_logprob=[1]), "token_ids_logprob"),
-    (dict(sp=dict(structural_tag="{}")), "sampling_params.structural_tag"),
 ])
 def test_what_banyan_cannot_do_is_refused_naming_the_field(kw, field):
     with pytest.raises(InvalidArgument, match=field.replace(".", r"\.")):
@@ -176,3 +175,19 @@ def test_tokenizer_bundle(tmp_path):
     assert [len(p) for p in parts] == [bundle.CHUNK_BYTES, bundle.CHUNK_BYTES, 1]
     with pytest.raises(FileNotFoundError):
         bundle.tokenizer_zip(tmp_path / "nothing")
+
+
+def test_structural_tags_become_constraints():
+    """The gateway's tool-call grammar: xgrammar's format as it is, SGLang's older one converted."""
+    new = json.dumps({"type": "structural_tag", "format": {"type": "const_string", "value": "x"}})
+    assert convert.constraint(request(sp=dict(structural_tag=new))) == Constraint("structural_tag", value=new)
+    old = {"type": "structural_tag", "triggers": ["<tool_call>"],
+           "structures": [{"begin": '<tool_call>{"name": "f", "arguments": ', "schema": {"type": "object"},
+                           "end": "}</tool_call>"}]}
+    c = convert.constraint(request(sp=dict(structural_tag=json.dumps(old))))
+    fmt = json.loads(c.value)["format"]
+    assert c.kind == "structural_tag" and fmt["type"] == "triggered_tags" and fmt["triggers"] == ["<tool_call>"]
+    assert fmt["tags"][0]["begin"] == old["structures"][0]["begin"]
+    for bad in ("{}", "not json", "[]"):
+        with pytest.raises(InvalidArgument, match=r"sampling_params\.structural_tag"):
+            convert.constraint(request(sp=dict(structural_tag=bad)))

@@ -83,3 +83,33 @@ def test_repetition_mask_follows_sampled_tokens():
     got = logits.clone()
     procs.apply(got, [0], [nr.params], np.array([len(seq)]))
     assert torch.equal(got, logits)  # (a released row: nothing applied)
+
+
+def test_the_batch_sampler_applies_them_only_to_rows_that_ask(monkeypatch):
+    """A step whose rows use no processor never enters them; a mixed step hands them its rows, and
+    the plain row's draw is what it is alone."""
+    from shared.messages.to_worker import ForwardBatch
+    from services.worker.sampling.batch import BatchSampler
+    from services.worker.sampling.draw import TokenSampler
+
+    bs = BatchSampler(TokenSampler(), V, torch.device("cpu"))
+    bs.admit(NewReq(rid="plain", row=0, params=SamplingParams(temperature=0.0)))
+    calls = []
+    real = LogitProcessors.apply
+    monkeypatch.setattr(LogitProcessors, "apply", lambda self, *a: calls.append(a[1]) or real(self, *a))
+
+    def step(rows: list[int]):
+        n = len(rows)
+        b = ForwardBatch(step_id=0, new_reqs=[], released_rows=[], rows=i32(rows), prefix_lens=i32([4] * n),
+                         extend_lens=i32([1] * n), emits=i32([1] * n), input_ids=i32([1] * n), out_slots=i32([1] * n))
+        logits = torch.arange(n * V, dtype=torch.float32).view(n, V) % 17
+        return bs.sample(b, logits, np.ones(n, dtype=bool)).ids.tolist()
+
+    alone = step([0])
+    assert calls == []
+    bs.admit(new_req(1, [1, 2, 3, 4], logit_bias={0: 100.0}))
+    both = step([0, 1])
+    assert calls == [[0, 1]] and both == [alone[0], 0]
+    bs.release(1)
+    calls.clear()
+    assert step([0]) == alone and calls == []

@@ -321,7 +321,6 @@ BACKEND_SCRIPT = r"""
 import os
 import sys
 import torch
-os.environ["BANYAN_MIXED_ONE_PLAN"] = "0"  # (a mixed step split: its decode rows through the Triton kernel)
 from tests import fake_flashinfer
 sys.modules["flashinfer"] = fake_flashinfer.module()
 from services.worker.attention import triton_decode as td
@@ -398,6 +397,7 @@ def test_the_decode_knobs_are_read_once_and_checked(monkeypatch) -> None:
         registry.reload()
         with pytest.raises(registry.KnobError, match="BANYAN_DECODE_BLOCK"):
             dr.knobs()
+        monkeypatch.delenv("BANYAN_DECODE_BLOCK")
         monkeypatch.delenv("BANYAN_DECODE_STAGES", raising=False)
         registry.reload()
         assert dr.plain_stages() is None

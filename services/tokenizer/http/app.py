@@ -175,7 +175,8 @@ def _completion_format(front: Frontend, body: api.CompletionRequest, prompts: li
     scoring_out.check(body.stream, body.prompt_logprobs)
     echo = [scoring_out.EchoPrompt(p.text if p.text is not None else front.text.decode(
         p.token_ids or [], skip_special_tokens=body.skip_special_tokens)) for p in prompts] if body.echo else None
-    return scoring_out.ScoringCompletionFormat(front.token_texts, body.logprobs, body.n or 1, echo, body.prompt_logprobs)
+    return scoring_out.ScoringCompletionFormat(front.token_texts, body.logprobs, body.n or 1, echo,
+                                               body.prompt_logprobs)
 
 
 def request_priority(request: Request, body_value: int | None) -> int:
@@ -230,7 +231,7 @@ def create_app(text: TextProcessor, client: SchedulerClient, api_key: ApiKey, me
         fmt = chat_tools.chat_format(front.token_texts, body.logprobs, tool_plan, front.parsers.reasoning, tail)
         if body.prompt_logprobs is not None:
             scoring_out.check(body.stream, body.prompt_logprobs)
-            fmt = scoring_out.ScoringChatFormat(front.token_texts, body.logprobs, body.prompt_logprobs)
+            fmt = scoring_out.ScoringChatFormat(fmt, body.prompt_logprobs)  # type: ignore[assignment]
         return await front.generate(request, [p], rid, f"chatcmpl-{rid}", fmt, body.stream, body.stream_options)
 
     @app.post("/v1/completions", response_model=api.Completion, responses=_ERRORS | _SSE)

@@ -58,15 +58,22 @@ class ApiError(Exception):
 
 
 _NAMES = sorted({r.name for r in fields.RULES} | {"prompt", "messages", "input", "n"}, key=len, reverse=True)
-_NAME = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, _NAMES)) + r")((?:\[\d+\]|\.\w+)*)(?![\w-])")
+_PATH = r"((?:\[\d+\]|\.\w+)*)(?![\w-])"
+_HEAD = re.compile(r"(" + "|".join(map(re.escape, _NAMES)) + r")" + _PATH)  # a message that starts with its field
+# past the start, only names that cannot be ordinary words of a sentence ("the model's template …")
+_INNER = [n for n in _NAMES if "_" in n] + ["prompt", "messages", "logprobs", "temperature", "seed", "tools"]
+_NAME = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, _INNER)) + r")" + _PATH)
 _PROMPT = {fields.CHAT: "messages", fields.RESPONSES: "input"}  # what "the prompt" is called there
 
 
 def param_of(message: str, endpoint: str | None = None) -> str | None:
-    """The request field a validation message is about: the first field name it mentions
-    (``messages[0].role …`` → ``messages.0.role``; "the prompt has …" → ``prompt``, or ``messages`` /
-    ``input`` on the chat / responses endpoints)."""
-    m = _NAME.search(message)
+    """The request field a validation message is about: the field it starts with (``messages[0].role
+    …`` → ``messages.0.role``), else the first unmistakable field name in it ("the prompt has …" →
+    ``prompt``, or ``messages`` / ``input`` on the chat / responses endpoints; a chat template's own
+    error → ``messages``)."""
+    if message.startswith("chat template failed"):
+        return _PROMPT.get(endpoint or "", "messages")
+    m = _HEAD.match(message) or _NAME.search(message)
     if m is None:
         return None
     name = m.group(1) + re.sub(r"\[(\d+)\]", r".\1", m.group(2))
@@ -119,7 +126,9 @@ def _validation_message(exc: RequestValidationError, endpoint: str | None) -> tu
             return "the body must be a JSON object (send Content-Type: application/json)", None
         loc = tuple(err.get("loc", ()))
         if err.get("type") == "missing" and loc == ("body",):
-            return "the request body is missing: send a JSON object (Content-Type: application/json)", None
+            need = _PROMPT.get(endpoint or "", "prompt") if endpoint else None
+            what = f" with {need} (required)" if need else ""
+            return f"the request body is missing: send a JSON object{what} (Content-Type: application/json)", need
         if err.get("type") == "extra_forbidden":
             msg = (fields.refusal(endpoint, str(loc[-1])) if endpoint and len(loc) == 2 else None) or \
                 "unrecognized request argument (not supported)"

@@ -109,9 +109,9 @@ RULES: tuple[Rule, ...] = (
     Rule("include", I, (RESPONSES,), example=["message.output_text.logprobs"]),
     Rule("truncation", L, (RESPONSES,), '"disabled" only (a prompt longer than the context window is a 400)'),
     Rule("reasoning", I, (RESPONSES,), example={"effort": "low"}),
-    Rule("tools", L, (RESPONSES,), "an empty list only, until function tools are served", example=[]),
-    Rule("tool_choice", L, (RESPONSES,), '"none" or "auto" (with no tools)'),
-    Rule("parallel_tool_calls", I, (RESPONSES,), example=True),
+    Rule("tools", H, (RESPONSES,), "function tools ({type: function, name, parameters, strict}); others are a 400"),
+    Rule("tool_choice", H, (RESPONSES,), "none, auto, required, {type: function, name} (as chat's)"),
+    Rule("parallel_tool_calls", H, (RESPONSES,), "false: at most one call"),
     Rule("max_tool_calls", I, (RESPONSES,), example=4),
     Rule("top_logprobs", R, (RESPONSES,), "no logprobs in responses: use /v1/chat/completions", example=2),
     # ---- vLLM / SGLang extensions

@@ -3,14 +3,15 @@ become chat messages rendered by the model's template, the generation runs as a 
 does, and the answer is a ``response`` object, or streamed as its events (``response.created``,
 ``response.output_item.added``, ``response.output_text.delta`` … ``response.completed``).
 
-Function tools and the ``function_call`` / ``function_call_output`` input items need tool calling
-(the chat template's ``tools=`` and a tool-call parser); until the server has them they are a 400
-that says so. The seam is ``create``'s ``parser``: ``responses_output.Output`` already turns a
-tool-call parser's pieces into ``function_call`` items and their ``response.function_call_arguments.*``
-events."""
+Function tools take the chat route's tool calling (``services/tokenizer/tools``): the tools go to
+the chat template, ``tool_choice`` required / named is grammar-enforced, and the output goes through
+the tool-call parser, whose calls become ``function_call`` items (``responses_output.py``, with their
+``response.function_call_arguments.*`` events). ``function_call`` / ``function_call_output`` input
+items are the history's tool turns."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -29,8 +30,10 @@ from services.tokenizer.http import errors
 from services.tokenizer.http import responses_api as rapi
 from services.tokenizer.http.responses_output import Event, Output
 from services.tokenizer.http.streams import merge, unless_disconnected
-from services.tokenizer.text import Message
-from services.tokenizer.tools.base import ToolParser
+from services.tokenizer.text import ChatExtras, Message
+from services.tokenizer.chat_output import ChatOutput
+from services.tokenizer.tools import request as tools_request
+from services.tokenizer.tools.request import Function, ToolPlan
 from services.tokenizer.validation import Prompt, SamplingRequest
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -62,8 +65,17 @@ def messages(body: rapi.ResponseRequest) -> list[Message]:
         name, kind = f"input[{i}]", item.get("type", "message")
         if kind == "reasoning":  # a previous answer's reasoning summary: not part of the prompt
             continue
-        if kind in ("function_call", "function_call_output"):
-            raise InvalidArgument(f"{name}: {kind} items need tool calling, which this server does not serve yet")
+        if kind == "function_call":
+            call = tools_request.history_calls([(_str(item, "call_id", name), _str(item, "name", name),
+                                                 _str(item, "arguments", name))], name)
+            if out and out[-1].role == "assistant" and out[-1].tool_calls and not out[-1].content:
+                out[-1] = dataclasses.replace(out[-1], tool_calls=out[-1].tool_calls + call)  # (parallel calls)
+            else:
+                out.append(Message("assistant", "", tool_calls=call))
+            continue
+        if kind == "function_call_output":
+            out.append(Message("tool", _str(item, "output", name), tool_call_id=_str(item, "call_id", name)))
+            continue
         if kind != "message":
             raise InvalidArgument(f"{name}.type {kind!r} is not supported (message, function_call, "
                                   "function_call_output)")
@@ -74,6 +86,13 @@ def messages(body: rapi.ResponseRequest) -> list[Message]:
     if not out:
         raise InvalidArgument("input must not be empty")
     return out
+
+
+def _str(item: dict[str, Any], key: str, name: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name}.{key} is required (a string)")
+    return value
 
 
 def _constraint(body: rapi.ResponseRequest) -> Constraint | None:
@@ -87,12 +106,25 @@ def _constraint(body: rapi.ResponseRequest) -> Constraint | None:
     return Constraint("json_schema", value=json.dumps(fmt.schema_))
 
 
-def convert_request(body: rapi.ResponseRequest) -> tuple[Prompt, SamplingRequest, Constraint | None]:
-    if body.tools:
-        raise InvalidArgument("tools: function tools are not served yet (tool calling): send an empty list")
+def tool_plan(body: rapi.ResponseRequest, server_parser: str | None, constraint: Constraint | None) -> ToolPlan:
+    functions = [Function(t.name, t.description, t.parameters, bool(t.strict)) for t in body.tools or ()]
+    choice, named = body.tool_choice, None
+    if isinstance(choice, rapi.NamedFunction):
+        choice, named = "function", choice.name
+    return tools_request.plan(functions, choice, named, body.parallel_tool_calls, server_parser,
+                              other_constraint=constraint is not None)
+
+
+def convert_request(body: rapi.ResponseRequest, server_parser: str | None = None,
+                    ) -> tuple[Prompt, SamplingRequest, Constraint | None, ToolPlan]:
+    """The chat prompt (with the tools for the template), sampling, the constraint (the output
+    format's, or the one enforcing ``tool_choice``) and the tool plan (its parser reads the output)."""
     sampling = SamplingRequest(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
                                seed=body.seed)
-    return Prompt(messages=messages(body)), sampling, _constraint(body)
+    constraint = _constraint(body)
+    plan = tool_plan(body, server_parser, constraint)
+    extras = ChatExtras(plan.tools) if plan.tools else None
+    return Prompt(messages=messages(body), extras=extras), sampling, plan.constraint or constraint, plan
 
 
 def _usage(c: Chunk | None) -> rapi.ResponseUsage | None:
@@ -107,11 +139,11 @@ def _usage(c: Chunk | None) -> rapi.ResponseUsage | None:
 class _Answer:
     """The response object being built (the same fields and items streamed and not)."""
 
-    def __init__(self, rid: str, body: rapi.ResponseRequest, model: str, parser: ToolParser | None) -> None:
+    def __init__(self, rid: str, body: rapi.ResponseRequest, model: str, split: ChatOutput | None) -> None:
         self.body, self.model = body, model
         self.id = f"resp_{rid}"
         self.created = int(time.time())
-        self.output = Output(rid, parser)
+        self.output = Output(rid, split)
         self.last: Chunk | None = None
 
     def add(self, c: Chunk) -> list[Event]:
@@ -136,7 +168,10 @@ class _Answer:
             incomplete_details=rapi.IncompleteDetails(reason="max_output_tokens") if done and self.cut else None,
             instructions=b.instructions, max_output_tokens=b.max_output_tokens,
             parallel_tool_calls=b.parallel_tool_calls is not False, temperature=b.temperature, top_p=b.top_p,
-            text={"format": fmt or {"type": "text"}}, tool_choice=b.tool_choice or "auto", user=b.user,
+            text={"format": fmt or {"type": "text"}}, user=b.user,
+            tools=[t.model_dump(exclude_none=True) for t in b.tools or ()],
+            tool_choice=b.tool_choice.model_dump() if isinstance(b.tool_choice, rapi.NamedFunction) else (
+                b.tool_choice or ("auto" if b.tools else "none")),
             metadata=b.metadata or {}, reasoning=b.reasoning, store=False)
 
 
@@ -152,16 +187,18 @@ class _Events:
         return f"event: {type_}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def create(front, request: Request, body: rapi.ResponseRequest, info: ModelInfo, rid: str,
-                 parser: ToolParser | None = None) -> Response:
-    """Answer one ``POST /v1/responses`` (``front``: the app's ``Frontend``; ``parser``: the tool-call
-    parser of this request's output, once function tools are served)."""
-    prompt, sampling, constraint = convert_request(body)
+async def create(front, request: Request, body: rapi.ResponseRequest, info: ModelInfo, rid: str) -> Response:
+    """Answer one ``POST /v1/responses`` (``front``: the app's ``Frontend``)."""
+    prompt, sampling, constraint, plan = convert_request(body, front.parsers.tool)
+
     prepared = validation.prepare(prompt, sampling, front.text, info, request_id=rid, constraint=constraint)
     trace = request.state.trace
     stage("tokenized", rid, trace_id=trace.trace_id, prompt_tokens=len(prepared.req.input_ids), n=1)
+    reasoning = front.parsers.reasoning
+    tail = front.text.decode(prepared.req.input_ids[-4:], skip_special_tokens=False) if reasoning else ""
+    split = ChatOutput(plan.parser, reasoning, tail) if plan.parser or reasoning else None
     outputs = front._tracked([rid], merge([front.generator.stream(prepared, rid, trace)]))
-    answer = _Answer(rid, body, info.model, parser)
+    answer = _Answer(rid, body, info.model, split)
     headers = {"X-Request-Id": rid}
     if not body.stream:
         async def collect() -> rapi.Response:

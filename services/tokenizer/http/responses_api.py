@@ -23,6 +23,21 @@ class TextOptions(_Request):
     verbosity: str | None = None
 
 
+class FunctionTool(_Request):
+    """A Responses-API function tool (flat: no nested ``function`` object, unlike chat's)."""
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Request):
+    type: Literal["function"]
+    name: str
+
+
 class ResponseStreamOptions(_Request):
     include_obfuscation: bool | None = None
 
@@ -38,8 +53,9 @@ class ResponseRequest(_Request):
     stream: bool = False
     stream_options: ResponseStreamOptions | None = None
     text: TextOptions | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[FunctionTool] | None = Field(None, description="function tools (docs/tools.md: the server's "
+                                            "--tool-call-parser reads the calls)")
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: Int32 | None = None
     truncation: Literal["disabled"] | None = None
@@ -81,6 +97,21 @@ class FunctionCall(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """The thinking part of the answer (``--reasoning-parser``)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = []
+    content: list[ReasoningText] = []
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int
 
@@ -107,7 +138,7 @@ class Response(BaseModel):
     created_at: int
     status: Literal["in_progress", "completed", "incomplete", "failed"]
     model: str
-    output: list[OutputMessage | FunctionCall]
+    output: list[ReasoningItem | OutputMessage | FunctionCall]
     usage: ResponseUsage | None = None
     incomplete_details: IncompleteDetails | None = None
     error: dict[str, Any] | None = None
@@ -119,8 +150,8 @@ class Response(BaseModel):
     store: bool = False
     temperature: float | None = None
     text: dict[str, Any] = {"format": {"type": "text"}}
-    tool_choice: str = "auto"
-    tools: list[Any] = []
+    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = []
     top_p: float | None = None
     truncation: Literal["disabled"] = "disabled"
     user: str | None = None

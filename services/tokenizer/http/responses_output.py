@@ -1,15 +1,18 @@
 """The output items of one ``/v1/responses`` answer as its text comes, and the stream events that
-build them: a ``message`` item (its ``output_text``) and, with a tool-call parser
-(``services/tokenizer/tools``), one ``function_call`` item per call, whose arguments stream as
-``response.function_call_arguments.delta`` / ``.done``. The streamed events and the non-streamed
-``output`` come from the same pieces, so they agree."""
+build them: a ``message`` item (its ``output_text``); with a reasoning parser a ``reasoning`` item
+first (``response.reasoning_text.delta`` / ``.done``); with a tool-call parser
+(``services/tokenizer/tools``) one ``function_call`` item per call, whose arguments stream as
+``response.function_call_arguments.delta`` / ``.done``. The text is split by the chat route's
+``ChatOutput``; the streamed events and the non-streamed ``output`` come from the same pieces, so
+they agree."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from services.tokenizer.chat_output import ChatOutput, OutputDelta
 from services.tokenizer.http import responses_api as rapi
-from services.tokenizer.tools.base import Piece, ToolCallDelta, ToolParser
+from services.tokenizer.tools.base import ToolCallDelta
 
 Event = tuple[str, dict[str, Any]]  # (type, fields)
 
@@ -28,11 +31,13 @@ class Output:
     """``feed`` a choice's text in pieces of any size, then ``finish``: each returns the events of
     what it added; ``items`` is the ``output`` list so far."""
 
-    def __init__(self, rid: str, parser: ToolParser | None = None) -> None:
-        self.rid, self.parser = rid, parser
-        self.msg_id = f"msg_{rid}"
+    def __init__(self, rid: str, split: ChatOutput | None = None) -> None:
+        self.rid, self.split = rid, split
+        self.msg_id, self.rs_id = f"msg_{rid}", f"rs_{rid}"
         self.text: list[str] = []
+        self.thinking: list[str] = []
         self.msg_index: int | None = None  # the message item's output_index, once it began
+        self.rs_index: int | None = None  # the reasoning item's
         self.calls: list[_Call] = []
         self._next = 0
 
@@ -43,19 +48,24 @@ class Output:
                                                      item=self.message("in_progress").model_dump())),
                 ("response.content_part.added", dict(part, part=rapi.OutputText(text="").model_dump()))]
 
-    def _pieces(self, pieces: list[Piece]) -> list[Event]:
+    def _pieces(self, d: OutputDelta) -> list[Event]:
         events: list[Event] = []
-        for p in pieces:
-            if isinstance(p, str):
-                if not p:
-                    continue
-                if self.msg_index is None:
-                    events += self._open_message()
-                self.text.append(p)
-                events.append(("response.output_text.delta", dict(item_id=self.msg_id, output_index=self.msg_index,
-                                                                  content_index=0, delta=p, logprobs=[])))
-                continue
-            events += self._call(p)
+        if d.reasoning:
+            if self.rs_index is None:
+                self.rs_index, self._next = self._next, self._next + 1
+                events.append(("response.output_item.added", dict(output_index=self.rs_index,
+                                                                  item=self.reasoning("in_progress").model_dump())))
+            self.thinking.append(d.reasoning)
+            events.append(("response.reasoning_text.delta", dict(item_id=self.rs_id, output_index=self.rs_index,
+                                                                 content_index=0, delta=d.reasoning)))
+        if d.content:
+            if self.msg_index is None:
+                events += self._open_message()
+            self.text.append(d.content)
+            events.append(("response.output_text.delta", dict(item_id=self.msg_id, output_index=self.msg_index,
+                                                              content_index=0, delta=d.content, logprobs=[])))
+        for call in d.tool_calls:
+            events += self._call(call)
         return events
 
     def _call(self, d: ToolCallDelta) -> list[Event]:
@@ -75,13 +85,18 @@ class Output:
         return events
 
     def feed(self, text: str) -> list[Event]:
-        return self._pieces(self.parser.feed(text) if self.parser is not None else [text])
+        return self._pieces(self.split.feed(text) if self.split is not None else OutputDelta(content=text))
 
     def finish(self, status: str) -> list[Event]:
         """The last pieces, then each item's closing events (``status``: the items' final status)."""
-        events = self._pieces(self.parser.finish()) if self.parser is not None else []
+        events = self._pieces(self.split.finish()) if self.split is not None else []
         if self.msg_index is None and not self.calls:  # (an empty answer is an empty message)
             events += self._open_message()
+        if self.rs_index is not None:
+            events += [("response.reasoning_text.done", dict(item_id=self.rs_id, output_index=self.rs_index,
+                                                             content_index=0, text="".join(self.thinking))),
+                       ("response.output_item.done", dict(output_index=self.rs_index,
+                                                          item=self.reasoning(status).model_dump()))]
         if self.msg_index is not None:
             text, part = "".join(self.text), dict(item_id=self.msg_id, output_index=self.msg_index, content_index=0)
             events += [("response.output_text.done", dict(part, text=text, logprobs=[])),
@@ -96,14 +111,20 @@ class Output:
                                                           item=call.item("completed").model_dump()))]
         return events
 
+    def reasoning(self, status: str) -> rapi.ReasoningItem:
+        content = [rapi.ReasoningText(text="".join(self.thinking))] if status != "in_progress" else []
+        return rapi.ReasoningItem(id=self.rs_id, status=status, content=content)
+
     def message(self, status: str) -> rapi.OutputMessage:
         text = "".join(self.text)
         content = [rapi.OutputText(text=text)] if status != "in_progress" else []
         return rapi.OutputMessage(id=self.msg_id, status=status, content=content)
 
-    def items(self, status: str) -> list[rapi.OutputMessage | rapi.FunctionCall]:
-        out: list[tuple[int, rapi.OutputMessage | rapi.FunctionCall]] = [
+    def items(self, status: str) -> list[rapi.ReasoningItem | rapi.OutputMessage | rapi.FunctionCall]:
+        out: list[tuple[int, rapi.ReasoningItem | rapi.OutputMessage | rapi.FunctionCall]] = [
             (c.output_index, c.item("completed")) for c in self.calls]
         if self.msg_index is not None:
             out.append((self.msg_index, self.message(status)))
+        if self.rs_index is not None:
+            out.append((self.rs_index, self.reasoning(status)))
         return [item for _, item in sorted(out, key=lambda x: x[0])]

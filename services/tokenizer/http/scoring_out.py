@@ -124,16 +124,19 @@ def _stop_reason(c: Chunk) -> str | int | None:
     return c.matched_stop or c.matched_stop_token_id
 
 
-class ScoringChatFormat(ChatFormat):
-    """Chat completions with vLLM's ``prompt_logprobs`` (a field of the response, not of a choice)."""
+class ScoringChatFormat:
+    """A chat format (plain, or with tool calls / reasoning) plus vLLM's ``prompt_logprobs`` (a field
+    of the response, not of a choice; never streamed)."""
 
-    def __init__(self, tokens: TokenTexts, logprobs: bool, prompt_logprobs: int) -> None:
-        super().__init__(tokens, logprobs)
-        self.prompt_k = prompt_logprobs
+    def __init__(self, inner: ChatFormat, prompt_logprobs: int) -> None:
+        self.inner, self.tokens, self.prompt_k = inner, inner.tokens, prompt_logprobs
+
+    def __getattr__(self, name: str):  # opening, delta, chunk: the inner format's
+        return getattr(self.inner, name)
 
     def response(self, rid: str, created: int, model: str, choices: dict[int, ChoiceAcc],
                  usage: api.Usage) -> api.ChatCompletion:
-        out = super().response(rid, created, model, choices, usage)
+        out = self.inner.response(rid, created, model, choices, usage)
         scores = next((a.prompt_logprobs for a in choices.values() if a.prompt_logprobs is not None), [])
         out.prompt_logprobs = vllm_prompt_logprobs(scores, self.tokens, self.prompt_k)
         return out

@@ -11,7 +11,8 @@ Proto3 cannot tell an unset scalar from its zero, so SMG sends every sampling fi
 
 Fields asking for what Banyan does not do are refused with INVALID_ARGUMENT naming the field,
 never ignored: multimodal inputs, input embeddings, LoRA, disaggregation, hidden states, logprobs
-of chosen token ids, custom logit processors, ``structural_tag``, ``custom_params``.
+of chosen token ids, custom logit processors, ``custom_params``. ``structural_tag`` (the gateway's
+tool-call grammar) is compiled like Banyan's own (xgrammar's format, or SGLang's older one).
 ``return_logprob`` with ``logprob_start_len`` ≥ 0 returns the prompt's log-probs from there
 (``input_logprobs``, the first position's value unset; on branch 0's first chunk and its complete
 message; a start at or past the prompt's end: none), with ``top_logprobs_num`` alternatives;
@@ -31,6 +32,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from shared.errors import InvalidArgument
 from shared.messages.common import Constraint
+from services.tokenizer.tools.grammar import external_structural_tag
 from services.tokenizer.generation import Chunk, TokenLogprob
 from services.tokenizer.validation import Prompt, SamplingRequest
 
@@ -64,8 +66,6 @@ def check_supported(req: pb.GenerateRequest) -> None:
     if req.token_ids_logprob:
         _refuse("token_ids_logprob", "logprobs of chosen token ids")
     sp = req.sampling_params
-    if sp.HasField("structural_tag"):
-        _refuse("sampling_params.structural_tag", "structural-tag constrained output")
     if sp.HasField("custom_params") and sp.custom_params.fields:
         _refuse("sampling_params.custom_params", "custom sampling parameters")
 
@@ -110,6 +110,8 @@ def constraint(req: pb.GenerateRequest) -> Constraint | None:
     kind = req.sampling_params.WhichOneof("constraint")
     if kind is None:
         return None
+    if kind == "structural_tag":  # (the gateway's tool-call grammar)
+        return external_structural_tag(req.sampling_params.structural_tag, "sampling_params.structural_tag")
     return Constraint(CONSTRAINTS[kind], value=getattr(req.sampling_params, kind))
 
 

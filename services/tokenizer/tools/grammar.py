@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shared.errors import InvalidArgument
 from shared.messages.common import Constraint
 from services.tokenizer.tools import PARSERS
 from services.tokenizer.tools.deepseek import CALLS_BEGIN, CALLS_END
@@ -87,3 +88,26 @@ def strict_auto(parser: str, functions: list[tuple[str, dict[str, Any]]],
     """Text or calls; a call's arguments follow the schema of a strict function (others: any object)."""
     fmt = _triggered(parser, [(n, s if n in strict else ANY_OBJECT) for n, s in functions])
     return None if fmt is None else structural_tag(fmt)
+
+
+def external_structural_tag(text: str, name: str = "structural_tag") -> Constraint:
+    """A structural tag a client sent (SMG's ``sampling_params.structural_tag``): xgrammar's format
+    (``{"type": "structural_tag", "format": …}``) as it is, or SGLang's older one (``structures`` of
+    begin / schema / end behind ``triggers``) in it."""
+    try:
+        tag = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(f"{name} is not JSON: {e}") from None
+    if isinstance(tag, dict) and "format" in tag:
+        return Constraint("structural_tag", value=text)
+    if not (isinstance(tag, dict) and isinstance(tag.get("structures"), list) and isinstance(tag.get("triggers"), list)):
+        raise InvalidArgument(f"{name} must be a structural tag: {{\"type\": \"structural_tag\", \"format\": …}} or "
+                              "SGLang's {\"structures\": [{begin, schema, end}], \"triggers\": […]}")
+    tags = []
+    for i, s in enumerate(tag["structures"]):
+        if not (isinstance(s, dict) and isinstance(s.get("begin"), str) and isinstance(s.get("end"), str)):
+            raise InvalidArgument(f"{name}.structures[{i}] needs string begin and end")
+        tags.append({"type": "tag", "begin": s["begin"], "end": s["end"],
+                     "content": {"type": "json_schema", "json_schema": s.get("schema", ANY_OBJECT),
+                                 "max_whitespace_cnt": MAX_WHITESPACE}})
+    return structural_tag({"type": "triggered_tags", "triggers": [str(t) for t in tag["triggers"]], "tags": tags})

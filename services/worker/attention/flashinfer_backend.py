@@ -199,7 +199,8 @@ class FlashInferAttention(AttentionBackend):
         """Each request's new tokens against its KV from position ``skip`` (0: all of it), causal →
         ``run(q, (k_cache, v_cache))`` (with ``lse``: also the log-sum-exp). All decodes: the decode
         plan. Decodes mixed with prefill chunks: split in two (one paged prefill plan over both measured slower,
-        docs/decisions/0004-mixed-steps-as-one-plan.md) — the decode rows through the decode plan (tensor-core FA2), the chunks through the paged prefill plan (FA3 on Hopper) — as the
+        docs/decisions/0004-mixed-steps-as-one-plan.md) — the decode rows through the decode plan (tensor-core
+        FA2), the chunks through the paged prefill plan (FA3 on Hopper) — as the
         prefill kernel takes many one-token rows at a fraction of the decode kernel's speed (FA3 decode
         at batch 64 × 1k: 15.6 ms a step against 7.9)."""
         dev = self.pool.device

@@ -55,7 +55,7 @@ def fingerprint(device: torch.device) -> str:
     parts = {"version": VERSION, "device": props.name, "capability": [props.major, props.minor],
              "sms": props.multi_processor_count, "torch": torch.__version__, "cuda": torch.version.cuda,
              "triton": triton_version, "sources": sources.hexdigest(), "fast_accum": fast_accum(),
-             "knobs": knobs.fingerprint()}
+             "knobs": knobs.fingerprint(fresh=True)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 

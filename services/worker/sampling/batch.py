@@ -4,6 +4,7 @@ logprobs, prompt (scoring) logprobs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,9 @@ from services.worker.hostio import HostCopy, to_device
 from services.worker.sampling.logits import PenaltyState, apply_bitmask, logprobs, step_seed
 from services.worker.sampling.draw import TokenSampler
 from services.worker.sampling.processors import LogitProcessors
+
+
+SCORE_ROWS = 512  # prompt positions whose logits are made at once (512 × a 128k vocabulary: 256 MiB in fp32)
 
 
 class BatchSampler:
@@ -59,11 +63,11 @@ class BatchSampler:
         if pen:
             self.penalties.apply(logits, [rows[k] for k in pen], pen, [params[k].presence_penalty for k in pen],
                                  [params[k].frequency_penalty for k in pen])
-        # seeded requests: a generator per (seed, position) — reproducible whatever the batch
-        seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]
+        seq_end = (from_i32(b.prefix_lens) + from_i32(b.extend_lens))[sel]  # tokens before each row's next one
         proc = [k for k, p in enumerate(params) if p.processed] if self.processors.rows else []
         if proc:  # logit_bias, min_new_tokens, repetition_penalty: only rows that ask (none held: no scan)
             self.processors.apply(logits, rows, params, seq_end)
+        # seeded requests: a generator per (seed, position) — reproducible whatever the batch
         gens = [torch.Generator(device=dev).manual_seed(step_seed(p.seed, int(pos)))
                 if p.seed is not None and not p.greedy else None for p, pos in zip(params, seq_end)]
         next_ids = self.sampler.sample(logits, params, gens)
@@ -147,17 +151,27 @@ def score_top_k(b: ForwardBatch, params: dict[int, SamplingParams]) -> int:
     return max((params[int(rows[i])].prompt_top_logprobs for i in from_i32(b.score_rows)), default=0)
 
 
-def prompt_logprobs(logits: torch.Tensor | None, targets: np.ndarray, counts: list[int],
-                    k: int = 0) -> dict[str, torch.Tensor]:
+def prompt_logprobs(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor | None,
+                    targets: np.ndarray, counts: list[int], k: int = 0) -> dict[str, torch.Tensor]:
     """Prompt log-probs: the logprob of each target under its position's logits and, with ``k``,
-    the ``k`` most likely tokens there (device tensors, copied back with the step's other results)."""
+    the ``k`` most likely tokens there (device tensors, copied back with the step's other results).
+    ``hidden`` (P, H): the scored positions' hidden states; their logits are made ``SCORE_ROWS`` at a
+    time (a whole prompt's (P, V) logits at once could not fit: 8k positions of a 128k vocabulary
+    are 4 GiB in fp32)."""
     out = {"counts": torch.tensor(counts, dtype=torch.int32)}
-    if logits is not None and len(targets):
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        out["prompt_logprobs"] = lp.gather(1, to_device(targets, torch.int64, lp.device).view(-1, 1)).squeeze(1)
-        if k:
-            top_lp, top_ids = lp.topk(k, dim=-1)
-            out.update(prompt_top_ids=top_ids.int(), prompt_top_lp=top_lp)
-    else:
+    if hidden is None or not len(targets):
         out["prompt_logprobs"] = torch.zeros(0, dtype=torch.float32)
+        return out
+    tgt = to_device(targets, torch.int64, hidden.device)
+    vals, top_ids, top_lps = [], [], []
+    for lo in range(0, len(targets), SCORE_ROWS):
+        lp = torch.log_softmax(logits_of(hidden[lo:lo + SCORE_ROWS]).float(), dim=-1)  # (≤ SCORE_ROWS, V)
+        vals.append(lp.gather(1, tgt[lo:lo + SCORE_ROWS].view(-1, 1)).squeeze(1))
+        if k:
+            t_lp, t_ids = lp.topk(k, dim=-1)
+            top_ids.append(t_ids.int())
+            top_lps.append(t_lp)
+    out["prompt_logprobs"] = torch.cat(vals)
+    if k:
+        out.update(prompt_top_ids=torch.cat(top_ids), prompt_top_lp=torch.cat(top_lps))
     return out
