@@ -145,3 +145,12 @@ class Server:
         self._log.write(f"[support.Server] exit code {self.proc.returncode}\n".encode())
         self._log.close()
         return self.proc.returncode
+
+
+def hf_log_softmax(hf, ids: list[int]):
+    """(len(ids), V): row p is the log-softmax of HF's logits after ``ids[:p + 1]`` (it predicts
+    ``ids[p + 1]``), from one forward pass."""
+    import torch
+
+    with torch.no_grad():
+        return torch.log_softmax(hf[0](torch.tensor([ids])).logits[0].float(), dim=-1)

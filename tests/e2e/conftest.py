@@ -12,3 +12,16 @@ from shared.proto.banyan.v1 import generation_pb2_grpc as pb_grpc
 def stub(server):
     with server.channel() as ch:
         yield pb_grpc.GenerationServiceStub(ch)
+
+
+@pytest.fixture(scope="session")
+def hf(demo_dir):
+    """The demo model and its tokenizer loaded with HF transformers in fp32: the independent reference
+    the modules compare Banyan's tokens and log-probs with (a module may define its own ``hf``)."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(demo_dir)
+

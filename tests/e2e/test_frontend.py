@@ -44,16 +44,6 @@ def backend(server):
         yield b
 
 
-@pytest.fixture(scope="module")
-def hf(demo_dir):
-    """The served model and tokenizer loaded with HF transformers (fp32): the independent reference."""
-    import torch
-    import transformers
-
-    torch.set_num_threads(2)
-    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(demo_dir)
-
 
 def hf_logprobs(hf, ids: list[int], start: int) -> list[float]:
     """log p(ids[i] | ids[:i]) for i in start..len(ids)-1, from one HF forward pass."""

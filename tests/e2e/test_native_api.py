@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from tests.support import Server
+from tests.support import hf_log_softmax as hf_logprobs  # (one HF forward: row p predicts ids[p + 1])
 
 TOL = 1e-4
 LONG = ("The river ran past the old mill, under the bridge and on towards the sea, carrying leaves "
@@ -33,22 +34,6 @@ def url(server) -> str:
     return server.http_url
 
 
-@pytest.fixture(scope="module")
-def hf(demo_dir):
-    import torch
-    import transformers
-
-    torch.set_num_threads(2)
-    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(demo_dir)
-
-
-def hf_logprobs(hf, ids: list[int]):
-    """(log_softmax over the vocabulary at every position) of one HF forward pass: row p predicts ids[p + 1]."""
-    import torch
-
-    with torch.no_grad():
-        return torch.log_softmax(hf[0](torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
 def post(url: str, body: dict, **kw) -> requests.Response:

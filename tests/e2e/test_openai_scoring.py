@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.support import ROOT, Server
+from tests.support import hf_log_softmax as hf_logprobs
 
 TOL = 1e-4
 MODEL = "banyan-demo"
@@ -36,22 +37,6 @@ def client(server):
         yield c
 
 
-@pytest.fixture(scope="module")
-def hf(demo_dir):
-    import torch
-    import transformers
-
-    torch.set_num_threads(2)
-    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(demo_dir)
-
-
-def hf_logprobs(hf, ids: list[int]):
-    """(len(ids), V): log-probs of the next token after each prefix."""
-    import torch
-
-    with torch.no_grad():
-        return torch.log_softmax(hf[0](torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
 def check_prompt(hf, ids: list[int], token_logprobs, top_logprobs, k: int) -> None:

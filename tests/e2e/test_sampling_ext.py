@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import Server
 from shared.proto.banyan.v1 import generation_pb2 as pb
+from tests.support import Server, hf_log_softmax
 
 TOL = 1e-4
 CHUNK = 32
@@ -24,23 +24,6 @@ def server(demo_dir, tmp_path_factory):
     assert s.stop() == 0, s.log_text()[-3000:]
 
 
-@pytest.fixture(scope="module")
-def hf(demo_dir):
-    import torch
-    import transformers
-
-    torch.set_num_threads(2)
-    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(demo_dir)
-
-
-def hf_log_softmax(hf, ids: list[int]):
-    """(len(ids), V) log-probs of the next token after each prefix, one HF forward pass."""
-    import torch
-
-    with torch.no_grad():
-        logits = hf[0](torch.tensor([ids])).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)
 
 
 def prompt_ids(hf, n: int) -> list[int]:

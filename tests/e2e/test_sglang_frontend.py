@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests.support import ROOT, Server
+from tests.support import hf_log_softmax as hf_rows
 
 import sglang as sgl  # (tests/requirements-nodeps.txt installs it: a missing one fails here, never skips)
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -41,21 +42,6 @@ def backend(server):
     return b
 
 
-@pytest.fixture(scope="module")
-def hf(demo_dir):
-    import torch
-    import transformers
-
-    torch.set_num_threads(2)
-    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(demo_dir)
-
-
-def hf_rows(hf, ids: list[int]):
-    import torch
-
-    with torch.no_grad():
-        return torch.log_softmax(hf[0](torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
 def hf_greedy(hf, text: str, n: int) -> list[int]:
