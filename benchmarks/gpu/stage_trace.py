@@ -104,8 +104,9 @@ def slowest(reqs: dict[str, dict], steps: list[dict], min_priority: int, top: in
         seg = " · ".join(f"{a}→{b} {(r[b] - r[a]) * 1e3:.1f}" for a, b in SEGMENTS[:4] if a in r and b in r)
         out.append(f"{rid[:12]} first token out {(end(r) - r['received']) * 1e3:.1f} ms ({seg}); "
                    f"admitted in step {r.get('step')}")
-        for s in steps:
-            if r["received"] <= s["t"] <= r["first_token"] + 1e-3:
+        for s in steps:  # (its own step always: the worker stamps ``t`` after sending the step's answer, so on a
+            # loaded host the scheduler's first_token can come before it)
+            if r["received"] <= s["t"] <= r["first_token"] + 1e-3 or s["step"] == r.get("step"):
                 mark = " ← its step" if s["step"] == r.get("step") else ""
                 out.append(f"    step {s['step']} {s['kind']} rows {s['rows']} tokens {s['tokens']} device "
                            f"{s['device_ms']:.1f} ms, answered +{(s['t'] - r['received']) * 1e3:.1f} ms{mark}")
