@@ -66,29 +66,34 @@ class JsonValue:
             if not self.text and ch.isspace():
                 continue
             self.text += ch
-            if self.in_str:
-                if self.esc:
-                    self.esc = False
-                elif ch == "\\":
-                    self.esc = True
-                elif ch == '"':
-                    self.in_str = False
-            elif ch == '"':
-                self.in_str = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                self.done = self.depth <= 0
-            elif self.depth == 0:  # not an object or array: ends at once (a malformed call)
+            if not self.in_str and self.depth == 0 and ch not in '{["}]':  # not an object or array: a malformed call
                 self.done = True
+                continue
+            self.step(ch)
+            self.done = not self.in_str and ch in "}]" and self.depth <= 0
         return i
+
+    def step(self, ch: str) -> None:
+        """Advance the string / escape / nesting state by one character already appended to ``text``."""
+        if self.in_str:
+            if self.esc:
+                self.esc = False
+            elif ch == "\\":
+                self.esc = True
+            elif ch == '"':
+                self.in_str = False
+        elif ch == '"':
+            self.in_str = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
 
 
 ARG_KEYS = ("arguments", "parameters")
 
 
-class JsonCall:
+class JsonCall(JsonValue):
     """One call spelled as a JSON object ``{"name": ..., "arguments": {...}}`` (or ``parameters``),
     scanned character by character. Once the name is known and the arguments object begins, its
     characters stream out as they come; otherwise (arguments before the name, arguments given as a
@@ -123,19 +128,7 @@ class JsonCall:
             if pos == 0 and ch != "{":  # not an object: a malformed call, ends here
                 self.done = True
                 break
-            if was_str:
-                if self.esc:
-                    self.esc = False
-                elif ch == "\\":
-                    self.esc = True
-                elif ch == '"':
-                    self.in_str = False
-            elif ch == '"':
-                self.in_str = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
+            self.step(ch)
             if self.streaming:
                 args.append(ch)
                 if self.depth == 1:  # the arguments object closed
